@@ -1,0 +1,25 @@
+# Two commands on a fresh machine: `make demo` and `make test`.
+# torch is pinned here (and only here) so that pip never picks another multi-GB build.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+TORCH_PIN := torch==2.13.0
+
+.PHONY: demo test install clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check $(TORCH_PIN)
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[test]' $(TORCH_PIN)
+	touch $@
+
+demo: install
+	$(VENV)/bin/bertforge demo
+
+test: install
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache

@@ -1,0 +1,260 @@
+"""Reading and writing model directories and training checkpoints, safely.
+
+* Weights are safetensors, never pickle; training state (optimizer moments, RNG states) is a dict of
+  tensors read back with ``torch.load(weights_only=True)``.  No code from a model directory is executed.
+* Every write goes through a temporary file or folder that is renamed into place, so a crash (even a
+  power loss during a save) never leaves a half-written file or directory under the final name.
+* A model directory is a Hugging Face BERT directory: ``config.json``, ``model.safetensors`` and the
+  tokenizer files; transformers loads ours and we load theirs, with or without the ``bert.`` prefix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from typing import Any, Iterator
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from .config import BertConfig
+from .errors import UserError
+
+log = logging.getLogger("bertforge")
+
+WEIGHTS_NAME = "model.safetensors"
+WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
+CONFIG_NAME = "config.json"
+TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+# non-persistent buffers that some checkpoints carry
+_BUFFER_SUFFIXES = ("embeddings.position_ids", "embeddings.token_type_ids")
+_TIED = "cls.predictions.decoder.weight"
+
+
+# ------------------------------------------------------------------------------------------------ atomic io
+def _fsync_dir(path: str) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def atomic_write_text(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file in the same folder, then rename."""
+    d = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=d)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_json(path: str, obj: Any) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str) -> Iterator[str]:
+    """Yield a temporary folder beside ``path``; on success it replaces ``path`` whole.
+
+    If ``path`` exists it is moved aside first and removed after the rename, so at every instant a complete
+    directory exists (under the final name, or under its ``.old`` name during the swap).
+    """
+    path = os.path.abspath(path)
+    parent = os.path.dirname(path)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.tmp-", dir=parent)
+    try:
+        yield tmp
+        for name in os.listdir(tmp):
+            with contextlib.suppress(OSError):
+                fd = os.open(os.path.join(tmp, name), os.O_RDONLY)
+                os.fsync(fd)
+                os.close(fd)
+        _fsync_dir(tmp)
+        old = None
+        if os.path.exists(path):
+            old = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.old-", dir=parent)
+            os.rmdir(old)
+            os.rename(path, old)
+        os.rename(tmp, path)
+        _fsync_dir(parent)
+        if old:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+# ------------------------------------------------------------------------------------------------ save
+def model_state_for_saving(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The state dict as written: transformers' names, the tied decoder weight left out (as transformers does)."""
+    sd = model.state_dict()
+    sd.pop(_TIED, None)
+    return {k: v.detach().to("cpu").contiguous() for k, v in sd.items()}
+
+
+def write_model_files(model, folder: str, tokenizer=None) -> None:
+    """Write config.json, model.safetensors and tokenizer files into an existing folder (not atomic)."""
+    model.config.save(os.path.join(folder, CONFIG_NAME), architectures=[type(model).__name__])
+    save_file(model_state_for_saving(model), os.path.join(folder, WEIGHTS_NAME), metadata={"format": "pt"})
+    if tokenizer is not None:
+        from .tokenizer import save_tokenizer
+
+        save_tokenizer(tokenizer, folder)
+
+
+def save_pretrained(model, path: str, tokenizer=None) -> None:
+    """Save a model directory at ``path`` atomically.
+
+    A new ``path`` appears whole or not at all.  An existing ``path`` (a pretraining output folder, with
+    metrics and checkpoints beside the model) keeps its other files: each model file is replaced by an
+    atomic rename of a complete file.
+    """
+    path = os.path.abspath(path)
+    if not os.path.isdir(path):
+        with atomic_dir(path) as tmp:
+            write_model_files(model, tmp, tokenizer)
+        return
+    tmp = tempfile.mkdtemp(prefix=".save-tmp-", dir=path)
+    try:
+        write_model_files(model, tmp, tokenizer)
+        for name in os.listdir(tmp):
+            src = os.path.join(tmp, name)
+            with open(src, "rb") as f:
+                os.fsync(f.fileno())
+            os.replace(src, os.path.join(path, name))
+        _fsync_dir(path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# ------------------------------------------------------------------------------------------------ load
+def read_state_dict(path: str) -> dict[str, torch.Tensor]:
+    """Read the safetensors weights of a model directory (single file or sharded)."""
+    single = os.path.join(path, WEIGHTS_NAME)
+    index = os.path.join(path, WEIGHTS_INDEX_NAME)
+    try:
+        if os.path.isfile(single):
+            return load_file(single)
+        if os.path.isfile(index):
+            with open(index, encoding="utf-8") as f:
+                shards = sorted(set(json.load(f)["weight_map"].values()))
+            sd: dict[str, torch.Tensor] = {}
+            for shard in shards:
+                sd.update(load_file(os.path.join(path, shard)))
+            return sd
+    except (SafetensorError, OSError, ValueError, KeyError) as e:
+        raise UserError(f"cannot read weights in {path}: {e}") from None
+    if any(os.path.isfile(os.path.join(path, n)) for n in ("pytorch_model.bin", "tf_model.h5", "flax_model.msgpack")):
+        raise UserError(
+            f"{path} has no model.safetensors; bertforge reads safetensors only (pickled weights can run code). "
+            "Convert it with transformers: AutoModel.from_pretrained(dir).save_pretrained(dir, safe_serialization=True)"
+        )
+    raise UserError(f"no model.safetensors in {path}")
+
+
+def normalize_state_dict(sd: dict[str, torch.Tensor], has_bert_prefix: bool) -> dict[str, torch.Tensor]:
+    """Map a checkpoint's names onto ours: old ``gamma``/``beta`` LayerNorm names, buffers, tied decoder
+    weights, and the ``bert.`` prefix that a bare ``BertModel`` checkpoint (all-MiniLM-L6-v2) lacks."""
+    out: dict[str, torch.Tensor] = {}
+    for k, v in sd.items():
+        k = k.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")
+        if k.endswith(_BUFFER_SUFFIXES) or k == _TIED:
+            continue
+        bare = k.startswith(("embeddings.", "encoder.", "pooler."))
+        if has_bert_prefix and bare:
+            k = "bert." + k
+        elif not has_bert_prefix and k.startswith("bert."):
+            k = k[len("bert.") :]
+        out[k] = v
+    if "cls.predictions.decoder.bias" in out:
+        bias = out.pop("cls.predictions.decoder.bias")
+        out.setdefault("cls.predictions.bias", bias)
+    return out
+
+
+def load_pretrained(cls, path, config: BertConfig | None = None, reinit_head: bool = False, map_location="cpu"):
+    """Build ``cls`` from a model directory.  See :meth:`BertPreTrainedModel.from_pretrained`.
+
+    Weights the checkpoint lacks are allowed only for the task head (``cls.head_prefixes``), which is then
+    freshly initialised and reported.  Missing encoder weights, or any shape that does not fit, raise one
+    UserError naming them (with ``reinit_head``, head weights of the wrong shape are re-initialised instead,
+    e.g. a classifier fine-tuned again on a different label set).
+    """
+    from .model import BertModel
+
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        raise UserError(f"model directory not found: {path}")
+    config = config or BertConfig.load(path)
+    model = cls(config)
+    sd = normalize_state_dict(read_state_dict(path), has_bert_prefix=not issubclass(cls, BertModel))
+    expected = model.state_dict()
+    expected.pop(_TIED, None)
+    heads = cls.head_prefixes if not issubclass(cls, BertModel) else ("pooler.",)
+
+    def is_head(k: str) -> bool:
+        return k.startswith(heads)
+
+    mismatched = [k for k in sd if k in expected and sd[k].shape != expected[k].shape]
+    if mismatched and reinit_head and all(is_head(k) for k in mismatched):
+        for k in mismatched:
+            del sd[k]
+        mismatched = []
+    if mismatched:
+        detail = ", ".join(f"{k} {tuple(sd[k].shape)} vs {tuple(expected[k].shape)}" for k in mismatched[:6])
+        raise UserError(f"weights in {path} do not fit {cls.__name__} (checkpoint vs model): {detail}")
+    missing = [k for k in expected if k not in sd]
+    fatal = [k for k in missing if not is_head(k)]
+    if fatal:
+        more = f" and {len(fatal) - 6} more" if len(fatal) > 6 else ""
+        raise UserError(f"{path} lacks weights that {cls.__name__} needs: {', '.join(fatal[:6])}{more}")
+    unused = sorted(k for k in sd if k not in expected)
+    for k in unused:
+        del sd[k]
+    model.load_state_dict(sd, strict=False)
+    model.tie_weights()
+    model.loading_info = {"newly_initialized": missing, "unused": unused}
+    if missing:
+        log.warning("%s: newly initialised from %s (train before use): %s", cls.__name__, path, ", ".join(missing))
+    if unused:
+        log.info("%s: weights in %s not used: %s", cls.__name__, path, ", ".join(unused))
+    return model.to(map_location)
+
+
+def architectures_of(path: str) -> list[str]:
+    """The ``architectures`` listed in a model directory's config.json (may be empty)."""
+    try:
+        with open(os.path.join(path, CONFIG_NAME), encoding="utf-8") as f:
+            return list(json.load(f).get("architectures") or [])
+    except (OSError, json.JSONDecodeError):
+        return []
+
+
+def checkpoint_keys(path: str) -> set[str]:
+    """Names of the tensors stored in a model directory (without reading the tensors)."""
+    from safetensors import safe_open
+
+    single = os.path.join(path, WEIGHTS_NAME)
+    if os.path.isfile(single):
+        with safe_open(single, "pt") as f:
+            return set(f.keys())
+    index = os.path.join(path, WEIGHTS_INDEX_NAME)
+    if os.path.isfile(index):
+        with open(index, encoding="utf-8") as f:
+            return set(json.load(f)["weight_map"])
+    return set()

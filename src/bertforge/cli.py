@@ -1,0 +1,240 @@
+"""The ``bertforge`` command line: a thin layer of argparse over the Python API.
+
+``main(argv) -> int`` is what the console script and the tests call.  Bad input ends with one line
+``error: ...`` on stderr and exit status 2; a run that cannot go on (a non-finite loss) with exit status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from typing import Any, Callable, Sequence
+
+from tqdm import tqdm
+
+from .errors import UserError
+
+log = logging.getLogger("bertforge")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose usage errors are one ``error:`` line and exit status 2."""
+
+    def error(self, message: str):  # noqa: D401 - argparse API
+        self.exit(2, f"error: {message} (see '{self.prog} --help')\n")
+
+
+class _TqdmHandler(logging.Handler):
+    """Log lines that do not break a progress bar."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            tqdm.write(self.format(record), file=sys.stderr)
+        except Exception:  # logging must never raise
+            self.handleError(record)
+
+
+def setup_logging(quiet: bool = False) -> None:
+    for h in list(log.handlers):
+        if isinstance(h, _TqdmHandler):
+            log.removeHandler(h)
+    h = _TqdmHandler()
+    h.setFormatter(logging.Formatter("%(message)s"))
+    h.setLevel(logging.WARNING if quiet else logging.INFO)
+    log.addHandler(h)
+    log.setLevel(logging.INFO)  # a run's train.log gets everything, whatever stderr shows
+    log.propagate = False
+
+
+# ------------------------------------------------------------------------------------------------ tokenizer
+def _add_corpus_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--text-field", help="JSONL/parquet field holding the text (default: text)")
+    p.add_argument("--doc-separator", choices=["file", "blank-line"],
+                   help="txt files: one document per file (default), or one sentence per line with blank lines between documents")
+
+
+def cmd_tokenizer_train(a: argparse.Namespace) -> int:
+    from .corpus import iter_texts
+    from .tokenizer import save_tokenizer, train_tokenizer
+
+    tok = train_tokenizer(
+        iter_texts(a.input, a.text_field or "text", a.doc_separator or "file"),
+        a.vocab_size, kind=a.model, lowercase=not a.cased, min_frequency=a.min_frequency, show_progress=False,
+    )
+    from .checkpoint import atomic_dir
+
+    with atomic_dir(a.out) as tmp:
+        save_tokenizer(tok, tmp)
+    log.info("wrote a %s vocabulary of %d tokens to %s", a.model, tok.get_vocab_size(), a.out)
+    return 0
+
+
+# ------------------------------------------------------------------------------------------------ pretrain
+# flag -> (dest in the flat config, type); every flag defaults to None so that only explicit flags override
+_PRETRAIN_FLAGS: list[tuple[str, str, Any, str]] = [
+    ("--data", "data", "paths", "training corpus: .txt/.jsonl/.gz/.parquet files, directories, globs, hf:NAME"),
+    ("--eval-data", "eval_data", "paths", "held-out corpus (default: documents held out of --data)"),
+    ("--preset", "preset", str, "model size: tiny, mini, small, medium, base (default mini)"),
+    ("--model-config", "model_config", str, "a BERT config.json to build the model from"),
+    ("--init", "init", str, "continue from a BERT directory (ours or a transformers checkpoint)"),
+    ("--tokenizer", "tokenizer", str, "tokenizer or model directory, or vocab.txt (default: train one on --data)"),
+    ("--vocab-size", "vocab_size", int, "vocabulary size of a tokenizer trained on --data (default 30522)"),
+    ("--tokenizer-model", "tokenizer_model", str, "wordpiece (default) or wordlevel, for a trained tokenizer"),
+    ("--max-seq-length", "max_seq_length", int, "tokens per sequence (default 128)"),
+    ("--mask-prob", "mask_prob", float, "fraction of tokens masked (default 0.15)"),
+    ("--short-seq-prob", "short_seq_prob", float, "probability of a shorter target length (default 0.1)"),
+    ("--batch-size", "batch_size", int, "global batch size in sequences (default 32)"),
+    ("--grad-accum", "grad_accum", int, "gradient accumulation steps (default 1)"),
+    ("--lr", "lr", float, "peak learning rate (default 1e-4)"),
+    ("--warmup-steps", "warmup_steps", int, "warmup steps"),
+    ("--warmup-ratio", "warmup_ratio", float, "warmup as a fraction of the run (default 0.06)"),
+    ("--weight-decay", "weight_decay", float, "AdamW weight decay (default 0.01)"),
+    ("--max-grad-norm", "max_grad_norm", float, "gradient clipping norm (default 1.0)"),
+    ("--dropout", "dropout", float, "hidden and attention dropout (default: the model's, 0.1)"),
+    ("--max-steps", "max_steps", int, "optimizer steps"),
+    ("--max-time", "max_time", "duration", "time budget, e.g. 90s, 30m, 2h: the schedule ends on time"),
+    ("--eval-every", "eval_every", int, "evaluate every N steps (default 500; 0 = only at the end)"),
+    ("--save-every", "save_every", int, "checkpoint every N steps (default 1000; 0 = only at the end)"),
+    ("--keep-checkpoints", "keep_checkpoints", int, "how many checkpoints to keep (default 2)"),
+    ("--log-every", "log_every", int, "log training metrics every N steps (default 10)"),
+    ("--max-eval-instances", "max_eval_instances", int, "held-out sequences per evaluation (default 2048)"),
+    ("--seed", "seed", int, "random seed (default 0)"),
+    ("--device", "device", str, "auto (default), cpu, cuda, cuda:N"),
+    ("--precision", "precision", str, "auto (bf16 autocast on CUDA, fp32 on CPU), fp32, bf16"),
+    ("--threads", "threads", int, "CPU threads (default: all cores, shared among local processes)"),
+    ("--cache-dir", "cache_dir", str, "where tokenized corpora are cached (default ~/.cache/bertforge)"),
+]
+
+
+def _add_pretrain_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", help="output directory (a Hugging Face BERT directory, with metrics and checkpoints)")
+    p.add_argument("--config", help="YAML or JSON file with the same settings as the flags (flags override it)")
+    p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint in --out")
+    for flag, dest, typ, help_ in _PRETRAIN_FLAGS:
+        if typ == "paths":
+            p.add_argument(flag, dest=dest, nargs="+", metavar="PATH", help=help_)
+        elif typ == "duration":
+            p.add_argument(flag, dest=dest, metavar="DURATION", help=help_)
+        else:
+            p.add_argument(flag, dest=dest, type=typ, help=help_)
+    _add_corpus_args(p)
+    p.add_argument("--nsp", dest="nsp", action=argparse.BooleanOptionalAction, default=None,
+                   help="next sentence prediction (default on; --no-nsp trains MLM only)")
+    p.add_argument("--whole-word-mask", dest="whole_word_mask", action=argparse.BooleanOptionalAction, default=None,
+                   help="mask whole words (all WordPiece pieces of a word together)")
+    p.add_argument("--cased", dest="cased", action="store_true", default=None, help="a cased vocabulary (trained tokenizer)")
+    p.add_argument("--compile", dest="compile", action=argparse.BooleanOptionalAction, default=None, help="torch.compile the model")
+    p.add_argument("--progress", dest="progress", action=argparse.BooleanOptionalAction, default=None, help="show a progress bar")
+
+
+def pretrain_config_from_args(a: argparse.Namespace):
+    """defaults <- saved config (on --resume) <- --config file <- explicit flags."""
+    from .config import PretrainConfig, parse_duration, read_config_file
+    from .pretrain import CONFIG_FILE
+
+    cfg = PretrainConfig()
+    if a.resume and a.out and os.path.isfile(os.path.join(a.out, CONFIG_FILE)):
+        import json
+
+        with open(os.path.join(a.out, CONFIG_FILE), encoding="utf-8") as f:
+            cfg = PretrainConfig.from_dict(json.load(f))
+    if a.config:
+        flat = read_config_file(a.config)
+        if "max_time" in flat or "max-time" in flat:
+            key = "max_time" if "max_time" in flat else "max-time"
+            flat[key] = parse_duration(flat[key])
+        if "cased" in flat:
+            flat["lowercase"] = not flat.pop("cased")
+        cfg.update_flat(flat, where=f"config file {a.config}")
+    explicit = {dest: getattr(a, dest) for _, dest, _, _ in _PRETRAIN_FLAGS if getattr(a, dest) is not None}
+    for dest in ("nsp", "whole_word_mask", "compile", "progress", "text_field", "doc_separator"):
+        if getattr(a, dest) is not None:
+            explicit[dest] = getattr(a, dest)
+    if a.cased:
+        explicit["lowercase"] = False
+    if "max_time" in explicit:
+        explicit["max_time"] = parse_duration(explicit["max_time"])
+    if a.out:
+        explicit["out"] = a.out
+    cfg.update_flat(explicit, where="flags")
+    if cfg.train.eval_every == 0:
+        cfg.train.eval_every = None
+    if cfg.train.save_every == 0:
+        cfg.train.save_every = None
+    if cfg.impl.progress and not sys.stderr.isatty() and a.progress is None:
+        cfg.impl.progress = False
+    return cfg
+
+
+def cmd_pretrain(a: argparse.Namespace) -> int:
+    from .pretrain import run_pretraining
+
+    cfg = pretrain_config_from_args(a)
+    metrics = run_pretraining(cfg, resume=a.resume)
+    if metrics:
+        import json
+
+        print(json.dumps({k: metrics[k] for k in ("mlm_accuracy", "nsp_accuracy", "mlm_loss", "nsp_loss", "steps",
+                                                   "tokens_per_second") if k in metrics}))
+    return 0
+
+
+# ------------------------------------------------------------------------------------------------ parser
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="bertforge", description="Pretrain BERT from scratch and fine-tune it.")
+    p.add_argument("--quiet", action="store_true", help="only warnings and errors on stderr")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+
+    tk = sub.add_parser("tokenizer", help="train a WordPiece or word-level vocabulary")
+    tks = tk.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser)
+    tks.required = True
+    tt = tks.add_parser("train", help="train a vocabulary on a corpus")
+    tt.add_argument("--input", nargs="+", required=True, metavar="PATH")
+    tt.add_argument("--vocab-size", type=int, required=True)
+    tt.add_argument("--out", required=True)
+    tt.add_argument("--cased", action="store_true", help="keep case (default: lower-case, as bert-base-uncased)")
+    tt.add_argument("--model", choices=["wordpiece", "wordlevel"], default="wordpiece")
+    tt.add_argument("--min-frequency", type=int, default=2)
+    _add_corpus_args(tt)
+    tt.set_defaults(func=cmd_tokenizer_train)
+
+    pt = sub.add_parser("pretrain", help="pretrain BERT with masked LM (+ next sentence prediction)")
+    _add_pretrain_args(pt)
+    pt.set_defaults(func=cmd_pretrain)
+
+    for register in _EXTRA_COMMANDS:
+        register(sub)
+    return p
+
+
+# other modules add their subcommands here (finetune, evaluate, predict, demo, bench)
+_EXTRA_COMMANDS: list[Callable[[Any], None]] = []
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from .engine import TrainingError
+
+    parser = build_parser()
+    try:
+        a = parser.parse_args(argv)
+    except SystemExit as e:  # --help, or a usage error already printed
+        return int(e.code or 0)
+    setup_logging(a.quiet)
+    try:
+        return int(a.func(a) or 0)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except TrainingError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+
+
+def console_main() -> None:
+    raise SystemExit(main())

@@ -1,0 +1,239 @@
+"""Reading a user's corpus into documents of sentences.
+
+Accepted inputs (files, directories searched recursively, and glob patterns, mixed freely):
+
+* ``.txt``: by default one file is one document, hard-wrapped prose welcome; with
+  ``doc_separator="blank-line"`` it is Google BERT's own format: one sentence per line, a blank line
+  between documents.
+* ``.jsonl``: one JSON object per line, the text in field ``text`` (another with ``text_field``); one line is
+  one document.
+* ``.gz`` of either (``.txt.gz``, ``.jsonl.gz``).
+* ``.parquet`` (a column ``text_field``), and ``hf:NAME[:CONFIG][@SPLIT]`` for a Hugging Face dataset, both
+  when the optional ``datasets`` extra is installed.
+
+Text must be UTF-8: a file with invalid UTF-8 is refused with an error naming the file and the byte
+offset (convert it first, e.g. ``iconv -f latin1 -t utf-8``), never silently altered.
+
+Sentence splitting copes with real hard-wrapped books: lines are joined inside a paragraph (blank lines
+separate paragraphs), headings stand alone, and a sentence ends at ``.``, ``!`` or ``?`` (with closing
+quotes or brackets) followed by a capital letter, digit or opening quote, except after abbreviations such
+as "Mr." or "e.g." and single-letter initials.
+"""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import io
+import json
+import os
+import re
+from typing import Iterator
+
+from .errors import UserError
+
+TEXT_SUFFIXES = (".txt", ".jsonl", ".txt.gz", ".jsonl.gz", ".parquet")
+
+ABBREVIATIONS = {
+    "mr", "mrs", "ms", "dr", "prof", "sr", "jr", "st", "mt", "rev", "hon", "gen", "col", "capt", "lt", "sgt",
+    "gov", "sen", "rep", "messrs", "mme", "mlle", "esq", "vs", "etc", "e.g", "i.e", "cf", "viz", "no", "vol",
+    "ch", "chap", "fig", "p", "pp", "ed", "eds", "co", "inc", "ltd", "jan", "feb", "mar", "apr", "jun", "jul",
+    "aug", "sep", "sept", "oct", "nov", "dec", "u.s", "a.m", "p.m", "ave", "approx", "dept", "est",
+}
+
+# end punctuation, then optional closing quotes/brackets/underscores, then whitespace
+_BOUNDARY = re.compile(r"[.!?]+[\"'\u201d\u2019)\]_]*\s+")
+_STARTS_SENTENCE = re.compile(r"[\"'\u201c\u2018(\[_]*[A-Z0-9\u00c0-\u00de]")
+_WORD_BEFORE = re.compile(r"([\w.]+)$")
+_PARAGRAPHS = re.compile(r"\n[ \t]*\n+")
+_SPACES = re.compile(r"\s+")
+
+
+def split_sentences(text: str) -> list[str]:
+    """Split prose (hard-wrapped or not) into sentences; paragraphs never share a sentence."""
+    out: list[str] = []
+    for para in _PARAGRAPHS.split(text.replace("\r\n", "\n").replace("\r", "\n")):
+        para = _SPACES.sub(" ", para).strip()
+        if para:
+            out.extend(_split_paragraph(para))
+    return out
+
+
+def _split_paragraph(p: str) -> list[str]:
+    sents: list[str] = []
+    start = 0
+    for m in _BOUNDARY.finditer(p):
+        end = m.end()
+        if not _STARTS_SENTENCE.match(p, end):
+            continue
+        if p[m.start()] == ".":
+            w = _WORD_BEFORE.search(p, start, m.start())
+            word = w.group(1).lower().rstrip(".") if w else ""
+            # "Mr. Smith", "e.g. This", initials "J. M. Keynes"
+            if word in ABBREVIATIONS or (len(word) == 1 and word.isalpha()):
+                continue
+        s = p[start:end].strip()
+        if s:
+            sents.append(s)
+        start = end
+    s = p[start:].strip()
+    if s:
+        sents.append(s)
+    return sents
+
+
+# ------------------------------------------------------------------------------------------------ files
+def expand_paths(paths: list[str]) -> list[str]:
+    """Files named by paths, directories (recursively, text suffixes only) and glob patterns, sorted."""
+    files: list[str] = []
+    for p in paths:
+        if p.startswith("hf:"):
+            files.append(p)
+        elif os.path.isdir(p):
+            found = sorted(
+                os.path.join(root, f)
+                for root, _, names in os.walk(p)
+                for f in names
+                if f.endswith(TEXT_SUFFIXES) and not f.startswith(".")
+            )
+            if not found:
+                raise UserError(f"no .txt, .jsonl, .gz or .parquet files in directory {p}")
+            files.extend(found)
+        elif os.path.isfile(p):
+            files.append(p)
+        elif any(c in p for c in "*?["):
+            found = sorted(f for f in glob.glob(p, recursive=True) if os.path.isfile(f))
+            if not found:
+                raise UserError(f"no files match {p}")
+            files.extend(found)
+        else:
+            raise UserError(f"data path not found: {p}")
+    return files
+
+
+def _decode(data: bytes, path: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise UserError(
+            f"{path}: invalid UTF-8 at byte {e.start} (line {line}); convert the file to UTF-8 first"
+        ) from None
+
+
+def _read_bytes(path: str) -> bytes:
+    try:
+        if path.endswith(".gz"):
+            with gzip.open(path, "rb") as f:
+                return f.read()
+        with open(path, "rb") as f:
+            return f.read()
+    except (OSError, EOFError) as e:
+        raise UserError(f"cannot read {path}: {e}") from None
+
+
+def _jsonl_texts(path: str, text: str, field: str) -> Iterator[str]:
+    for lineno, line in enumerate(io.StringIO(text), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+        if not isinstance(obj, dict) or field not in obj:
+            raise UserError(f"{path}:{lineno}: no field {field!r}")
+        value = obj[field]
+        if not isinstance(value, str):
+            raise UserError(f"{path}:{lineno}: field {field!r} is not a string")
+        yield value
+
+
+def _parquet_texts(path: str, field: str) -> Iterator[str]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise UserError("reading .parquet needs the datasets extra: pip install 'bertforge[datasets]'") from None
+    try:
+        pf = pq.ParquetFile(path)
+        if field not in pf.schema_arrow.names:
+            raise UserError(f"{path}: no column {field!r} (columns: {', '.join(pf.schema_arrow.names)})")
+        for batch in pf.iter_batches(columns=[field]):
+            yield from (t for t in batch.column(0).to_pylist() if t)
+    except UserError:
+        raise
+    except Exception as e:  # pyarrow's errors
+        raise UserError(f"cannot read {path}: {e}") from None
+
+
+def _hf_texts(spec: str, field: str) -> Iterator[str]:
+    try:
+        import datasets
+    except ImportError:
+        raise UserError("hf: datasets need the datasets extra: pip install 'bertforge[datasets]'") from None
+    name = spec[len("hf:") :]
+    split = "train"
+    if "@" in name:
+        name, split = name.rsplit("@", 1)
+    config = None
+    if ":" in name:
+        name, config = name.split(":", 1)
+    try:
+        ds = datasets.load_dataset(name, config, split=split, streaming=True)
+    except Exception as e:
+        raise UserError(f"cannot load dataset {spec}: {e}") from None
+    for row in ds:
+        if field not in row:
+            raise UserError(f"dataset {spec} has no field {field!r}")
+        if row[field]:
+            yield row[field]
+
+
+def file_documents(path: str, text_field: str = "text", doc_separator: str = "file") -> Iterator[list[str]]:
+    """The documents of one input, each a list of sentences (empty documents skipped)."""
+    if path.startswith("hf:"):
+        texts: Iterator[str] = _hf_texts(path, text_field)
+    elif path.endswith(".parquet"):
+        texts = _parquet_texts(path, text_field)
+    else:
+        text = _decode(_read_bytes(path), path)
+        base = path[:-3] if path.endswith(".gz") else path
+        if base.endswith(".jsonl") or base.endswith(".json"):
+            texts = _jsonl_texts(path, text, text_field)
+        elif doc_separator == "blank-line":
+            for block in _PARAGRAPHS.split(text.replace("\r\n", "\n")):
+                sents = [s.strip() for s in block.split("\n") if s.strip()]
+                if sents:
+                    yield sents
+            return
+        elif doc_separator == "file":
+            texts = iter([text])
+        else:
+            raise UserError(f"unknown doc separator {doc_separator!r}; expected file or blank-line")
+    for t in texts:
+        sents = split_sentences(t)
+        if sents:
+            yield sents
+
+
+def iter_documents(paths: list[str], text_field: str = "text", doc_separator: str = "file") -> Iterator[list[str]]:
+    """All documents of all inputs, in order."""
+    for f in expand_paths(paths):
+        yield from file_documents(f, text_field, doc_separator)
+
+
+def iter_texts(paths: list[str], text_field: str = "text", doc_separator: str = "file") -> Iterator[str]:
+    """Sentences of the corpus one by one (what a tokenizer is trained on)."""
+    for doc in iter_documents(paths, text_field, doc_separator):
+        yield from doc
+
+
+def input_signature(paths: list[str]) -> list[tuple[str, int, int]]:
+    """(absolute path, size, mtime_ns) of each input: what decides whether a cache is still valid."""
+    sig = []
+    for f in expand_paths(paths):
+        if f.startswith("hf:"):
+            sig.append((f, 0, 0))
+        else:
+            st = os.stat(f)
+            sig.append((os.path.abspath(f), st.st_size, st.st_mtime_ns))
+    return sig

@@ -1,0 +1,505 @@
+"""From a tokenized corpus to BERT pretraining batches, as Google's ``create_pretraining_data.py`` builds them.
+
+Pipeline: documents of sentences (:mod:`bertforge.corpus`) -> :class:`TokenizedCorpus`, a cache of token ids
+with sentence and document boundaries in memory-mapped arrays -> instances (segment A, segment B, IsNext)
+drawn afresh each epoch -> masked batches.
+
+Everything random is a pure function of ``(seed, epoch, index)``: the instances of an epoch, their order,
+and each instance's masks.  So a loader restored to any position continues with exactly the batches an
+uninterrupted one would have produced, and N ranks together see exactly the batches of one process.
+
+Departures from Google's reference, documented here once:
+
+* The short-sequence target (probability ``short_seq_prob``) is drawn for every instance; Google draws it
+  once per document, so that one book in ten yields only short sequences.
+* IsNext stays at 50%: when the chunk for segment A holds a single sentence and IsNext was drawn, the
+  document's next sentence becomes segment B (Google forces NotNext there, which skews the labels).
+  Only at the very end of a document does a one-sentence chunk fall back to NotNext.
+* Masks are drawn afresh every epoch (dynamic masking, as RoBERTa), instead of ``dupe_factor`` static copies.
+* A "random token" replacement is drawn from the non-special tokens of the vocabulary (Google draws from
+  the whole vocabulary, [CLS] and [PAD] included).
+* Sentences longer than 256 tokens are cut into pieces of 256 tokens when the cache is built.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import random
+import shutil
+import tempfile
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+import torch
+from tokenizers import Tokenizer
+from tqdm import tqdm
+
+from .corpus import input_signature, iter_documents
+from .errors import UserError
+from .tokenizer import SpecialIds, special_ids, vocab_tokens
+
+log = logging.getLogger("bertforge")
+
+CACHE_VERSION = 1
+MAX_SENTENCE_TOKENS = 256
+
+
+def default_cache_dir() -> str:
+    return os.environ.get("BERTFORGE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "bertforge")
+
+
+# ------------------------------------------------------------------------------------------------ cache
+class TokenizedCorpus:
+    """Token ids of a corpus with sentence and document boundaries, memory-mapped from a cache folder.
+
+    ``tokens[sent_starts[s]:sent_ends[s]]`` is sentence ``s``; document ``d`` is sentences
+    ``doc_starts[d]:doc_ends[d]``.
+    """
+
+    def __init__(self, folder: str):
+        self.folder = folder
+        with open(os.path.join(folder, "meta.json"), encoding="utf-8") as f:
+            self.meta = json.load(f)
+        m = self.meta
+        self.tokens = np.memmap(os.path.join(folder, "tokens.bin"), dtype=m["dtype"], mode="r", shape=(m["n_tokens"],))
+        self.sent_ends = np.memmap(os.path.join(folder, "sent_ends.bin"), dtype=np.int64, mode="r", shape=(m["n_sentences"],))
+        self.doc_ends = np.memmap(os.path.join(folder, "doc_ends.bin"), dtype=np.int64, mode="r", shape=(m["n_documents"],))
+
+    @property
+    def n_documents(self) -> int:
+        return int(self.meta["n_documents"])
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.meta["n_tokens"])
+
+    def doc_range(self, d: int) -> tuple[int, int]:
+        """Sentence indices [s0, s1) of document d."""
+        return (int(self.doc_ends[d - 1]) if d else 0), int(self.doc_ends[d])
+
+    def sent_start(self, s: int) -> int:
+        return int(self.sent_ends[s - 1]) if s else 0
+
+    def doc_tokens(self, d: int) -> int:
+        s0, s1 = self.doc_range(d)
+        return int(self.sent_ends[s1 - 1]) - self.sent_start(s0)
+
+    def document_text(self, d: int, tok: Tokenizer) -> str:
+        s0, s1 = self.doc_range(d)
+        return tok.decode(self.tokens[self.sent_start(s0) : int(self.sent_ends[s1 - 1])].tolist())
+
+
+def cache_key(paths: list[str], tok: Tokenizer, text_field: str, doc_separator: str) -> str:
+    blob = json.dumps(
+        {
+            "version": CACHE_VERSION,
+            "inputs": input_signature(paths),
+            "tokenizer": hashlib.sha256(tok.to_str().encode()).hexdigest(),
+            "text_field": text_field,
+            "doc_separator": doc_separator,
+            "max_sentence_tokens": MAX_SENTENCE_TOKENS,
+        },
+        sort_keys=True,
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+def build_corpus(
+    paths: list[str],
+    tok: Tokenizer,
+    cache_dir: str | None = None,
+    text_field: str = "text",
+    doc_separator: str = "file",
+    progress: bool = False,
+    batch_sentences: int = 8192,
+) -> TokenizedCorpus:
+    """Tokenize ``paths`` once into the cache (keyed by inputs and tokenizer); later calls reuse it.
+
+    Memory stays bounded: sentences are tokenized in batches (in parallel on all cores) and appended to the
+    cache files as they come.
+    """
+    cache_dir = cache_dir or default_cache_dir()
+    key = cache_key(paths, tok, text_field, doc_separator)
+    folder = os.path.join(cache_dir, "corpus-" + key)
+    if os.path.isfile(os.path.join(folder, "meta.json")):
+        log.info("tokenized corpus from cache %s", folder)
+        return TokenizedCorpus(folder)
+    os.makedirs(cache_dir, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".corpus-tmp-", dir=cache_dir)
+    vocab_size = tok.get_vocab_size(with_added_tokens=True)
+    dtype = np.uint16 if vocab_size <= 65536 else np.uint32
+    n_tokens = n_sents = n_docs = n_bytes = 0
+    try:
+        with open(os.path.join(tmp, "tokens.bin"), "wb") as ft, open(os.path.join(tmp, "sent_ends.bin"), "wb") as fs, open(
+            os.path.join(tmp, "doc_ends.bin"), "wb"
+        ) as fd:
+            pending: list[str] = []  # sentences waiting to be tokenized
+            pending_docs: list[int] = []  # number of sentences of each waiting document
+
+            def flush() -> None:
+                nonlocal n_tokens, n_sents, n_docs
+                if not pending:
+                    return
+                encs = tok.encode_batch(pending, add_special_tokens=False)
+                it = iter(encs)
+                toks: list[np.ndarray] = []
+                sent_ends: list[int] = []
+                doc_ends: list[int] = []
+                for count in pending_docs:
+                    kept = 0
+                    for _ in range(count):
+                        ids = next(it).ids
+                        for i in range(0, len(ids), MAX_SENTENCE_TOKENS):
+                            piece = ids[i : i + MAX_SENTENCE_TOKENS]
+                            toks.append(np.asarray(piece, dtype=dtype))
+                            n_tokens += len(piece)
+                            sent_ends.append(n_tokens)
+                            kept += 1
+                    if kept:
+                        n_sents += kept
+                        n_docs += 1
+                        doc_ends.append(n_sents)
+                if toks:
+                    ft.write(np.concatenate(toks).tobytes())
+                fs.write(np.asarray(sent_ends, dtype=np.int64).tobytes())
+                fd.write(np.asarray(doc_ends, dtype=np.int64).tobytes())
+                pending.clear()
+                pending_docs.clear()
+
+            bar = tqdm(desc="tokenizing", unit="doc", disable=not progress, leave=False)
+            for doc in iter_documents(paths, text_field, doc_separator):
+                pending.extend(doc)
+                pending_docs.append(len(doc))
+                n_bytes += sum(len(s) for s in doc)
+                bar.update(1)
+                if len(pending) >= batch_sentences:
+                    flush()
+            flush()
+            bar.close()
+        if n_docs == 0 or n_tokens == 0:
+            raise UserError(f"the corpus is empty: no text in {', '.join(paths)}")
+        meta = {
+            "version": CACHE_VERSION,
+            "dtype": np.dtype(dtype).name,
+            "n_tokens": n_tokens,
+            "n_sentences": n_sents,
+            "n_documents": n_docs,
+            "n_chars": n_bytes,
+            "vocab_size": vocab_size,
+            "inputs": input_signature(paths),
+        }
+        with open(os.path.join(tmp, "meta.json"), "w", encoding="utf-8") as f:
+            json.dump(meta, f, indent=2)
+        try:
+            os.rename(tmp, folder)
+        except OSError:  # built concurrently by another process (another rank): keep theirs
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log.info("tokenized %d documents, %d sentences, %d tokens into %s", n_docs, n_sents, n_tokens, folder)
+    return TokenizedCorpus(folder)
+
+
+# ------------------------------------------------------------------------------------------------ instances
+@dataclass
+class MaskingConfig:
+    max_seq_length: int = 128
+    mask_prob: float = 0.15
+    short_seq_prob: float = 0.1
+    nsp: bool = True
+    whole_word_mask: bool = False
+
+
+def _seed_int(*parts: int) -> int:
+    return int(np.random.SeedSequence([int(p) & 0xFFFFFFFF for p in parts]).generate_state(2, np.uint64)[0])
+
+
+def create_instances(
+    corpus: TokenizedCorpus,
+    doc_ids: np.ndarray,
+    random_pool: np.ndarray,
+    cfg: MaskingConfig,
+    seed: int,
+) -> np.ndarray:
+    """Instances of one pass over ``doc_ids``: int64 rows ``(a0, a1, b0, b1, is_random_next)``.
+
+    A and B are token ranges ``[a0, a1)`` and ``[b0, b1)`` of ``corpus.tokens`` (B empty without NSP);
+    NotNext segments B come from a document of ``random_pool`` other than the instance's own.
+    """
+    rng = random.Random(seed)
+    ends = corpus.sent_ends
+    out: list[tuple[int, int, int, int, int]] = []
+    max_num = cfg.max_seq_length - (3 if cfg.nsp else 2)
+    if max_num < 2:
+        raise UserError(f"max_seq_length {cfg.max_seq_length} is too short")
+    pool = [int(d) for d in random_pool]
+    for d in doc_ids:
+        d = int(d)
+        s0, s1 = corpus.doc_range(d)
+        bounds = [corpus.sent_start(s0)] + [int(x) for x in ends[s0:s1]]  # token boundaries of the sentences
+        nsent = s1 - s0
+
+        def target() -> int:
+            return rng.randint(2, max_num) if rng.random() < cfg.short_seq_prob else max_num
+
+        tgt = target()
+        chunk_start = 0  # local sentence index where the current chunk starts
+        i = 0
+        while i < nsent:
+            cur_len = bounds[i + 1] - bounds[chunk_start]
+            if i == nsent - 1 or cur_len >= tgt:
+                nchunk = i - chunk_start + 1
+                if not cfg.nsp:
+                    a0, a1 = bounds[chunk_start], bounds[i + 1]
+                    out.append((a0, min(a1, a0 + max_num), 0, 0, 0))
+                else:
+                    a_end = 1 if nchunk == 1 else rng.randint(1, nchunk - 1)  # sentences in A
+                    is_random = rng.random() < 0.5
+                    if not is_random and nchunk == 1:
+                        if i + 1 < nsent:  # keep IsNext: the next sentence becomes B
+                            i += 1
+                            nchunk = 2
+                        else:
+                            is_random = True
+                    a0, a1 = bounds[chunk_start], bounds[chunk_start + a_end]
+                    if is_random:
+                        target_b = max(1, tgt - (a1 - a0))
+                        rd = d
+                        if len(pool) > 1:
+                            while rd == d:
+                                rd = pool[rng.randrange(len(pool))]
+                        else:
+                            rd = pool[0]
+                        r0, r1 = corpus.doc_range(rd)
+                        j = rng.randrange(r0, r1)
+                        b0 = corpus.sent_start(j)
+                        b1 = int(ends[j])
+                        while b1 - b0 < target_b and j + 1 < r1:
+                            j += 1
+                            b1 = int(ends[j])
+                        i -= nchunk - a_end  # the unused sentences start the next chunk
+                    else:
+                        b0, b1 = a1, bounds[i + 1]
+                    # truncate the longer segment, one token at a time from its front or back at random
+                    while (a1 - a0) + (b1 - b0) > max_num:
+                        if a1 - a0 > b1 - b0:
+                            if rng.random() < 0.5:
+                                a0 += 1
+                            else:
+                                a1 -= 1
+                        elif rng.random() < 0.5:
+                            b0 += 1
+                        else:
+                            b1 -= 1
+                    out.append((a0, a1, b0, b1, int(is_random)))
+                chunk_start = i + 1
+                tgt = target()
+            i += 1
+    return np.asarray(out, dtype=np.int64).reshape(-1, 5)
+
+
+# ------------------------------------------------------------------------------------------------ masking
+class Masker:
+    """Builds ``[CLS] A [SEP] B [SEP]`` and masks it: ``mask_prob`` of the tokens (rounded per sequence, as
+    Google), never [CLS] or [SEP]; of those 80% [MASK], 10% a random non-special token, 10% unchanged."""
+
+    def __init__(self, tok: Tokenizer, cfg: MaskingConfig):
+        self.cfg = cfg
+        self.sp: SpecialIds = special_ids(tok)
+        vocab = vocab_tokens(tok)
+        self.vocab_size = len(vocab)
+        specials = self.sp.as_set()
+        self.replace_pool = np.asarray([i for i in range(len(vocab)) if i not in specials], dtype=np.int64)
+        self.is_continuation = np.asarray([t.startswith("##") for t in vocab], dtype=bool)
+        self.max_predictions = max(1, math.ceil(cfg.max_seq_length * cfg.mask_prob))
+
+    def sequence(self, tokens: np.ndarray, inst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(input ids, token type ids) of one instance, before masking."""
+        a0, a1, b0, b1, _ = (int(x) for x in inst)
+        a = np.asarray(tokens[a0:a1], dtype=np.int64)
+        if b1 > b0 or self.cfg.nsp:
+            b = np.asarray(tokens[b0:b1], dtype=np.int64)
+            ids = np.concatenate([[self.sp.cls], a, [self.sp.sep], b, [self.sp.sep]])
+            tt = np.zeros(len(ids), dtype=np.int64)
+            tt[len(a) + 2 :] = 1
+        else:
+            ids = np.concatenate([[self.sp.cls], a, [self.sp.sep]])
+            tt = np.zeros(len(ids), dtype=np.int64)
+        return ids, tt
+
+    def mask(self, ids: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """(masked input ids, labels with -100 where nothing is predicted)."""
+        ids = ids.copy()
+        labels = np.full(len(ids), -100, dtype=np.int64)
+        cand = np.flatnonzero((ids != self.sp.cls) & (ids != self.sp.sep) & (ids != self.sp.pad))
+        if len(cand) == 0:
+            return ids, labels
+        n = min(self.max_predictions, max(1, int(round(len(cand) * self.cfg.mask_prob))))
+        if self.cfg.whole_word_mask:
+            # a word = a token and the ## continuations that follow it
+            starts = ~self.is_continuation[ids[cand]] | (np.diff(cand, prepend=-2) != 1)
+            words = np.split(cand, np.flatnonzero(starts)[1:])
+            chosen: list[int] = []
+            for w in rng.permutation(len(words)):
+                if len(chosen) >= n:
+                    break
+                if len(chosen) + len(words[w]) > n:
+                    continue
+                chosen.extend(words[w].tolist())
+            pos = np.sort(np.asarray(chosen, dtype=np.int64))
+        else:
+            pos = np.sort(rng.choice(cand, size=n, replace=False))
+        labels[pos] = ids[pos]
+        r = rng.random(len(pos))
+        ids[pos[r < 0.8]] = self.sp.mask
+        rand_pos = pos[r >= 0.9]
+        ids[rand_pos] = self.replace_pool[rng.integers(0, len(self.replace_pool), size=len(rand_pos))]
+        return ids, labels
+
+
+def collate(seqs: list[tuple[np.ndarray, np.ndarray, np.ndarray]], nsp_labels: np.ndarray | None, pad_id: int) -> dict:
+    """Pad (ids, token types, labels) triples to the longest in the batch; tensors ready for the model."""
+    B = len(seqs)
+    T = max(len(s[0]) for s in seqs)
+    ids = np.full((B, T), pad_id, dtype=np.int64)
+    tt = np.zeros((B, T), dtype=np.int64)
+    am = np.zeros((B, T), dtype=np.int64)
+    lab = np.full((B, T), -100, dtype=np.int64)
+    for i, (x, t, lbl) in enumerate(seqs):
+        n = len(x)
+        ids[i, :n], tt[i, :n], am[i, :n], lab[i, :n] = x, t, 1, lbl
+    batch = {
+        "input_ids": torch.from_numpy(ids),
+        "token_type_ids": torch.from_numpy(tt),
+        "attention_mask": torch.from_numpy(am),
+        "labels": torch.from_numpy(lab),
+    }
+    if nsp_labels is not None:
+        batch["next_sentence_label"] = torch.from_numpy(np.asarray(nsp_labels, dtype=np.int64))
+    return batch
+
+
+# ------------------------------------------------------------------------------------------------ splits
+def split_documents(corpus: TokenizedCorpus, seed: int, eval_fraction: float = 0.05,
+                    max_eval_tokens: int = 1_000_000, need_train: int = 2) -> tuple[np.ndarray, np.ndarray]:
+    """(train document ids, held-out document ids): documents drawn at random until the held-out part
+    holds ``eval_fraction`` of the tokens (at most ``max_eval_tokens``), at least one document, and at
+    least ``need_train`` documents stay for training."""
+    n = corpus.n_documents
+    if n < need_train + 1:
+        raise UserError(
+            f"the corpus has {n} document(s): holding some out for evaluation needs at least {need_train + 1}; "
+            "give --eval-data, or split the text into documents (one file or JSONL line per document, "
+            "or --doc-separator blank-line)"
+        )
+    order = np.random.default_rng(_seed_int(seed, 7)).permutation(n)
+    budget = min(eval_fraction * corpus.n_tokens, max_eval_tokens)
+    held: list[int] = []
+    tokens = 0
+    for d in order[: n - need_train]:
+        if held and tokens >= budget:
+            break
+        held.append(int(d))
+        tokens += corpus.doc_tokens(int(d))
+    held_arr = np.sort(np.asarray(held, dtype=np.int64))
+    train = np.setdiff1d(np.arange(n, dtype=np.int64), held_arr)
+    return train, held_arr
+
+
+# ------------------------------------------------------------------------------------------------ loader
+class PretrainingLoader:
+    """Global batches of ``batch_size`` instances, epoch after epoch, reproducible and resumable.
+
+    ``position`` = (epoch, step) is the whole state.  With ``world`` ranks, rank r builds rows
+    ``[r*B/world, (r+1)*B/world)`` of each global batch, so the ranks together see exactly the batches of
+    one process.  A partial last batch of an epoch is dropped.
+    """
+
+    def __init__(self, corpus: TokenizedCorpus, doc_ids: np.ndarray, masker: Masker, batch_size: int, seed: int,
+                 rank: int = 0, world: int = 1, random_pool: np.ndarray | None = None, shuffle: bool = True):
+        if batch_size % world:
+            raise UserError(f"batch size {batch_size} is not divisible by the number of processes {world}")
+        self.corpus, self.doc_ids, self.masker = corpus, np.asarray(doc_ids), masker
+        self.random_pool = self.doc_ids if random_pool is None else np.asarray(random_pool)
+        self.batch_size, self.seed, self.rank, self.world, self.shuffle = batch_size, seed, rank, world, shuffle
+        self.epoch, self.step = 0, 0
+        self._cached: tuple[int, np.ndarray, np.ndarray] | None = None
+
+    # -- one epoch
+    def instances(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """(instances, order) of an epoch; computed once per epoch."""
+        if self._cached is None or self._cached[0] != epoch:
+            inst = create_instances(self.corpus, self.doc_ids, self.random_pool, self.masker.cfg, _seed_int(self.seed, 1, epoch))
+            order = np.random.default_rng(_seed_int(self.seed, 2, epoch)).permutation(len(inst)) if self.shuffle else np.arange(len(inst))
+            self._cached = (epoch, inst, order)
+        return self._cached[1], self._cached[2]
+
+    def steps_in_epoch(self, epoch: int) -> int:
+        return len(self.instances(epoch)[0]) // self.batch_size
+
+    def build(self, epoch: int, indices: np.ndarray) -> dict:
+        """The masked batch of the given instance indices of an epoch."""
+        inst, _ = self.instances(epoch)
+        seqs = []
+        for k in indices:
+            ids, tt = self.masker.sequence(self.corpus.tokens, inst[k])
+            masked, labels = self.masker.mask(ids, np.random.default_rng([self.seed & 0xFFFFFFFF, 3, epoch, int(k)]))
+            seqs.append((masked, tt, labels))
+        nsp = inst[indices, 4] if self.masker.cfg.nsp else None
+        return collate(seqs, nsp, self.masker.sp.pad)
+
+    def global_rows(self, epoch: int, step: int) -> np.ndarray:
+        _, order = self.instances(epoch)
+        return order[step * self.batch_size : (step + 1) * self.batch_size]
+
+    def rank_rows(self, epoch: int, step: int) -> np.ndarray:
+        rows = self.global_rows(epoch, step)
+        per = self.batch_size // self.world
+        return rows[self.rank * per : (self.rank + 1) * per]
+
+    # -- iteration with state
+    def next_rows(self) -> tuple[int, np.ndarray]:
+        """(epoch, this rank's instance indices) of the next global batch; advances the position."""
+        if self.steps_in_epoch(self.epoch) == 0:
+            raise UserError(
+                f"the training data yields {len(self.instances(self.epoch)[0])} instances per epoch, "
+                f"fewer than one batch of {self.batch_size}; lower --batch-size or add data"
+            )
+        if self.step >= self.steps_in_epoch(self.epoch):
+            self.epoch, self.step = self.epoch + 1, 0
+        rows = self.rank_rows(self.epoch, self.step)
+        epoch = self.epoch
+        self.step += 1
+        return epoch, rows
+
+    def next_batch(self) -> dict:
+        epoch, rows = self.next_rows()
+        return self.build(epoch, rows)
+
+    def __iter__(self) -> Iterator[dict]:
+        while True:
+            yield self.next_batch()
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "step": self.step, "seed": self.seed, "batch_size": self.batch_size}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("seed", self.seed) != self.seed or state.get("batch_size", self.batch_size) != self.batch_size:
+            raise UserError("the checkpoint's data seed or batch size differs from this run's; resume with the same settings")
+        self.epoch, self.step = int(state["epoch"]), int(state["step"])
+
+
+def eval_batches(corpus: TokenizedCorpus, doc_ids: np.ndarray, masker: Masker, batch_size: int, seed: int,
+                 max_instances: int = 2048, random_pool: np.ndarray | None = None) -> list[dict]:
+    """A fixed evaluation set: instances and masks from the held-out documents, the same every time."""
+    pool = doc_ids if random_pool is None or len(doc_ids) > 1 else random_pool
+    loader = PretrainingLoader(corpus, doc_ids, masker, 1, seed + 1_000_003, random_pool=pool)
+    inst, order = loader.instances(0)
+    idx = order[:max_instances]
+    return [loader.build(0, idx[i : i + batch_size]) for i in range(0, len(idx), batch_size)]

@@ -1,0 +1,35 @@
+"""One exception type for bad input.
+
+Anything a user can get wrong (a missing file, malformed JSON, an unknown label, a vocabulary that does
+not fit the model) raises :class:`UserError`.  The command line turns it into one line
+``error: ...`` on stderr and exit status 2; library users catch it like any other exception.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+class UserError(Exception):
+    """Bad input from the user: reported as ``error: <message>``, exit status 2, no traceback."""
+
+
+def require_file(path: str | os.PathLike, what: str = "file") -> str:
+    """Return ``path`` as a string if it is an existing, non-empty file; raise UserError otherwise."""
+    p = os.fspath(path)
+    if not os.path.exists(p):
+        raise UserError(f"{what} not found: {p}")
+    if os.path.isdir(p):
+        raise UserError(f"{what} is a directory, expected a file: {p}")
+    if os.path.getsize(p) == 0:
+        raise UserError(f"{what} is empty: {p}")
+    return p
+
+
+def require_dir(path: str | os.PathLike, what: str = "directory") -> str:
+    p = os.fspath(path)
+    if not os.path.exists(p):
+        raise UserError(f"{what} not found: {p}")
+    if not os.path.isdir(p):
+        raise UserError(f"{what} is not a directory: {p}")
+    return p

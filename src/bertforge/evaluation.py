@@ -1,0 +1,189 @@
+"""Evaluation: pretraining (MLM and NSP loss and accuracy), classification (accuracy, macro-F1) and
+SQuAD v1.1 (exact match and F1, computed exactly as the official ``evaluate-v1.1.py``).
+
+Every model evaluation runs in ``model.eval()`` under ``torch.inference_mode()`` and restores the
+training mode it found.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import string
+from collections import Counter
+from typing import Iterable
+
+import numpy as np
+import torch
+
+
+@contextlib.contextmanager
+def eval_mode(model: torch.nn.Module):
+    was = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            yield
+    finally:
+        model.train(was)
+
+
+def to_device(batch: dict, device) -> dict:
+    return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+
+# ------------------------------------------------------------------------------------------------ pretraining
+def evaluate_pretraining(model, batches: list[dict], device, autocast=None, baseline_token: int | None = None) -> dict:
+    """MLM loss and accuracy over the masked positions, NSP loss and accuracy, over fixed batches."""
+    mlm_sum = mlm_n = mlm_ok = base_ok = 0.0
+    nsp_sum = nsp_n = nsp_ok = 0.0
+    with eval_mode(model):
+        for b in batches:
+            b = to_device(b, device)
+            kw = dict(labels=b["labels"], loss_reduction="sum")
+            if "next_sentence_label" in b:
+                kw["next_sentence_label"] = b["next_sentence_label"]
+            with autocast or contextlib.nullcontext():
+                out = model(b["input_ids"], b["attention_mask"], b["token_type_ids"], **kw)
+            logits = out.prediction_logits if hasattr(out, "prediction_logits") else out.logits
+            target = b["labels"][b["labels"] != -100]
+            mlm_sum += float(out.mlm_loss if hasattr(out, "mlm_loss") else out.loss)
+            mlm_n += target.numel()
+            mlm_ok += float((logits.argmax(-1) == target).sum())
+            if baseline_token is not None:
+                base_ok += float((target == baseline_token).sum())
+            if "next_sentence_label" in b:
+                y = b["next_sentence_label"]
+                nsp_sum += float(out.nsp_loss)
+                nsp_n += y.numel()
+                nsp_ok += float((out.seq_relationship_logits.argmax(-1) == y).sum())
+    res = {
+        "mlm_loss": mlm_sum / max(1, mlm_n),
+        "mlm_accuracy": mlm_ok / max(1, mlm_n),
+        "masked_tokens": int(mlm_n),
+    }
+    if baseline_token is not None:
+        res["mlm_baseline_accuracy"] = base_ok / max(1, mlm_n)
+    if nsp_n:
+        res.update(nsp_loss=nsp_sum / nsp_n, nsp_accuracy=nsp_ok / nsp_n, sequences=int(nsp_n))
+    return res
+
+
+def fill_mask_samples(model, tok, batch: dict, device, n: int = 3, k: int = 5) -> list[str]:
+    """Readable top-k predictions at a few masked positions of the first sequences of a batch."""
+    lines = []
+    with eval_mode(model):
+        b = to_device(batch, device)
+        out = model(b["input_ids"], b["attention_mask"], b["token_type_ids"])
+        logits = out.prediction_logits if hasattr(out, "prediction_logits") else out.logits  # (B, T, V)
+        probs = logits.float().softmax(-1)
+        for i in range(min(n, b["input_ids"].shape[0])):
+            ids = b["input_ids"][i][b["attention_mask"][i].bool()].tolist()
+            labels = b["labels"][i][: len(ids)]
+            shown = [tok.id_to_token(t) for t in ids]
+            positions = (labels != -100).nonzero().flatten().tolist()[:3]
+            context = " ".join(shown[max(0, positions[0] - 12) : positions[0] + 12]) if positions else ""
+            lines.append(f"  ...{context}...")
+            for p in positions:
+                top = probs[i, p].topk(k)
+                cands = ", ".join(f"{tok.id_to_token(int(t))} {float(q):.2f}" for q, t in zip(top.values, top.indices))
+                lines.append(f"    [{p}] true={tok.id_to_token(int(labels[p]))!s}: {cands}")
+    return lines
+
+
+# ------------------------------------------------------------------------------------------------ classification
+def classification_metrics(y_true: Iterable[int], y_pred: Iterable[int], num_labels: int) -> dict:
+    """Accuracy and macro-averaged F1 (a class never predicted nor present is left out of the average)."""
+    t, p = np.asarray(list(y_true)), np.asarray(list(y_pred))
+    acc = float((t == p).mean()) if len(t) else 0.0
+    f1s = []
+    for c in range(num_labels):
+        tp = float(((p == c) & (t == c)).sum())
+        fp = float(((p == c) & (t != c)).sum())
+        fn = float(((p != c) & (t == c)).sum())
+        if tp + fp + fn == 0:
+            continue
+        f1s.append(2 * tp / (2 * tp + fp + fn))
+    return {"accuracy": acc, "macro_f1": float(np.mean(f1s)) if f1s else 0.0}
+
+
+# ------------------------------------------------------------------------------------------------ SQuAD v1.1
+# The functions below reproduce the official evaluate-v1.1.py line for line in behaviour.
+def normalize_answer(s: str) -> str:
+    """Lower text and remove punctuation, articles and extra whitespace (official SQuAD v1.1)."""
+
+    def remove_articles(text):
+        return re.sub(r"\b(a|an|the)\b", " ", text)
+
+    def white_space_fix(text):
+        return " ".join(text.split())
+
+    def remove_punc(text):
+        exclude = set(string.punctuation)
+        return "".join(ch for ch in text if ch not in exclude)
+
+    return white_space_fix(remove_articles(remove_punc(s.lower())))
+
+
+def _overlap(prediction: str, ground_truth: str) -> tuple[int, int, int]:
+    p = normalize_answer(prediction).split()
+    g = normalize_answer(ground_truth).split()
+    common = Counter(p) & Counter(g)
+    return sum(common.values()), len(p), len(g)
+
+
+def f1_score(prediction: str, ground_truth: str) -> float:
+    same, np_, ng = _overlap(prediction, ground_truth)
+    if same == 0:
+        return 0
+    precision = 1.0 * same / np_
+    recall = 1.0 * same / ng
+    return (2 * precision * recall) / (precision + recall)
+
+
+def precision_score(prediction: str, ground_truth: str) -> float:
+    same, np_, _ = _overlap(prediction, ground_truth)
+    return 0 if same == 0 else same / np_
+
+
+def recall_score(prediction: str, ground_truth: str) -> float:
+    same, _, ng = _overlap(prediction, ground_truth)
+    return 0 if same == 0 else same / ng
+
+
+def exact_match_score(prediction: str, ground_truth: str) -> bool:
+    return normalize_answer(prediction) == normalize_answer(ground_truth)
+
+
+def metric_max_over_ground_truths(metric_fn, prediction, ground_truths):
+    return max(metric_fn(prediction, gt) for gt in ground_truths)
+
+
+def squad_evaluate(dataset: list[dict], predictions: dict[str, str]) -> dict:
+    """Official SQuAD v1.1 scores (percentages) of ``predictions`` ({id: text}) on the ``data`` list of a
+    SQuAD JSON file.  A question without a prediction scores 0.  ``precision`` and ``recall`` are
+    token-level, each the maximum over the reference answers and averaged like F1 (not official)."""
+    f1 = exact_match = precision = recall = total = 0
+    missing = 0
+    for article in dataset:
+        for paragraph in article["paragraphs"]:
+            for qa in paragraph["qas"]:
+                total += 1
+                if qa["id"] not in predictions:
+                    missing += 1
+                    continue
+                ground_truths = [a["text"] for a in qa["answers"]]
+                prediction = predictions[qa["id"]]
+                exact_match += metric_max_over_ground_truths(exact_match_score, prediction, ground_truths)
+                f1 += metric_max_over_ground_truths(f1_score, prediction, ground_truths)
+                precision += metric_max_over_ground_truths(precision_score, prediction, ground_truths)
+                recall += metric_max_over_ground_truths(recall_score, prediction, ground_truths)
+    total = max(total, 1)
+    return {
+        "exact_match": 100.0 * exact_match / total,
+        "f1": 100.0 * f1 / total,
+        "precision": 100.0 * precision / total,
+        "recall": 100.0 * recall / total,
+        "questions": total,
+        "unanswered": missing,
+    }

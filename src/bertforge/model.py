@@ -1,0 +1,501 @@
+"""The BERT encoder and its heads, written to be read top to bottom.
+
+Architecture as in Devlin et al. (2019) and Google's reference code: learned word + segment + position
+embeddings, post-LayerNorm encoder layers with bidirectional multi-head self-attention and a GELU
+feed-forward block, a pooler (dense + tanh over [CLS]), and the pretraining heads (masked LM with the
+decoder tied to the word embeddings, and next sentence prediction).  Module and parameter names are those
+of Hugging Face ``modeling_bert.py``, so that state dicts interchange with transformers without a mapping
+table (``bert.encoder.layer.0.attention.self.query.weight``, ``cls.predictions.bias``, ...).
+
+Departures from the BERT paper and from transformers, all of them in one place:
+
+* Attention runs through ``torch.nn.functional.scaled_dot_product_attention`` (flash / memory-efficient
+  kernels where available); the maths is the paper's softmax(QK^T / sqrt(d)) V.
+* Q, K and V are computed by one matmul over the concatenated weights (fewer, larger kernels).  The
+  parameters stay three ``nn.Linear`` named query/key/value, so checkpoints keep transformers' names.
+* Padding is removed before every token-wise computation (projections, feed-forward, LayerNorm) and put
+  back only for attention.  The values at non-pad positions are the same; ``last_hidden_state`` holds
+  zeros at pad positions where transformers holds (meaningless) computed values.
+* Sparse masked-LM prediction: when MLM ``labels`` are given, the transform and the 30k-way vocabulary
+  projection run only at the labelled positions (~15% of tokens), and ``prediction_logits`` holds those
+  rows only, in row-major order of ``labels != -100``.  The loss equals the dense computation.  Pass
+  ``dense_logits=True`` for transformers' (B, T, V) logits with labels.
+* ``hidden_act="gelu"`` is the exact erf GELU of BERT and transformers; ``"gelu_new"`` the tanh form.
+* NSP label 0 = IsNext, 1 = NotNext, as in Google's and transformers' checkpoints.
+* The pretraining data choices (random replacement tokens drawn from non-special tokens only, IsNext kept at
+  50% even for one-sentence chunks) are documented in :mod:`bertforge.data`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .config import BertConfig
+
+ACT2FN = {
+    "gelu": F.gelu,  # exact: x * Phi(x), as BERT
+    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "relu": F.relu,
+}
+
+
+# ------------------------------------------------------------------------------------------------ outputs
+@dataclass
+class BaseModelOutput:
+    last_hidden_state: torch.Tensor  # (B, T, C)
+    pooler_output: torch.Tensor | None = None  # (B, C)
+
+
+@dataclass
+class PreTrainingOutput:
+    loss: torch.Tensor | None = None  # mlm_loss + nsp_loss, each present when its labels are given
+    prediction_logits: torch.Tensor | None = None  # (B, T, V), or (N_labelled, V) when sparse
+    seq_relationship_logits: torch.Tensor | None = None  # (B, 2)
+    mlm_loss: torch.Tensor | None = None
+    nsp_loss: torch.Tensor | None = None
+
+
+@dataclass
+class MaskedLMOutput:
+    loss: torch.Tensor | None = None
+    logits: torch.Tensor | None = None  # (B, T, V), or (N_labelled, V) when sparse
+
+
+@dataclass
+class SequenceClassifierOutput:
+    loss: torch.Tensor | None = None
+    logits: torch.Tensor | None = None  # (B, num_labels)
+
+
+@dataclass
+class QuestionAnsweringOutput:
+    loss: torch.Tensor | None = None
+    start_logits: torch.Tensor | None = None  # (B, T)
+    end_logits: torch.Tensor | None = None  # (B, T)
+
+
+# ------------------------------------------------------------------------------------------------ padding
+class Padding:
+    """Where the real tokens of a (B, T) batch are, to run token-wise layers on real tokens only.
+
+    ``indices`` is None when the batch has no padding (then everything stays (B, T, C)).
+    ``attn_mask`` is the boolean (B, 1, 1, T) key mask for SDPA (True = attend), or None.
+    """
+
+    def __init__(self, attention_mask: torch.Tensor | None, B: int, T: int):
+        self.B, self.T = B, T
+        self.indices = None
+        self.attn_mask = None
+        if attention_mask is None:
+            return
+        keep = attention_mask.bool()  # (B, T)
+        # One host sync per forward on CUDA; on the CPU it is free and saves the padded FLOPs.
+        if bool(keep.all()):
+            return
+        self.attn_mask = keep[:, None, None, :]  # (B, 1, 1, T)
+        self.indices = keep.reshape(-1).nonzero().squeeze(1)  # (N,)
+
+    def unpad(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, T, C) -> (N, C) real tokens; identity without padding."""
+        if self.indices is None:
+            return x
+        return x.reshape(self.B * self.T, -1).index_select(0, self.indices)
+
+    def pad(self, x: torch.Tensor) -> torch.Tensor:
+        """(N, C) -> (B, T, C) with zeros at pad positions; identity without padding."""
+        if self.indices is None:
+            return x
+        out = x.new_zeros(self.B * self.T, x.shape[-1])
+        return out.index_copy(0, self.indices, x).view(self.B, self.T, -1)
+
+
+# ------------------------------------------------------------------------------------------------ encoder
+class BertEmbeddings(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        C = config.hidden_size
+        self.word_embeddings = nn.Embedding(config.vocab_size, C, padding_idx=config.pad_token_id)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, C)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, C)
+        self.LayerNorm = nn.LayerNorm(C, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.register_buffer("position_ids", torch.arange(config.max_position_embeddings), persistent=False)
+
+    def forward(self, input_ids, token_type_ids=None, position_ids=None):
+        B, T = input_ids.shape
+        if position_ids is None:
+            position_ids = self.position_ids[:T]  # (T,)
+        x = self.word_embeddings(input_ids) + self.position_embeddings(position_ids)  # (B, T, C)
+        if token_type_ids is None:
+            x = x + self.token_type_embeddings.weight[0]
+        else:
+            x = x + self.token_type_embeddings(token_type_ids)
+        return self.dropout(self.LayerNorm(x))
+
+
+class BertSelfAttention(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        C = config.hidden_size
+        self.n_head = config.num_attention_heads
+        self.query = nn.Linear(C, C)
+        self.key = nn.Linear(C, C)
+        self.value = nn.Linear(C, C)
+        self.dropout_p = config.attention_probs_dropout_prob
+
+    def forward(self, x: torch.Tensor, padding: Padding) -> torch.Tensor:
+        # x: (N, C) real tokens, or (B, T, C) without padding
+        C = x.shape[-1]
+        w = torch.cat([self.query.weight, self.key.weight, self.value.weight])  # (3C, C)
+        b = torch.cat([self.query.bias, self.key.bias, self.value.bias])  # (3C,)
+        qkv = padding.pad(F.linear(x, w, b))  # (B, T, 3C)
+        B, T = qkv.shape[:2]
+        q, k, v = qkv.view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)  # 3 x (B, nh, T, hs)
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=padding.attn_mask, dropout_p=self.dropout_p if self.training else 0.0
+        )  # (B, nh, T, hs)
+        y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C)
+        return padding.unpad(y)
+
+
+class BertSelfOutput(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, h, residual):
+        return self.LayerNorm(self.dropout(self.dense(h)) + residual)  # post-LN
+
+
+class BertAttention(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.self = BertSelfAttention(config)
+        self.output = BertSelfOutput(config)
+
+    def forward(self, x, padding):
+        return self.output(self.self(x, padding), x)
+
+
+class BertIntermediate(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.intermediate_act_fn = ACT2FN[config.hidden_act]
+
+    def forward(self, x):
+        return self.intermediate_act_fn(self.dense(x))  # (..., 4C)
+
+
+class BertOutput(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, h, residual):
+        return self.LayerNorm(self.dropout(self.dense(h)) + residual)
+
+
+class BertLayer(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.attention = BertAttention(config)
+        self.intermediate = BertIntermediate(config)
+        self.output = BertOutput(config)
+
+    def forward(self, x, padding):
+        x = self.attention(x, padding)
+        return self.output(self.intermediate(x), x)
+
+
+class BertEncoder(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
+
+    def forward(self, x, padding):
+        for layer in self.layer:
+            x = layer(x, padding)
+        return x
+
+
+class BertPooler(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.activation = nn.Tanh()
+
+    def forward(self, hidden):  # (B, T, C) -> (B, C), from [CLS]
+        return self.activation(self.dense(hidden[:, 0]))
+
+
+# ------------------------------------------------------------------------------------------------ base
+class BertPreTrainedModel(nn.Module):
+    """Weight initialisation, tying, and loading/saving of Hugging Face model directories."""
+
+    config: BertConfig
+    # parameter-name prefixes of the task head: missing from a checkpoint, they are freshly initialised
+    head_prefixes: tuple[str, ...] = ()
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.config = config
+
+    def _init_weights(self, module: nn.Module) -> None:
+        std = self.config.initializer_range
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            if module.padding_idx is not None:
+                with torch.no_grad():
+                    module.weight[module.padding_idx].zero_()
+        elif isinstance(module, nn.LayerNorm):
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
+        elif isinstance(module, BertLMPredictionHead):
+            nn.init.zeros_(module.bias)
+
+    def init_weights(self) -> None:
+        self.apply(self._init_weights)
+        self.tie_weights()
+
+    def tie_weights(self) -> None:
+        """Tie the MLM decoder to the word embeddings (no-op for models without an MLM head)."""
+        cls = getattr(self, "cls", None)
+        if cls is not None and hasattr(cls, "predictions"):
+            cls.predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight
+
+    @property
+    def base_model(self) -> "BertModel":
+        return self if isinstance(self, BertModel) else self.bert
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    # loading and saving live in checkpoint.py; these are the familiar entry points
+    @classmethod
+    def from_pretrained(cls, path, config: BertConfig | None = None, reinit_head: bool = False, **kw):
+        """Load a model directory (ours or transformers', with or without the ``bert.`` prefix)."""
+        from .checkpoint import load_pretrained
+
+        return load_pretrained(cls, path, config=config, reinit_head=reinit_head, **kw)
+
+    def save_pretrained(self, path, tokenizer=None) -> None:
+        """Write ``config.json`` + ``model.safetensors`` (and tokenizer files) atomically to ``path``."""
+        from .checkpoint import save_pretrained
+
+        save_pretrained(self, path, tokenizer=tokenizer)
+
+
+class BertModel(BertPreTrainedModel):
+    def __init__(self, config: BertConfig, add_pooling_layer: bool = True):
+        super().__init__(config)
+        self.embeddings = BertEmbeddings(config)
+        self.encoder = BertEncoder(config)
+        self.pooler = BertPooler(config) if add_pooling_layer else None
+        self.init_weights()
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None) -> BaseModelOutput:
+        B, T = input_ids.shape
+        if T > self.config.max_position_embeddings:
+            raise ValueError(f"sequence length {T} exceeds max_position_embeddings {self.config.max_position_embeddings}")
+        padding = Padding(attention_mask, B, T)
+        x = self.embeddings(input_ids, token_type_ids, position_ids)  # (B, T, C)
+        x = self.encoder(padding.unpad(x), padding)  # (N, C) or (B, T, C)
+        x = padding.pad(x)  # (B, T, C)
+        pooled = self.pooler(x) if self.pooler is not None else None
+        return BaseModelOutput(last_hidden_state=x, pooler_output=pooled)
+
+
+# ------------------------------------------------------------------------------------------------ heads
+class BertPredictionHeadTransform(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.transform_act_fn = ACT2FN[config.hidden_act]
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def forward(self, x):
+        return self.LayerNorm(self.transform_act_fn(self.dense(x)))
+
+
+class BertLMPredictionHead(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.transform = BertPredictionHeadTransform(config)
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=False)  # tied to word embeddings
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))  # output-only bias, per token
+
+    def forward(self, x):  # (..., C) -> (..., V)
+        return F.linear(self.transform(x), self.decoder.weight, self.bias)
+
+
+class BertOnlyMLMHead(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.predictions = BertLMPredictionHead(config)
+
+
+class BertPreTrainingHeads(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.predictions = BertLMPredictionHead(config)
+        self.seq_relationship = nn.Linear(config.hidden_size, 2)
+
+
+def _mlm_logits(head: BertLMPredictionHead, seq: torch.Tensor, labels, dense_logits: bool, reduction: str):
+    """MLM logits and loss; with labels and not dense_logits, only at labelled positions (sparse)."""
+    if labels is None:
+        return head(seq), None  # (B, T, V)
+    if dense_logits:
+        logits = head(seq)  # (B, T, V)
+        loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100, reduction=reduction)
+        return logits, loss
+    sel = labels.reshape(-1) != -100  # (B*T,)
+    logits = head(seq.reshape(-1, seq.shape[-1])[sel])  # (N, V)
+    return logits, F.cross_entropy(logits, labels.reshape(-1)[sel], reduction=reduction)
+
+
+class BertForPreTraining(BertPreTrainedModel):
+    head_prefixes = ("cls.", "bert.pooler.")
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.bert = BertModel(config)
+        self.cls = BertPreTrainingHeads(config)
+        self.init_weights()
+
+    def forward(
+        self,
+        input_ids,
+        attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        labels=None,
+        next_sentence_label=None,
+        dense_logits: bool = False,
+        loss_reduction: str = "mean",
+    ) -> PreTrainingOutput:
+        """``loss_reduction="sum"`` returns summed losses, for a caller that normalises over a global batch."""
+        out = self.bert(input_ids, attention_mask, token_type_ids, position_ids)
+        logits, mlm_loss = _mlm_logits(self.cls.predictions, out.last_hidden_state, labels, dense_logits, loss_reduction)
+        nsp_logits = self.cls.seq_relationship(out.pooler_output)  # (B, 2)
+        nsp_loss = None
+        if next_sentence_label is not None:
+            nsp_loss = F.cross_entropy(nsp_logits, next_sentence_label.reshape(-1), reduction=loss_reduction)
+        losses = [x for x in (mlm_loss, nsp_loss) if x is not None]
+        loss = sum(losses) if losses else None
+        return PreTrainingOutput(loss, logits, nsp_logits, mlm_loss, nsp_loss)
+
+
+class BertForMaskedLM(BertPreTrainedModel):
+    head_prefixes = ("cls.",)
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.cls = BertOnlyMLMHead(config)
+        self.init_weights()
+
+    def forward(
+        self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, labels=None, dense_logits=False,
+        loss_reduction: str = "mean",
+    ) -> MaskedLMOutput:
+        out = self.bert(input_ids, attention_mask, token_type_ids, position_ids)
+        logits, loss = _mlm_logits(self.cls.predictions, out.last_hidden_state, labels, dense_logits, loss_reduction)
+        return MaskedLMOutput(loss, logits)
+
+
+class BertForSequenceClassification(BertPreTrainedModel):
+    head_prefixes = ("classifier.", "bert.pooler.")
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.bert = BertModel(config)
+        p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        self.dropout = nn.Dropout(p)
+        self.classifier = nn.Linear(config.hidden_size, self.num_labels)
+        self.init_weights()
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, labels=None):
+        pooled = self.bert(input_ids, attention_mask, token_type_ids, position_ids).pooler_output
+        logits = self.classifier(self.dropout(pooled))  # (B, num_labels)
+        loss = None
+        if labels is not None:
+            if self.num_labels == 1:
+                loss = F.mse_loss(logits.squeeze(-1), labels.float())
+            else:
+                loss = F.cross_entropy(logits, labels.reshape(-1))
+        return SequenceClassifierOutput(loss, logits)
+
+
+class BertForQuestionAnswering(BertPreTrainedModel):
+    head_prefixes = ("qa_outputs.",)
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.qa_outputs = nn.Linear(config.hidden_size, 2)
+        self.init_weights()
+
+    def forward(
+        self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, start_positions=None, end_positions=None
+    ) -> QuestionAnsweringOutput:
+        seq = self.bert(input_ids, attention_mask, token_type_ids, position_ids).last_hidden_state
+        start_logits, end_logits = self.qa_outputs(seq).unbind(-1)  # 2 x (B, T)
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            # as transformers: positions outside the input are clamped to T and ignored
+            T = start_logits.shape[1]
+            s = start_positions.reshape(-1).clamp(0, T)
+            e = end_positions.reshape(-1).clamp(0, T)
+            loss = (F.cross_entropy(start_logits, s, ignore_index=T) + F.cross_entropy(end_logits, e, ignore_index=T)) / 2
+        return QuestionAnsweringOutput(loss, start_logits.contiguous(), end_logits.contiguous())
+
+
+MODEL_CLASSES = {
+    c.__name__: c
+    for c in (BertModel, BertForPreTraining, BertForMaskedLM, BertForSequenceClassification, BertForQuestionAnswering)
+}
+
+
+def flops_per_token(config: BertConfig, seq_len: int, mlm_fraction: float | None = 0.15, train: bool = True) -> float:
+    """Model FLOPs per token: 2 per multiply-add in every matmul (x3 with the backward pass).
+
+    Counts the encoder's projections and feed-forward, the attention scores and mixing, and the MLM head
+    (transform + vocabulary projection) at ``mlm_fraction`` of the tokens (None: no MLM head).
+    """
+    C, L, Ff, V = config.hidden_size, config.num_hidden_layers, config.intermediate_size, config.vocab_size
+    per_layer = 2 * (4 * C * C + 2 * C * Ff) + 2 * 2 * seq_len * C
+    total = L * per_layer
+    if mlm_fraction:
+        total += mlm_fraction * 2 * (C * C + C * V)
+    return total * (3 if train else 1)
+
+
+__all__ = [
+    "BertModel",
+    "BertForPreTraining",
+    "BertForMaskedLM",
+    "BertForSequenceClassification",
+    "BertForQuestionAnswering",
+    "MODEL_CLASSES",
+    "flops_per_token",
+]

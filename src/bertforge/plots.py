@@ -1,0 +1,89 @@
+"""PNG plots of a training run, drawn from its ``metrics.jsonl`` (matplotlib, no display needed)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def read_metrics(path: str) -> list[dict]:
+    rows = []
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8") as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+    return rows
+
+
+def _series(rows: list[dict], kind: str, key: str, x: str = "step") -> tuple[list, list]:
+    pts = [(r[x], r[key]) for r in rows if r.get("type") == kind and r.get(key) is not None and x in r]
+    return [p[0] for p in pts], [p[1] for p in pts]
+
+
+def _figure(panels: list[tuple[str, list[tuple[str, str, str]]]], rows: list[dict], path: str, title: str, x: str) -> str | None:
+    """One PNG with a panel per (panel title, [(kind, key, label)...]); empty panels are left out."""
+    panels = [(t, lines) for t, lines in panels if any(_series(rows, k, key, x)[0] for k, key, _ in lines)]
+    if not panels:
+        return None
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 3.8), squeeze=False)
+    for ax, (ptitle, lines) in zip(axes[0], panels):
+        for kind, key, label in lines:
+            xs, ys = _series(rows, kind, key, x)
+            if xs:
+                style = "-" if kind == "train" else "o-"
+                ax.plot(xs, ys, style, label=label, markersize=3, linewidth=1.4)
+        ax.set_title(ptitle)
+        ax.set_xlabel(x)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def plot_pretraining(metrics_path: str, out_dir: str) -> list[str]:
+    """loss.png (training and evaluation losses), accuracy.png (MLM/NSP accuracy), lr.png."""
+    rows = read_metrics(metrics_path)
+    os.makedirs(out_dir, exist_ok=True)
+    made = [
+        _figure(
+            [
+                ("MLM loss", [("train", "mlm_loss", "train"), ("eval", "mlm_loss", "held-out")]),
+                ("NSP loss", [("train", "nsp_loss", "train"), ("eval", "nsp_loss", "held-out")]),
+            ],
+            rows, os.path.join(out_dir, "loss.png"), "Pretraining loss", "step",
+        ),
+        _figure(
+            [
+                ("MLM accuracy (masked tokens)", [("eval", "mlm_accuracy", "held-out"), ("eval", "mlm_baseline_accuracy", "most frequent token")]),
+                ("NSP accuracy", [("eval", "nsp_accuracy", "held-out")]),
+            ],
+            rows, os.path.join(out_dir, "accuracy.png"), "Pretraining accuracy", "step",
+        ),
+        _figure([("learning rate", [("train", "lr", "lr")])], rows, os.path.join(out_dir, "lr.png"), "Schedule", "step"),
+    ]
+    return [m for m in made if m]
+
+
+def plot_finetuning(metrics_path: str, out_dir: str, metric_keys: list[tuple[str, str]]) -> list[str]:
+    """loss.png (training loss, validation loss) and metrics.png (``metric_keys``: (key, label))."""
+    rows = read_metrics(metrics_path)
+    os.makedirs(out_dir, exist_ok=True)
+    made = [
+        _figure(
+            [("loss", [("train", "loss", "train"), ("eval", "loss", "validation")])],
+            rows, os.path.join(out_dir, "loss.png"), "Fine-tuning loss", "step",
+        ),
+        _figure(
+            [("validation", [("eval", k, label) for k, label in metric_keys])],
+            rows, os.path.join(out_dir, "metrics.png"), "Fine-tuning metrics", "step",
+        ),
+        _figure([("learning rate", [("train", "lr", "lr")])], rows, os.path.join(out_dir, "lr.png"), "Schedule", "step"),
+    ]
+    return [m for m in made if m]

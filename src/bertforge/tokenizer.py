@@ -1,0 +1,255 @@
+"""BERT tokenizers, built on the ``tokenizers`` library (no hand-written WordPiece).
+
+* :func:`train_tokenizer` learns a WordPiece vocabulary (BERT normaliser and pre-tokeniser, ``##``
+  continuations) or a word-level one (lower-cased words and punctuation: the demo's teaching default).
+* :func:`save_tokenizer` writes ``vocab.txt``, ``tokenizer.json``, ``tokenizer_config.json`` and
+  ``special_tokens_map.json``, so that ``transformers.AutoTokenizer.from_pretrained(dir)`` loads it and
+  encodes exactly like ``tokenizers.Tokenizer.from_file(dir + "/tokenizer.json")``.
+* :func:`load_tokenizer` returns a ready ``tokenizers.Tokenizer`` (with the BERT post-processor: [CLS] A
+  [SEP] B [SEP], token types 0/1) from a model or tokenizer directory, or from a bare ``vocab.txt`` such as
+  bert-base-uncased's, encoding exactly like ``transformers.BertTokenizerFast`` with that vocabulary.
+
+Special tokens are looked up by name, never by position: ours put [PAD] [UNK] [CLS] [SEP] [MASK] at 0-4,
+bert-base-uncased has them at 0, 100-103.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Iterable, Iterator
+
+from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, processors, trainers
+from tokenizers.models import WordLevel, WordPiece
+
+from .errors import UserError
+
+PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
+SPECIAL_TOKENS = [PAD, UNK, CLS, SEP, MASK]
+
+
+@dataclass(frozen=True)
+class SpecialIds:
+    pad: int
+    unk: int
+    cls: int
+    sep: int
+    mask: int
+
+    def as_set(self) -> set[int]:
+        return {self.pad, self.unk, self.cls, self.sep, self.mask}
+
+
+def special_ids(tok: Tokenizer) -> SpecialIds:
+    """Ids of [PAD] [UNK] [CLS] [SEP] [MASK]; a vocabulary that lacks one is a UserError."""
+    ids = {}
+    for t in SPECIAL_TOKENS:
+        i = tok.token_to_id(t)
+        if i is None:
+            raise UserError(f"the vocabulary has no {t} token")
+        ids[t] = i
+    return SpecialIds(ids[PAD], ids[UNK], ids[CLS], ids[SEP], ids[MASK])
+
+
+def model_kind(tok: Tokenizer) -> str:
+    """'wordpiece' or 'wordlevel'."""
+    return "wordlevel" if isinstance(tok.model, WordLevel) else "wordpiece"
+
+
+def _configure(tok: Tokenizer, lowercase: bool, strip_accents: bool | None = None) -> Tokenizer:
+    """BERT normaliser, pre-tokeniser, decoder and [CLS]/[SEP] post-processor."""
+    tok.normalizer = normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, strip_accents=strip_accents, lowercase=lowercase
+    )
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    if isinstance(tok.model, WordPiece):
+        tok.decoder = decoders.WordPiece(prefix="##")
+    else:
+        tok.decoder = None
+    _add_post_processor(tok)
+    return tok
+
+
+def _add_post_processor(tok: Tokenizer) -> None:
+    cls, sep = tok.token_to_id(CLS), tok.token_to_id(SEP)
+    if cls is None or sep is None:
+        raise UserError("the vocabulary has no [CLS] or [SEP] token")
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{CLS}:0 $A:0 {SEP}:0",
+        pair=f"{CLS}:0 $A:0 {SEP}:0 $B:1 {SEP}:1",
+        special_tokens=[(CLS, cls), (SEP, sep)],
+    )
+
+
+def from_vocab(vocab: dict[str, int] | list[str], kind: str = "wordpiece", lowercase: bool = True,
+               strip_accents: bool | None = None) -> Tokenizer:
+    """A BERT tokenizer over a given vocabulary (a token->id dict, or tokens in id order)."""
+    if isinstance(vocab, list):
+        vocab = {t: i for i, t in enumerate(vocab)}
+    if UNK not in vocab:
+        raise UserError("the vocabulary has no [UNK] token")
+    if kind == "wordpiece":
+        model = WordPiece(vocab, unk_token=UNK, continuing_subword_prefix="##", max_input_chars_per_word=100)
+    elif kind == "wordlevel":
+        model = WordLevel(vocab, unk_token=UNK)
+    else:
+        raise UserError(f"unknown tokenizer model {kind!r}; expected wordpiece or wordlevel")
+    return _configure(Tokenizer(model), lowercase, strip_accents)
+
+
+def train_tokenizer(
+    texts: Iterable[str],
+    vocab_size: int,
+    kind: str = "wordpiece",
+    lowercase: bool = True,
+    min_frequency: int = 2,
+    length: int | None = None,
+    show_progress: bool = False,
+) -> Tokenizer:
+    """Learn a vocabulary of at most ``vocab_size`` tokens (special tokens included, at ids 0-4)."""
+    if vocab_size < len(SPECIAL_TOKENS) + 1:
+        raise UserError(f"vocab size {vocab_size} is too small")
+    if kind == "wordpiece":
+        tok = Tokenizer(WordPiece(unk_token=UNK, continuing_subword_prefix="##", max_input_chars_per_word=100))
+        trainer = trainers.WordPieceTrainer(
+            vocab_size=vocab_size,
+            min_frequency=min_frequency,
+            special_tokens=SPECIAL_TOKENS,
+            continuing_subword_prefix="##",
+            limit_alphabet=1000,
+            show_progress=show_progress,
+        )
+    elif kind == "wordlevel":
+        tok = Tokenizer(WordLevel(unk_token=UNK))
+        trainer = trainers.WordLevelTrainer(
+            vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=SPECIAL_TOKENS, show_progress=show_progress
+        )
+    else:
+        raise UserError(f"unknown tokenizer model {kind!r}; expected wordpiece or wordlevel")
+    tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, lowercase=lowercase)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.train_from_iterator(iter(texts), trainer=trainer, length=length)
+    if tok.get_vocab_size() <= len(SPECIAL_TOKENS):
+        raise UserError("no vocabulary could be learned: the training text is empty")
+    # rebuild from the learned vocabulary so that a trained and a loaded tokenizer are configured alike
+    return from_vocab(tok.get_vocab(), kind, lowercase)
+
+
+def vocab_tokens(tok: Tokenizer) -> list[str]:
+    """The vocabulary in id order (the lines of vocab.txt)."""
+    vocab = tok.get_vocab(with_added_tokens=True)
+    out = [""] * (max(vocab.values()) + 1)
+    for t, i in vocab.items():
+        out[i] = t
+    return out
+
+
+def is_lowercase(tok: Tokenizer) -> bool:
+    state = json.loads(tok.to_str()).get("normalizer") or {}
+    if state.get("type") == "Sequence":
+        return any(n.get("type") == "Lowercase" or n.get("lowercase") for n in state.get("normalizers", []))
+    return bool(state.get("lowercase") or state.get("type") == "Lowercase")
+
+
+def save_tokenizer(tok: Tokenizer, folder: str, model_max_length: int = 512) -> None:
+    """Write the four tokenizer files into ``folder``."""
+    os.makedirs(folder, exist_ok=True)
+    tok = Tokenizer.from_str(tok.to_str())  # a copy: never save padding/truncation settings
+    tok.no_padding()
+    tok.no_truncation()
+    tok.save(os.path.join(folder, "tokenizer.json"))
+    with open(os.path.join(folder, "vocab.txt"), "w", encoding="utf-8") as f:
+        f.write("\n".join(vocab_tokens(tok)) + "\n")
+    kind = model_kind(tok)
+    lower = is_lowercase(tok)
+    specials = {"unk_token": UNK, "sep_token": SEP, "pad_token": PAD, "cls_token": CLS, "mask_token": MASK}
+    cfg = {
+        # WordPiece loads as transformers' BertTokenizer(Fast); a word-level vocabulary through the generic
+        # fast tokenizer, which reads tokenizer.json as it is.
+        "tokenizer_class": "BertTokenizer" if kind == "wordpiece" else "PreTrainedTokenizerFast",
+        "do_lower_case": lower,
+        "model_max_length": model_max_length,
+        "clean_up_tokenization_spaces": False,
+        "bertforge_tokenizer_model": kind,
+        "model_input_names": ["input_ids", "token_type_ids", "attention_mask"],
+        **specials,
+    }
+    with open(os.path.join(folder, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+        json.dump(cfg, f, indent=2)
+        f.write("\n")
+    with open(os.path.join(folder, "special_tokens_map.json"), "w", encoding="utf-8") as f:
+        json.dump(specials, f, indent=2)
+        f.write("\n")
+
+
+def _read_json(path: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            d = json.load(f)
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"cannot read {path}: {e}") from None
+    if not isinstance(d, dict):
+        raise UserError(f"{path} is not a JSON object")
+    return d
+
+
+def _read_vocab_txt(path: str) -> list[str]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            tokens = [line.rstrip("\n").rstrip("\r") for line in f]
+    except UnicodeDecodeError:
+        raise UserError(f"{path} is not valid UTF-8") from None
+    while tokens and tokens[-1] == "":
+        tokens.pop()
+    if not tokens:
+        raise UserError(f"vocabulary file is empty: {path}")
+    return tokens
+
+
+def load_tokenizer(path: str) -> Tokenizer:
+    """A ready BERT tokenizer from a model/tokenizer directory, a ``tokenizer.json`` or a ``vocab.txt``."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise UserError(f"tokenizer not found: {path}")
+    folder = path if os.path.isdir(path) else os.path.dirname(path)
+    cfg_path = os.path.join(folder, "tokenizer_config.json")
+    cfg = _read_json(cfg_path) if os.path.isfile(cfg_path) else {}
+    tok_json = os.path.join(folder, "tokenizer.json") if os.path.isdir(path) else (
+        path if path.endswith(".json") else None)
+    vocab_txt = os.path.join(folder, "vocab.txt") if os.path.isdir(path) else (
+        path if not path.endswith(".json") else None)
+    if tok_json and os.path.isfile(tok_json):
+        try:
+            tok = Tokenizer.from_file(tok_json)
+        except Exception as e:  # tokenizers raises a bare Exception on malformed files
+            raise UserError(f"cannot read {tok_json}: {e}") from None
+        tok.no_padding()
+        tok.no_truncation()
+        if tok.post_processor is None:
+            _add_post_processor(tok)
+    elif vocab_txt and os.path.isfile(vocab_txt):
+        lower = bool(cfg.get("do_lower_case", True))
+        strip = cfg.get("strip_accents")
+        kind = cfg.get("bertforge_tokenizer_model", "wordpiece")
+        tok = from_vocab(_read_vocab_txt(vocab_txt), kind, lowercase=lower, strip_accents=strip)
+    else:
+        raise UserError(f"no tokenizer in {path}: expected tokenizer.json or vocab.txt")
+    special_ids(tok)  # fail early on a vocabulary without BERT's special tokens
+    return tok
+
+
+def encode_batch(tok: Tokenizer, texts: list[str], add_special_tokens: bool = False) -> list[list[int]]:
+    """Token ids of many texts at once, in parallel on all cores (the tokenizers library's thread pool)."""
+    return [e.ids for e in tok.encode_batch(texts, add_special_tokens=add_special_tokens)]
+
+
+def batched(items: Iterable[str], n: int) -> Iterator[list[str]]:
+    buf: list[str] = []
+    for x in items:
+        buf.append(x)
+        if len(buf) == n:
+            yield buf
+            buf = []
+    if buf:
+        yield buf
