@@ -10,7 +10,7 @@ import argparse
 import logging
 import os
 import sys
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 from tqdm import tqdm
 
@@ -181,6 +181,143 @@ def cmd_pretrain(a: argparse.Namespace) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------------------------------ finetune
+def _add_finetune_common(p: argparse.ArgumentParser, max_len: int, lr: float, epochs: int, batch: int) -> None:
+    p.add_argument("--model", required=True, help="a BERT directory: pretrained by bertforge, or a transformers checkpoint")
+    p.add_argument("--train", required=True, help="training file")
+    p.add_argument("--validation", required=True, help="validation file (evaluated after every epoch)")
+    p.add_argument("--out", required=True, help="output directory (the fine-tuned model, metrics, predictions, plots)")
+    p.add_argument("--epochs", type=int, default=epochs)
+    p.add_argument("--lr", type=float, default=lr)
+    p.add_argument("--batch-size", type=int, default=batch)
+    p.add_argument("--eval-batch-size", type=int, default=64)
+    p.add_argument("--max-seq-length", type=int, default=max_len)
+    p.add_argument("--warmup-ratio", type=float, default=0.1)
+    p.add_argument("--weight-decay", type=float, default=0.01)
+    p.add_argument("--max-train-examples", type=int, help="use only the first N training examples")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--precision", default="auto")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
+
+
+def _finetune_config(a: argparse.Namespace):
+    from .config import FinetuneConfig
+
+    if os.path.exists(a.out):
+        raise UserError(f"--out {a.out} already exists; choose a new directory")
+    progress = a.progress if a.progress is not None else sys.stderr.isatty()
+    return FinetuneConfig(
+        model=a.model, train=a.train, validation=a.validation, out=a.out, epochs=a.epochs, lr=a.lr,
+        batch_size=a.batch_size, eval_batch_size=a.eval_batch_size, max_seq_length=a.max_seq_length,
+        warmup_ratio=a.warmup_ratio, weight_decay=a.weight_decay, max_train_examples=a.max_train_examples,
+        seed=a.seed, device=a.device, precision=a.precision, progress=progress,
+    )
+
+
+def _print_json(d: dict) -> None:
+    import json
+
+    print(json.dumps(d))
+
+
+def cmd_finetune_classify(a: argparse.Namespace) -> int:
+    from .config import ClassifyConfig
+    from .tasks.classify import run_classification
+
+    m = run_classification(_finetune_config(a), ClassifyConfig(a.text_column, a.text_pair_column, a.label_column))
+    _print_json({k: m[k] for k in ("accuracy", "macro_f1", "loss", "best_epoch", "train_seconds")})
+    return 0
+
+
+def cmd_finetune_squad(a: argparse.Namespace) -> int:
+    from .config import SquadConfig
+    from .tasks.squad import run_squad
+
+    m = run_squad(_finetune_config(a), SquadConfig(a.doc_stride, a.max_query_length, a.n_best, a.max_answer_length))
+    _print_json({k: m[k] for k in ("exact_match", "f1", "precision", "recall", "best_epoch", "train_seconds")})
+    return 0
+
+
+def _add_classify_columns(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--text-column", help="default: sentence, text or sentence1, whichever exists")
+    p.add_argument("--text-pair-column", help="second sentence of a pair (e.g. sentence2)")
+    p.add_argument("--label-column", default="label")
+
+
+def _add_squad_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--doc-stride", type=int, default=128, help="tokens shared by consecutive windows of a long context")
+    p.add_argument("--max-query-length", type=int, default=64)
+    p.add_argument("--n-best", type=int, default=20)
+    p.add_argument("--max-answer-length", type=int, default=30)
+
+
+def _add_finetune_parsers(sub) -> None:
+    ft = sub.add_parser("finetune", help="fine-tune a BERT for classification or SQuAD question answering")
+    fts = ft.add_subparsers(dest="task", metavar="TASK", parser_class=_Parser)
+    fts.required = True
+    c = fts.add_parser("classify", help="sentence or sentence-pair classification (TSV, CSV, JSONL)")
+    _add_finetune_common(c, max_len=128, lr=5e-5, epochs=3, batch=32)
+    _add_classify_columns(c)
+    c.set_defaults(func=cmd_finetune_classify)
+    q = fts.add_parser("squad", help="SQuAD v1.1 extractive question answering")
+    _add_finetune_common(q, max_len=384, lr=5e-5, epochs=2, batch=16)
+    _add_squad_args(q)
+    q.set_defaults(func=cmd_finetune_squad)
+
+
+# ------------------------------------------------------------------------------------------------ evaluate
+def cmd_evaluate_squad(a: argparse.Namespace) -> int:
+    from .config import SquadConfig
+    from .tasks import squad
+
+    if a.predictions and a.model:
+        raise UserError("give --predictions or --model, not both")
+    if a.predictions:
+        res = squad.evaluate_predictions_file(a.data, a.predictions)
+    elif a.model:
+        res = squad.evaluate_squad_model(a.model, a.data, SquadConfig(a.doc_stride, a.max_query_length, a.n_best, a.max_answer_length),
+                                         a.max_seq_length, a.batch_size, a.device, a.write_predictions)
+    else:
+        raise UserError("give --predictions FILE or --model DIR")
+    _print_json(res)
+    return 0
+
+
+def cmd_evaluate_classify(a: argparse.Namespace) -> int:
+    from .config import ClassifyConfig
+    from .tasks.classify import evaluate_classifier
+
+    res = evaluate_classifier(a.model, a.data, ClassifyConfig(a.text_column, a.text_pair_column, a.label_column),
+                              a.max_seq_length, a.batch_size, a.device)
+    _print_json(res)
+    return 0
+
+
+def _add_evaluate_parsers(sub) -> None:
+    ev = sub.add_parser("evaluate", help="score predictions or a saved model")
+    evs = ev.add_subparsers(dest="task", metavar="TASK", parser_class=_Parser)
+    evs.required = True
+    q = evs.add_parser("squad", help="official SQuAD v1.1 exact match and F1")
+    q.add_argument("--data", required=True, help="SQuAD v1.1 JSON with reference answers")
+    q.add_argument("--predictions", help="predictions JSON {question id: answer}")
+    q.add_argument("--model", help="a fine-tuned question-answering model directory")
+    q.add_argument("--write-predictions", help="with --model: also write its predictions to this file")
+    q.add_argument("--max-seq-length", type=int, default=384)
+    q.add_argument("--batch-size", type=int, default=64)
+    q.add_argument("--device", default="auto")
+    _add_squad_args(q)
+    q.set_defaults(func=cmd_evaluate_squad)
+    c = evs.add_parser("classify", help="accuracy and macro-F1 of a classifier on a labelled file")
+    c.add_argument("--model", required=True)
+    c.add_argument("--data", required=True)
+    c.add_argument("--max-seq-length", type=int, default=128)
+    c.add_argument("--batch-size", type=int, default=64)
+    c.add_argument("--device", default="auto")
+    _add_classify_columns(c)
+    c.set_defaults(func=cmd_evaluate_classify)
+
+
 # ------------------------------------------------------------------------------------------------ parser
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="bertforge", description="Pretrain BERT from scratch and fine-tune it.")
@@ -205,13 +342,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_pretrain_args(pt)
     pt.set_defaults(func=cmd_pretrain)
 
-    for register in _EXTRA_COMMANDS:
-        register(sub)
+    _add_finetune_parsers(sub)
+    _add_evaluate_parsers(sub)
     return p
-
-
-# other modules add their subcommands here (finetune, evaluate, predict, demo, bench)
-_EXTRA_COMMANDS: list[Callable[[Any], None]] = []
 
 
 def main(argv: Sequence[str] | None = None) -> int:

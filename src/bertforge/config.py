@@ -306,3 +306,43 @@ def read_config_file(path: str) -> dict[str, Any]:
     if not isinstance(d, dict):
         raise UserError(f"config file {path} must hold a mapping of settings")
     return d
+
+
+# ================================================================================================ fine-tuning
+@dataclass
+class FinetuneConfig:
+    """What every fine-tuning run shares (the task's own settings are in its own dataclass)."""
+
+    model: str = ""
+    train: str = ""
+    validation: str = ""
+    out: str = ""
+    epochs: int = 3
+    lr: float = 5e-5
+    batch_size: int = 32
+    eval_batch_size: int = 64
+    max_seq_length: int = 128
+    warmup_ratio: float = 0.1
+    weight_decay: float = 0.01
+    max_grad_norm: float = 1.0
+    max_train_examples: int | None = None  # a prefix of the training file, for quick runs
+    seed: int = 0
+    log_every: int = 20
+    device: str = "auto"
+    precision: str = "auto"
+    progress: bool = True
+
+
+@dataclass
+class ClassifyConfig:
+    text_column: str | None = None  # default: sentence, text or sentence1
+    text_pair_column: str | None = None
+    label_column: str = "label"
+
+
+@dataclass
+class SquadConfig:
+    doc_stride: int = 128  # tokens of overlap between windows (transformers' convention)
+    max_query_length: int = 64
+    n_best: int = 20
+    max_answer_length: int = 30

@@ -216,6 +216,11 @@ def validate(cfg: PretrainConfig, resume: bool) -> None:
     """Checks that need no heavy work, done before anything is written."""
     if not cfg.out:
         raise UserError("--out is required")
+    has_run = bool(list_checkpoints(cfg.out))
+    if resume and not has_run:
+        raise UserError(f"nothing to resume: no complete checkpoint in {os.path.join(cfg.out, CHECKPOINTS)}")
+    if not resume and has_run:
+        raise UserError(f"{cfg.out} already holds a training run; pass --resume to continue it, or choose another --out")
     if not cfg.data.data and not resume:
         raise UserError("--data is required")
     t = cfg.train
@@ -233,11 +238,6 @@ def validate(cfg: PretrainConfig, resume: bool) -> None:
 
     if cfg.model.preset not in PRESETS:
         raise UserError(f"unknown preset {cfg.model.preset!r}; expected one of {', '.join(PRESETS)}")
-    has_run = bool(list_checkpoints(cfg.out))
-    if resume and not has_run:
-        raise UserError(f"nothing to resume: no complete checkpoint in {os.path.join(cfg.out, CHECKPOINTS)}")
-    if not resume and has_run:
-        raise UserError(f"{cfg.out} already holds a training run; pass --resume to continue it, or choose another --out")
     if not resume and os.path.exists(cfg.out) and not os.path.isdir(cfg.out):
         raise UserError(f"--out {cfg.out} exists and is not a directory")
 

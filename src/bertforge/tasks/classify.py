@@ -1,0 +1,225 @@
+"""Sentence and sentence-pair classification: TSV (GLUE's layout, with a header), CSV and JSONL files,
+integer or string labels, fine-tuning, evaluation and prediction."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+import logging
+import os
+import time
+
+import numpy as np
+import torch
+from tokenizers import Tokenizer
+
+from ..checkpoint import atomic_dir, save_pretrained
+from ..config import BertConfig, ClassifyConfig, FinetuneConfig
+from ..errors import UserError, require_file
+from ..evaluation import classification_metrics, eval_mode, to_device
+from ..finetune import device_of, finish_outputs, length_sorted_batches, pad_batch, train_task
+from ..model import BertForSequenceClassification
+from ..tokenizer import load_tokenizer, special_ids
+
+log = logging.getLogger("bertforge")
+
+TEXT_COLUMNS = ("sentence", "text", "sentence1", "question", "premise")
+
+
+# ------------------------------------------------------------------------------------------------ reading
+def read_table(path: str) -> list[dict[str, str]]:
+    """Rows of a .tsv/.csv (with a header) or .jsonl file, as dicts of strings."""
+    require_file(path, "data file")
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}: invalid UTF-8 at byte {e.start}; convert the file to UTF-8 first") from None
+    low = path.lower()
+    rows: list[dict[str, str]] = []
+    if low.endswith((".jsonl", ".json")):
+        for n, line in enumerate(io.StringIO(text), 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise UserError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+            if not isinstance(obj, dict):
+                raise UserError(f"{path}:{n}: expected a JSON object")
+            rows.append({k: ("" if v is None else str(v)) for k, v in obj.items()})
+    elif low.endswith((".tsv", ".csv")):
+        delim = "\t" if low.endswith(".tsv") else ","
+        # GLUE's TSV files are not CSV-quoted: read tab-separated fields literally
+        reader = csv.reader(io.StringIO(text), delimiter=delim, quoting=csv.QUOTE_NONE if delim == "\t" else csv.QUOTE_MINIMAL)
+        try:
+            header = next(reader)
+        except StopIteration:
+            raise UserError(f"{path} is empty") from None
+        for n, fields in enumerate(reader, 2):
+            if not fields or all(not f.strip() for f in fields):
+                continue
+            if len(fields) != len(header):
+                raise UserError(f"{path}:{n}: {len(fields)} fields, the header has {len(header)}")
+            rows.append(dict(zip(header, fields)))
+    else:
+        raise UserError(f"{path}: unknown format; expected .tsv, .csv or .jsonl")
+    if not rows:
+        raise UserError(f"{path} has no rows")
+    return rows
+
+
+def resolve_columns(rows: list[dict], cfg: ClassifyConfig, path: str, need_label: bool = True) -> tuple[str, str | None, str]:
+    cols = list(rows[0])
+    text = cfg.text_column or next((c for c in TEXT_COLUMNS if c in cols), None)
+    if text is None or text not in cols:
+        raise UserError(f"{path}: no text column {cfg.text_column or '/'.join(TEXT_COLUMNS)!r}; columns: {', '.join(cols)} (use --text-column)")
+    pair = cfg.text_pair_column
+    if pair and pair not in cols:
+        raise UserError(f"{path}: no column {pair!r}; columns: {', '.join(cols)}")
+    if need_label and cfg.label_column not in cols:
+        raise UserError(f"{path}: no label column {cfg.label_column!r}; columns: {', '.join(cols)} (use --label-column)")
+    return text, pair, cfg.label_column
+
+
+def label_set(labels: list[str]) -> list[str]:
+    """Labels in id order: numeric order when all are integers, else alphabetical."""
+    uniq = set(labels)
+    try:
+        return sorted(uniq, key=lambda x: int(x))
+    except ValueError:
+        return sorted(uniq)
+
+
+def encode_rows(tok: Tokenizer, rows: list[dict], text: str, pair: str | None, max_len: int) -> tuple[list[dict], int]:
+    """Token ids for each row, truncated to ``max_len`` (longest segment first); returns (features, truncated)."""
+    t = Tokenizer.from_str(tok.to_str())
+    t.enable_truncation(max_len, strategy="longest_first")
+    inputs = [(r[text], r[pair]) if pair else r[text] for r in rows]
+    encs = t.encode_batch(inputs)
+    truncated = sum(1 for e in encs if e.overflowing)
+    return [{"input_ids": e.ids, "token_type_ids": e.type_ids} for e in encs], truncated
+
+
+# ------------------------------------------------------------------------------------------------ model use
+def predict_probabilities(model, features: list[dict], pad_id: int, device, batch_size: int = 64) -> np.ndarray:
+    """Class probabilities (N, num_labels), batches sorted by length, in eval mode."""
+    out = np.zeros((len(features), model.num_labels), dtype=np.float32)
+    with eval_mode(model):
+        for idx in length_sorted_batches([len(f["input_ids"]) for f in features], batch_size):
+            b = to_device(pad_batch([features[i] for i in idx], pad_id), device)
+            out[idx] = model(**b).logits.float().softmax(-1).cpu().numpy()
+    return out
+
+
+def score(model, features: list[dict], labels: np.ndarray, pad_id: int, device, batch_size: int = 64) -> tuple[dict, np.ndarray]:
+    probs = predict_probabilities(model, features, pad_id, device, batch_size)
+    loss = float(-np.log(np.clip(probs[np.arange(len(labels)), labels], 1e-12, None)).mean())
+    res = classification_metrics(labels, probs.argmax(-1), model.num_labels)
+    res["loss"] = loss
+    return res, probs
+
+
+def _labels_to_ids(rows, label_col, label2id, path) -> np.ndarray:
+    ids = []
+    for n, r in enumerate(rows):
+        lab = r[label_col]
+        if lab not in label2id:
+            raise UserError(f"{path}: label {lab!r} (row {n + 1}) was never seen in training; known labels: {', '.join(label2id)}")
+        ids.append(label2id[lab])
+    return np.asarray(ids, dtype=np.int64)
+
+
+# ------------------------------------------------------------------------------------------------ commands
+def run_classification(cfg: FinetuneConfig, task: ClassifyConfig) -> dict:
+    """``bertforge finetune classify``: returns the best epoch's metrics (also in OUT/metrics.json)."""
+    if not os.path.isdir(cfg.model):
+        raise UserError(f"model directory not found: {cfg.model}")
+    train_rows = read_table(cfg.train)
+    val_rows = read_table(cfg.validation)
+    text, pair, label_col = resolve_columns(train_rows, task, cfg.train)
+    resolve_columns(val_rows, dataclasses.replace(task, text_column=text), cfg.validation)
+    if cfg.max_train_examples:
+        train_rows = train_rows[: cfg.max_train_examples]
+    labels = label_set([r[label_col] for r in train_rows])
+    if len(labels) < 2:
+        raise UserError(f"{cfg.train}: only one label ({labels[0]!r}); classification needs at least two")
+    label2id = {lab: i for i, lab in enumerate(labels)}
+    y_train = _labels_to_ids(train_rows, label_col, label2id, cfg.train)
+    y_val = _labels_to_ids(val_rows, label_col, label2id, cfg.validation)
+
+    tok = load_tokenizer(cfg.model)
+    config = BertConfig.load(cfg.model)
+    if tok.get_vocab_size(with_added_tokens=True) > config.vocab_size:
+        raise UserError(f"the tokenizer in {cfg.model} does not fit its model's vocabulary")
+    if cfg.max_seq_length > config.max_position_embeddings:
+        raise UserError(f"--max-seq-length {cfg.max_seq_length} exceeds the model's {config.max_position_embeddings} positions")
+    same_labels = config.id2label and [config.id2label[i] for i in sorted(config.id2label)] == labels
+    config.id2label, config.label2id = {i: lab for i, lab in enumerate(labels)}, None
+    config.__post_init__()
+    device = device_of(cfg)
+    torch.manual_seed(cfg.seed)
+    model = BertForSequenceClassification.from_pretrained(cfg.model, config=config, reinit_head=not same_labels).to(device)
+
+    pad = special_ids(tok).pad
+    f_train, n_trunc = encode_rows(tok, train_rows, text, pair, cfg.max_seq_length)
+    f_val, v_trunc = encode_rows(tok, val_rows, text, pair, cfg.max_seq_length)
+    if n_trunc or v_trunc:
+        log.warning("truncated to %d tokens: %d training and %d validation examples", cfg.max_seq_length, n_trunc, v_trunc)
+    for f, y in zip(f_train, y_train):
+        f["labels"] = int(y)
+    log.info("fine-tuning %s on %d examples (%d labels: %s), validating on %d", cfg.model, len(f_train), len(labels),
+             ", ".join(labels), len(f_val))
+
+    with atomic_dir(cfg.out) as tmp:
+        t0 = time.perf_counter()
+        best, history = train_task(
+            model, f_train, lambda fs: pad_batch(fs, pad, ("labels",)),
+            lambda m: score(m, f_val, y_val, pad, device, cfg.eval_batch_size),
+            "accuracy", cfg, tmp, device,
+        )
+        train_seconds = time.perf_counter() - t0
+        save_pretrained(model, tmp, tokenizer=tok)
+        probs = best.artifacts
+        with open(os.path.join(tmp, "predictions.jsonl"), "w", encoding="utf-8") as f:
+            for r, p in zip(val_rows, probs):
+                row = {"text": r[text]}
+                if pair:
+                    row["text_pair"] = r[pair]
+                row.update(label=r[label_col], prediction=labels[int(p.argmax())],
+                           probabilities={lab: round(float(q), 6) for lab, q in zip(labels, p)})
+                f.write(json.dumps(row) + "\n")
+        majority = float(np.mean(y_val == np.bincount(y_train).argmax()))
+        metrics = finish_outputs(tmp, cfg, task, best, history, train_seconds,
+                                 {"majority_baseline_accuracy": majority, "train_examples": len(f_train),
+                                  "validation_examples": len(f_val)},
+                                 [("accuracy", "accuracy"), ("macro_f1", "macro-F1")])
+    return metrics
+
+
+def evaluate_classifier(model_dir: str, data: str, task: ClassifyConfig, max_seq_length: int = 128,
+                        batch_size: int = 64, device: str = "auto") -> dict:
+    """``bertforge evaluate classify``: accuracy, macro-F1 and loss of a saved classifier on a labelled file."""
+    from ..engine import resolve_device
+    from ..config import ImplConfig
+
+    if not os.path.isdir(model_dir):
+        raise UserError(f"model directory not found: {model_dir}")
+    config = BertConfig.load(model_dir)
+    if not config.id2label:
+        raise UserError(f"{model_dir} is not a classifier (its config.json has no id2label)")
+    rows = read_table(data)
+    text, pair, label_col = resolve_columns(rows, task, data)
+    y = _labels_to_ids(rows, label_col, config.label2id, data)
+    tok = load_tokenizer(model_dir)
+    dev = resolve_device(ImplConfig(device=device))
+    model = BertForSequenceClassification.from_pretrained(model_dir).to(dev)
+    if model.loading_info["newly_initialized"]:
+        raise UserError(f"{model_dir} has no trained classification head")
+    feats, _ = encode_rows(tok, rows, text, pair, max_seq_length)
+    res, _ = score(model, feats, y, special_ids(tok).pad, dev, batch_size)
+    res["examples"] = len(rows)
+    return res

@@ -1,0 +1,274 @@
+"""SQuAD v1.1 extractive question answering: features, post-processing, fine-tuning and evaluation.
+
+Windows: a context longer than the room left beside the question is split into overlapping windows.
+``doc_stride`` follows transformers' convention: it is the number of context tokens two consecutive windows
+share (Google's ``run_squad.py`` uses it as the step between window starts instead).
+
+Post-processing (pure NumPy, testable on hand-written logits, as transformers' ``utils_qa.py``): for each
+question, the ``n_best`` start and end positions of every window are paired; pairs outside the context,
+reversed, or longer than ``max_answer_length`` tokens are skipped; the highest start + end logit wins, and
+its text is cut from the original context through the tokenizer's character offsets.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from tokenizers import Tokenizer
+
+from ..checkpoint import atomic_dir, save_pretrained
+from ..config import BertConfig, FinetuneConfig, SquadConfig
+from ..errors import UserError, require_file
+from ..evaluation import eval_mode, squad_evaluate, to_device
+from ..finetune import device_of, finish_outputs, length_sorted_batches, pad_batch, train_task
+from ..model import BertForQuestionAnswering
+from ..tokenizer import load_tokenizer, special_ids
+
+log = logging.getLogger("bertforge")
+
+
+@dataclass
+class Example:
+    id: str
+    question: str
+    context: str
+    answers: list[dict]  # [{"text", "answer_start"}]
+
+
+def read_squad_json(path: str) -> dict:
+    require_file(path, "SQuAD file")
+    try:
+        with open(path, encoding="utf-8") as f:
+            d = json.load(f)
+    except json.JSONDecodeError as e:
+        raise UserError(f"{path}: malformed JSON at line {e.lineno} column {e.colno} ({e.msg})") from None
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}: invalid UTF-8 at byte {e.start}") from None
+    if not isinstance(d, dict) or not isinstance(d.get("data"), list):
+        raise UserError(f"{path}: not a SQuAD file (expected an object with a 'data' list)")
+    return d
+
+
+def read_examples(path: str) -> tuple[list[Example], list[dict]]:
+    """(examples, the file's ``data`` list): every question of a SQuAD v1.1 JSON file."""
+    d = read_squad_json(path)
+    examples = []
+    try:
+        for article in d["data"]:
+            for para in article["paragraphs"]:
+                ctx = para["context"]
+                for qa in para["qas"]:
+                    examples.append(Example(str(qa["id"]), qa["question"], ctx, list(qa.get("answers", []))))
+    except (KeyError, TypeError) as e:
+        raise UserError(f"{path}: not in the SQuAD v1.1 layout (missing {e})") from None
+    if not examples:
+        raise UserError(f"{path} holds no questions")
+    return examples, d["data"]
+
+
+def answer_char_span(ex: Example) -> tuple[int, int] | None:
+    """The first answer's [start, end) characters, or None when its text is not at ``answer_start``."""
+    if not ex.answers:
+        return None
+    a = ex.answers[0]
+    start = int(a.get("answer_start", -1))
+    text = a.get("text", "")
+    if start < 0 or not text or ex.context[start : start + len(text)] != text:
+        return None
+    return start, start + len(text)
+
+
+def build_features(tok: Tokenizer, examples: list[Example], max_seq_length: int, doc_stride: int,
+                   max_query_length: int, training: bool) -> tuple[list[dict], int]:
+    """Windows of every example: input ids, token types, the character offsets of context tokens (None
+    elsewhere) and, for training, start/end token positions ([CLS] = 0 when the window lacks the answer).
+    Returns (features, number of training examples skipped because the answer does not match)."""
+    sp = special_ids(tok)
+    q_ids = [e.ids[:max_query_length] for e in tok.encode_batch([ex.question for ex in examples], add_special_tokens=False)]
+    # contexts are tokenized once per paragraph
+    uniq = {}
+    for ex in examples:
+        uniq.setdefault(ex.context, None)
+    ctx_list = list(uniq)
+    encs = tok.encode_batch(ctx_list, add_special_tokens=False)
+    ctx_enc = {c: (e.ids, e.offsets) for c, e in zip(ctx_list, encs)}
+    feats: list[dict] = []
+    skipped = 0
+    for ei, ex in enumerate(examples):
+        span = answer_char_span(ex) if training else None
+        if training and span is None:
+            skipped += 1
+            continue
+        c_ids, c_off = ctx_enc[ex.context]
+        q = q_ids[ei]
+        room = max_seq_length - len(q) - 3
+        if room < 1:
+            raise UserError(f"--max-seq-length {max_seq_length} leaves no room for the context beside a {len(q)}-token question")
+        if doc_stride >= room:
+            raise UserError(f"--doc-stride {doc_stride} must be smaller than the context room of a window ({room} tokens)")
+        tok_start = tok_end = None
+        if span is not None:
+            s, e = span
+            inside = [i for i, (a, b) in enumerate(c_off) if b > s and a < e]
+            if not inside:
+                skipped += 1
+                continue
+            tok_start, tok_end = inside[0], inside[-1]
+        w0 = 0
+        while True:
+            w1 = min(w0 + room, len(c_ids))
+            ids = [sp.cls] + q + [sp.sep] + c_ids[w0:w1] + [sp.sep]
+            tt = [0] * (len(q) + 2) + [1] * (w1 - w0 + 1)
+            base = len(q) + 2
+            offsets: list = [None] * base + [tuple(o) for o in c_off[w0:w1]] + [None]
+            f = {"input_ids": ids, "token_type_ids": tt, "offsets": offsets, "example": ei}
+            if training:
+                if tok_start >= w0 and tok_end < w1:
+                    f["start_positions"], f["end_positions"] = base + tok_start - w0, base + tok_end - w0
+                else:
+                    f["start_positions"] = f["end_positions"] = 0
+            feats.append(f)
+            if w1 >= len(c_ids):
+                break
+            w0 = w1 - doc_stride
+    return feats, skipped
+
+
+def postprocess(examples: list[Example], features: list[dict], start_logits: list[np.ndarray], end_logits: list[np.ndarray],
+                n_best: int = 20, max_answer_length: int = 30) -> tuple[dict[str, str], dict[str, float]]:
+    """({question id: answer text}, {question id: score}) from per-feature start/end logits."""
+    by_example: dict[int, list[int]] = {}
+    for fi, f in enumerate(features):
+        by_example.setdefault(f["example"], []).append(fi)
+    answers: dict[str, str] = {}
+    scores: dict[str, float] = {}
+    for ei, ex in enumerate(examples):
+        best_score, best_text = -np.inf, ""
+        for fi in by_example.get(ei, []):
+            s_log, e_log, offs = start_logits[fi], end_logits[fi], features[fi]["offsets"]
+            n = len(offs)
+            starts = np.argsort(s_log[:n])[::-1][:n_best]
+            ends = np.argsort(e_log[:n])[::-1][:n_best]
+            for s in starts:
+                if offs[s] is None:
+                    continue
+                for e in ends:
+                    if offs[e] is None or e < s or e - s + 1 > max_answer_length:
+                        continue
+                    sc = float(s_log[s] + e_log[e])
+                    if sc > best_score:
+                        best_score, best_text = sc, ex.context[offs[s][0] : offs[e][1]]
+        answers[ex.id] = best_text
+        scores[ex.id] = best_score
+    return answers, scores
+
+
+def qa_logits(model, features: list[dict], pad_id: int, device, batch_size: int = 64) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Start and end logits of every feature (batches sorted by length, eval mode)."""
+    starts: list = [None] * len(features)
+    ends: list = [None] * len(features)
+    with eval_mode(model):
+        for idx in length_sorted_batches([len(f["input_ids"]) for f in features], batch_size):
+            b = to_device(pad_batch([features[i] for i in idx], pad_id), device)
+            out = model(**b)
+            s, e = out.start_logits.float().cpu().numpy(), out.end_logits.float().cpu().numpy()
+            for row, i in enumerate(idx):
+                n = len(features[i]["input_ids"])
+                starts[i], ends[i] = s[row, :n], e[row, :n]
+    return starts, ends
+
+
+def predict_answers(model, tok: Tokenizer, examples: list[Example], cfg: SquadConfig, max_seq_length: int, device,
+                    batch_size: int = 64) -> tuple[dict[str, str], dict[str, float]]:
+    feats, _ = build_features(tok, examples, max_seq_length, cfg.doc_stride, cfg.max_query_length, training=False)
+    s, e = qa_logits(model, feats, special_ids(tok).pad, device, batch_size)
+    return postprocess(examples, feats, s, e, cfg.n_best, cfg.max_answer_length)
+
+
+def run_squad(cfg: FinetuneConfig, task: SquadConfig) -> dict:
+    """``bertforge finetune squad``: returns the best epoch's metrics (also in OUT/metrics.json)."""
+    if not os.path.isdir(cfg.model):
+        raise UserError(f"model directory not found: {cfg.model}")
+    train_ex, _ = read_examples(cfg.train)
+    val_ex, val_data = read_examples(cfg.validation)
+    if cfg.max_train_examples:
+        train_ex = train_ex[: cfg.max_train_examples]
+    tok = load_tokenizer(cfg.model)
+    config = BertConfig.load(cfg.model)
+    if cfg.max_seq_length > config.max_position_embeddings:
+        raise UserError(f"--max-seq-length {cfg.max_seq_length} exceeds the model's {config.max_position_embeddings} positions")
+    feats, skipped = build_features(tok, train_ex, cfg.max_seq_length, task.doc_stride, task.max_query_length, training=True)
+    if skipped:
+        log.warning("%d of %d training questions skipped: the answer text is not at answer_start in the context",
+                    skipped, len(train_ex))
+    if not feats:
+        raise UserError(f"{cfg.train}: no training question has an answer that matches its context")
+    val_feats, _ = build_features(tok, val_ex, cfg.max_seq_length, task.doc_stride, task.max_query_length, training=False)
+    device = device_of(cfg)
+    torch.manual_seed(cfg.seed)
+    model = BertForQuestionAnswering.from_pretrained(cfg.model, config=config).to(device)
+    pad = special_ids(tok).pad
+    log.info("fine-tuning %s on %d questions (%d windows), validating on %d questions (%d windows)",
+             cfg.model, len(train_ex) - skipped, len(feats), len(val_ex), len(val_feats))
+
+    def evaluate(m):
+        s, e = qa_logits(m, val_feats, pad, device, cfg.eval_batch_size)
+        preds, _ = postprocess(val_ex, val_feats, s, e, task.n_best, task.max_answer_length)
+        return squad_evaluate(val_data, preds), preds
+
+    def collate(fs):
+        return pad_batch(fs, pad, ("start_positions", "end_positions"))
+
+    with atomic_dir(cfg.out) as tmp:
+        t0 = time.perf_counter()
+        best, history = train_task(model, feats, collate, evaluate, "f1", cfg, tmp, device)
+        train_seconds = time.perf_counter() - t0
+        save_pretrained(model, tmp, tokenizer=tok)
+        with open(os.path.join(tmp, "predictions.json"), "w", encoding="utf-8") as f:
+            json.dump(best.artifacts, f, indent=1, ensure_ascii=False)
+        metrics = finish_outputs(tmp, cfg, task, best, history, train_seconds,
+                                 {"train_questions": len(train_ex) - skipped, "skipped_train_questions": skipped,
+                                  "train_windows": len(feats)},
+                                 [("exact_match", "exact match"), ("f1", "F1")])
+    return metrics
+
+
+def evaluate_squad_model(model_dir: str, data: str, task: SquadConfig, max_seq_length: int = 384,
+                         batch_size: int = 64, device: str = "auto", predictions_out: str | None = None) -> dict:
+    """``bertforge evaluate squad --model``: official EM/F1 of a saved QA model on a SQuAD file."""
+    from ..config import ImplConfig
+    from ..engine import resolve_device
+
+    if not os.path.isdir(model_dir):
+        raise UserError(f"model directory not found: {model_dir}")
+    examples, data_list = read_examples(data)
+    tok = load_tokenizer(model_dir)
+    dev = resolve_device(ImplConfig(device=device))
+    model = BertForQuestionAnswering.from_pretrained(model_dir).to(dev)
+    if model.loading_info["newly_initialized"]:
+        raise UserError(f"{model_dir} has no trained question-answering head (qa_outputs)")
+    preds, _ = predict_answers(model, tok, examples, task, max_seq_length, dev, batch_size)
+    if predictions_out:
+        with open(predictions_out, "w", encoding="utf-8") as f:
+            json.dump(preds, f, indent=1, ensure_ascii=False)
+    return squad_evaluate(data_list, preds)
+
+
+def evaluate_predictions_file(data: str, predictions: str) -> dict:
+    """``bertforge evaluate squad --data FILE --predictions FILE``: the official v1.1 evaluation."""
+    _, data_list = read_examples(data)
+    require_file(predictions, "predictions file")
+    try:
+        with open(predictions, encoding="utf-8") as f:
+            preds = json.load(f)
+    except json.JSONDecodeError as e:
+        raise UserError(f"{predictions}: malformed JSON at line {e.lineno} ({e.msg})") from None
+    if not isinstance(preds, dict) or not all(isinstance(v, str) for v in preds.values()):
+        raise UserError(f"{predictions}: expected a JSON object {{question id: answer text}}")
+    return squad_evaluate(data_list, preds)

@@ -1,0 +1,67 @@
+import json
+
+import pytest
+
+from bertforge import BertConfig, UserError
+from bertforge.config import PRESETS, PretrainConfig, parse_duration
+
+
+@pytest.mark.parametrize("name,layers,hidden,heads", [("tiny", 2, 128, 2), ("mini", 4, 256, 4), ("small", 4, 512, 8),
+                                                       ("medium", 8, 512, 8), ("base", 12, 768, 12)])
+def test_presets(name, layers, hidden, heads):
+    c = BertConfig.preset(name)
+    assert (c.num_hidden_layers, c.hidden_size, c.num_attention_heads) == (layers, hidden, heads)
+    assert c.intermediate_size == 4 * hidden
+    assert set(PRESETS) == {"tiny", "mini", "small", "medium", "base"}
+
+
+def test_unknown_preset():
+    with pytest.raises(UserError, match="unknown preset"):
+        BertConfig.preset("huge")
+
+
+def test_config_json_is_read_by_transformers(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    c = BertConfig.preset("mini", vocab_size=1234, id2label={0: "neg", 1: "pos"})
+    c.save(tmp_path / "config.json", architectures=["BertForSequenceClassification"])
+    t = transformers.BertConfig.from_pretrained(tmp_path)
+    assert t.model_type == "bert"
+    assert (t.vocab_size, t.hidden_size, t.num_hidden_layers, t.num_attention_heads, t.intermediate_size) == (1234, 256, 4, 4, 1024)
+    assert t.id2label == {0: "neg", 1: "pos"} and t.label2id == {"neg": 0, "pos": 1}
+    assert t.architectures == ["BertForSequenceClassification"]
+    # and back: a transformers config.json loads into ours, unknown keys kept
+    t.save_pretrained(tmp_path / "t")
+    back = BertConfig.load(str(tmp_path / "t"))
+    assert back.vocab_size == 1234 and back.id2label == {0: "neg", 1: "pos"}
+    assert "transformers_version" in back.extra
+
+
+def test_bad_configs(tmp_path):
+    with pytest.raises(UserError, match="multiple"):
+        BertConfig(hidden_size=100, num_attention_heads=3)
+    p = tmp_path / "config.json"
+    p.write_text("{not json")
+    with pytest.raises(UserError, match="malformed JSON"):
+        BertConfig.load(str(p))
+    p.write_text(json.dumps({"model_type": "roberta"}))
+    with pytest.raises(UserError, match="not 'bert'"):
+        BertConfig.load(str(p))
+
+
+def test_pretrain_config_flat_update_and_round_trip():
+    c = PretrainConfig()
+    c.update_flat({"batch-size": 64, "preset": "tiny", "max_steps": 10, "nsp": False})
+    assert (c.train.batch_size, c.model.preset, c.train.max_steps, c.data.nsp) == (64, "tiny", 10, False)
+    assert PretrainConfig.from_dict(c.to_dict()) == c
+    with pytest.raises(UserError, match="unknown key"):
+        c.update_flat({"batch_sise": 3})
+
+
+@pytest.mark.parametrize("text,seconds", [("90", 90), ("90s", 90), ("30m", 1800), ("2h", 7200), ("1h30m", 5400)])
+def test_durations(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+def test_bad_duration():
+    with pytest.raises(UserError):
+        parse_duration("soon")

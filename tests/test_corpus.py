@@ -1,0 +1,88 @@
+"""Corpus readers and sentence splitting."""
+
+import gzip
+import json
+
+import pytest
+
+from bertforge import UserError
+from bertforge.corpus import expand_paths, iter_documents, split_sentences
+
+from .conftest import data_path
+
+
+def test_splits_hard_wrapped_prose():
+    text = (
+        "CHAPTER I\n\nMr. Smith went to\nWashington. He met Dr. J. R. Jones at 5 p.m. there.\n"
+        '"Come here!" said he. "Why?" she asked.\n\nA new paragraph starts here. It has\ntwo sentences.'
+    )
+    assert split_sentences(text) == [
+        "CHAPTER I",
+        "Mr. Smith went to Washington.",
+        "He met Dr. J. R. Jones at 5 p.m. there.",
+        '"Come here!" said he.',
+        '"Why?" she asked.',
+        "A new paragraph starts here.",
+        "It has two sentences.",
+    ]
+
+
+def test_splits_real_gutenberg_books_sensibly():
+    path = data_path("gutenberg", "validation.jsonl")
+    docs = list(iter_documents([str(path)]))
+    assert len(docs) == 8
+    sents = [s for d in docs for s in d]
+    assert len(sents) > 20000
+    # no sentence keeps a hard line break, and almost none is absurdly long
+    assert not any("\n" in s for s in sents)
+    assert sum(len(s) > 1000 for s in sents) / len(sents) < 0.01
+    # abbreviations do not end sentences
+    assert not any(s.endswith((" Mr.", " Mrs.", " Dr.")) for s in sents)
+
+
+def test_readers(tmp_path):
+    (tmp_path / "a.txt").write_text("One doc. Two sentences.", encoding="utf-8")
+    (tmp_path / "b.jsonl").write_text(json.dumps({"body": "Doc one."}) + "\n\n" + json.dumps({"body": "Doc two. More."}) + "\n")
+    with gzip.open(tmp_path / "c.txt.gz", "wt", encoding="utf-8") as f:
+        f.write("Zipped text here.")
+    (tmp_path / "google.txt").write_text("Sentence one of doc one.\nSentence two.\n\nDoc two only line.\n")
+    assert list(iter_documents([str(tmp_path / "a.txt")])) == [["One doc.", "Two sentences."]]
+    assert list(iter_documents([str(tmp_path / "b.jsonl")], text_field="body")) == [["Doc one."], ["Doc two.", "More."]]
+    assert list(iter_documents([str(tmp_path / "c.txt.gz")])) == [["Zipped text here."]]
+    assert list(iter_documents([str(tmp_path / "google.txt")], doc_separator="blank-line")) == [
+        ["Sentence one of doc one.", "Sentence two."], ["Doc two only line."]]
+    # a directory, a glob
+    assert len(expand_paths([str(tmp_path)])) == 4
+    assert expand_paths([str(tmp_path / "*.txt")]) == [str(tmp_path / "a.txt"), str(tmp_path / "google.txt")]
+
+
+def test_parquet_and_hf_datasets_local(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    (tmp_path / "ds").mkdir()
+    pq.write_table(pa.table({"text": ["First doc. Yes.", "Second doc."], "id": [1, 2]}), tmp_path / "ds" / "train.parquet")
+    assert list(iter_documents([str(tmp_path / "ds" / "train.parquet")])) == [["First doc.", "Yes."], ["Second doc."]]
+    pytest.importorskip("datasets")
+    assert list(iter_documents([f"hf:{tmp_path / 'ds'}"])) == [["First doc.", "Yes."], ["Second doc."]]
+    with pytest.raises(UserError, match="no column 'body'"):
+        list(iter_documents([str(tmp_path / "ds" / "train.parquet")], text_field="body"))
+
+
+def test_bad_input(tmp_path):
+    with pytest.raises(UserError, match="not found"):
+        list(iter_documents([str(tmp_path / "missing.txt")]))
+    with pytest.raises(UserError, match="no files match"):
+        list(iter_documents([str(tmp_path / "*.jsonl")]))
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "fine"}\n{"text": oops}\n')
+    with pytest.raises(UserError, match=r"bad\.jsonl:2: not valid JSON"):
+        list(iter_documents([str(bad)]))
+    nofield = tmp_path / "nofield.jsonl"
+    nofield.write_text('{"body": "x"}\n')
+    with pytest.raises(UserError, match="nofield.jsonl:1: no field 'text'"):
+        list(iter_documents([str(nofield)]))
+    latin = tmp_path / "latin.txt"
+    latin.write_bytes("caf\u00e9 ok\nna\u00efve".encode("latin-1"))
+    with pytest.raises(UserError, match="latin.txt: invalid UTF-8 at byte 3 \\(line 1\\)"):
+        list(iter_documents([str(latin)]))

@@ -1,0 +1,183 @@
+"""The pretraining data pipeline: instance statistics, determinism, resumption, sharding, the cache."""
+
+import numpy as np
+import pytest
+import torch
+
+from bertforge import UserError
+from bertforge.corpus import iter_texts
+from bertforge.data import (
+    Masker,
+    MaskingConfig,
+    PretrainingLoader,
+    build_corpus,
+    create_instances,
+    split_documents,
+)
+from bertforge.tokenizer import special_ids, train_tokenizer
+
+from .conftest import data_path
+
+
+@pytest.fixture(scope="module")
+def gutenberg(tmp_path_factory):
+    path = str(data_path("gutenberg", "validation.jsonl"))
+    tok = train_tokenizer(iter_texts([path]), 8000)
+    corpus = build_corpus([path], tok, cache_dir=str(tmp_path_factory.mktemp("cache")))
+    return tok, corpus
+
+
+def test_instance_statistics_on_gutenberg(gutenberg):
+    tok, corpus = gutenberg
+    cfg = MaskingConfig(max_seq_length=128)
+    masker = Masker(tok, cfg)
+    sp = special_ids(tok)
+    docs = np.arange(corpus.n_documents)
+    loader = PretrainingLoader(corpus, docs, masker, batch_size=50, seed=0)
+    doc_token_ends = np.asarray([corpus.sent_ends[e - 1] for e in corpus.doc_ends])
+    n = masked = as_mask = unchanged = is_next = pad = positions = real = 0
+    special_masked = 0
+    while n < 10_000:
+        epoch, rows = loader.next_rows()
+        inst, _ = loader.instances(epoch)
+        b = loader.build(epoch, rows)
+        ids, lab, am, nsp = b["input_ids"], b["labels"], b["attention_mask"], b["next_sentence_label"]
+        assert ids.shape[1] <= 128
+        sel = lab != -100
+        masked += int(sel.sum())
+        as_mask += int((ids[sel] == sp.mask).sum())
+        unchanged += int((ids[sel] == lab[sel]).sum())
+        real += int(am.sum()) - 3 * ids.shape[0]  # maskable tokens: all but [CLS] and two [SEP]
+        special_masked += int(sel[:, 0].sum()) + int(((lab == sp.cls) | (lab == sp.sep) | (lab == sp.pad)).sum())
+        is_next += int((nsp == 0).sum())
+        pad += int((am == 0).sum())
+        positions += am.numel()
+        n += ids.shape[0]
+        for k in rows:  # NotNext segments come from another document; IsNext ones from the same
+            a0, a1, b0, b1, rnd = inst[k]
+            da, db = np.searchsorted(doc_token_ends, a0, "right"), np.searchsorted(doc_token_ends, b0, "right")
+            assert (da != db) if rnd else (da == db)
+    frac = masked / real
+    print(f"\nmasked {frac:.4f}, [MASK] {as_mask / masked:.4f}, unchanged {unchanged / masked:.4f}, "
+          f"IsNext {is_next / n:.4f}, padding fraction {pad / positions:.4f} over {n} instances")
+    assert abs(frac - 0.15) < 0.01
+    assert abs(as_mask / masked - 0.8) < 0.02
+    assert abs(unchanged / masked - 0.1) < 0.02  # (a random replacement equal to the original is rare)
+    assert abs((masked - as_mask - unchanged) / masked - 0.1) < 0.02
+    assert abs(is_next / n - 0.5) < 0.02
+    assert special_masked == 0
+    assert pad / positions < 0.1
+
+
+def test_segments_are_whole_sentences_until_truncated():
+    """A segment starts and ends on sentence boundaries unless it had to be truncated to fit."""
+    from bertforge.demo_corpus import generate_stories
+    from bertforge.tokenizer import from_vocab
+
+    stories = generate_stories(30, seed=1)
+    words = sorted({w for s in stories for sent in s for w in sent.lower().replace(".", " .").replace(",", " ,").split()})
+    tok = from_vocab(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + words, kind="wordlevel")
+    import json
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        p = f"{d}/s.jsonl"
+        with open(p, "w") as f:
+            for s in stories:
+                f.write(json.dumps({"text": " ".join(s)}) + "\n")
+        corpus = build_corpus([p], tok, cache_dir=d)
+        cfg = MaskingConfig(max_seq_length=512, short_seq_prob=0.0)  # nothing needs truncating
+        inst = create_instances(corpus, np.arange(corpus.n_documents), np.arange(corpus.n_documents), cfg, seed=0)
+        starts = set(int(x) for x in corpus.sent_ends) | {0}
+        for a0, a1, b0, b1, _ in inst:
+            assert {int(a0), int(a1), int(b0), int(b1)} <= starts
+
+
+def test_determinism_resume_and_sharding(small_text_corpus, story_tokenizer):
+    corpus = build_corpus([str(small_text_corpus)], story_tokenizer)
+    masker = Masker(story_tokenizer, MaskingConfig(max_seq_length=64))
+    docs = np.arange(corpus.n_documents)
+
+    def loader(**kw):
+        return PretrainingLoader(corpus, docs, masker, batch_size=16, seed=5, **kw)
+
+    a, b = loader(), loader()
+    first = [a.next_batch() for _ in range(30)]  # crosses an epoch boundary
+    assert a.epoch >= 1
+    for x, y in zip(first, [b.next_batch() for _ in range(30)]):
+        for k in x:
+            assert torch.equal(x[k], y[k])
+    # restored at position k, a loader continues with exactly the batches the original produced
+    c, ref = loader(), loader()
+    for _ in range(7):
+        ref.next_batch()
+    c.load_state_dict(ref.state_dict())
+    for _ in range(25):
+        x, y = ref.next_batch(), c.next_batch()
+        assert all(torch.equal(x[k], y[k]) for k in x)
+    # two ranks together see exactly the rows of one process
+    one = loader()
+    r0, r1 = loader(rank=0, world=2), loader(rank=1, world=2)
+    for _ in range(12):
+        e, rows = one.next_rows()
+        _, rows0 = r0.next_rows()
+        _, rows1 = r1.next_rows()
+        assert np.array_equal(np.concatenate([rows0, rows1]), rows)
+    # another seed, other batches
+    other = PretrainingLoader(corpus, docs, masker, batch_size=16, seed=6).next_batch()
+    assert not torch.equal(other["input_ids"], first[0]["input_ids"])
+
+
+def test_masks_differ_between_epochs(small_text_corpus, story_tokenizer):
+    corpus = build_corpus([str(small_text_corpus)], story_tokenizer)
+    masker = Masker(story_tokenizer, MaskingConfig(max_seq_length=64, nsp=False))
+    loader = PretrainingLoader(corpus, np.arange(corpus.n_documents), masker, batch_size=4, seed=0, shuffle=False)
+    e0 = loader.build(0, np.arange(4))
+    e1 = loader.build(1, np.arange(4))
+    assert not torch.equal(e0["labels"], e1["labels"])
+    assert "next_sentence_label" not in e0
+    assert torch.all(e0["token_type_ids"] == 0)  # one segment without NSP
+
+
+def test_whole_word_masking(gutenberg):
+    tok, corpus = gutenberg
+    masker = Masker(tok, MaskingConfig(max_seq_length=128, whole_word_mask=True))
+    loader = PretrainingLoader(corpus, np.arange(corpus.n_documents), masker, batch_size=64, seed=1)
+    b = loader.next_batch()
+    cont = masker.is_continuation
+    lab, am = b["labels"], b["attention_mask"]
+    orig = torch.where(lab != -100, lab, b["input_ids"])  # approximately the original ids (unmasked kept)
+    checked = 0
+    for i in range(lab.shape[0]):
+        for p in range(1, int(am[i].sum()) - 1):
+            if lab[i, p] != -100 and cont[int(orig[i, p + 1])] and orig[i, p + 1] != masker.sp.sep:
+                # the next piece continues this word, so it is masked too
+                assert lab[i, p + 1] != -100
+                checked += 1
+    assert checked > 10
+
+
+def test_cache_is_reused_and_keyed(small_text_corpus, story_tokenizer, tmp_path, monkeypatch):
+    c1 = build_corpus([str(small_text_corpus)], story_tokenizer, cache_dir=str(tmp_path))
+    import bertforge.data as data
+
+    def boom(*a, **k):
+        raise AssertionError("tokenized again")
+
+    monkeypatch.setattr(data, "iter_documents", boom)
+    c2 = build_corpus([str(small_text_corpus)], story_tokenizer, cache_dir=str(tmp_path))
+    assert c2.folder == c1.folder and np.array_equal(c1.tokens, c2.tokens)
+    other = train_tokenizer(iter_texts([str(small_text_corpus)]), 200, kind="wordlevel")
+    with pytest.raises(AssertionError, match="tokenized again"):  # another tokenizer: another cache
+        build_corpus([str(small_text_corpus)], other, cache_dir=str(tmp_path))
+    assert c1.tokens.dtype == np.uint16 and isinstance(c1.tokens, np.memmap)
+
+
+def test_empty_corpus_and_too_few_documents(tmp_path, story_tokenizer):
+    (tmp_path / "empty.txt").write_text("\n\n  \n")
+    with pytest.raises(UserError, match="empty"):
+        build_corpus([str(tmp_path / "empty.txt")], story_tokenizer, cache_dir=str(tmp_path / "c"))
+    (tmp_path / "one.txt").write_text("Tom went to the park. He saw a dog.")
+    corpus = build_corpus([str(tmp_path / "one.txt")], story_tokenizer, cache_dir=str(tmp_path / "c"))
+    with pytest.raises(UserError, match="1 document"):
+        split_documents(corpus, seed=0)

@@ -1,0 +1,76 @@
+"""Metrics: SQuAD v1.1 exactly as the official script, classification accuracy and macro-F1."""
+
+import json
+
+import pytest
+
+from bertforge.cli import main
+from bertforge.evaluation import classification_metrics, f1_score, normalize_answer, squad_evaluate
+
+
+def _dataset(qas):
+    return [{"title": "t", "paragraphs": [{"context": "c", "qas": [
+        {"id": qid, "question": "q", "answers": [{"text": a, "answer_start": 0} for a in answers]} for qid, answers in qas
+    ]}]}]
+
+
+# (id, reference answers, prediction or None, hand-computed exact match, hand-computed F1)
+CASES = [
+    ("punct", ["Eiffel Tower"], "the Eiffel Tower!", 1, 1.0),
+    ("article", ["apple"], "an apple a day", 0, 2 * (1 / 2) * 1 / (1 / 2 + 1)),  # "apple day" vs "apple"
+    ("several", ["Denver Broncos", "Broncos", "the Denver Broncos team"], "Broncos", 1, 1.0),
+    ("partial", ["Santa Clara, California"], "Santa Clara", 0, 2 * 1 * (2 / 3) / (1 + 2 / 3)),
+    ("unicode", ["Café Müller"], "café müller", 1, 1.0),
+    ("accent", ["naïve"], "naive", 0, 0.0),  # no accent stripping in the official normalisation
+    ("dots", ["U.S."], "US", 1, 1.0),
+    ("inner", ["theater"], "the theater", 1, 1.0),  # 'the' removed as a word, kept inside 'theater'
+    ("empty", ["something"], "", 0, 0.0),
+    ("missing", ["never answered"], None, 0, 0.0),  # no prediction: scores 0, still counted
+]
+
+
+def test_squad_metric_matches_official_arithmetic():
+    data = _dataset([(c[0], c[1]) for c in CASES])
+    preds = {c[0]: c[2] for c in CASES if c[2] is not None}
+    res = squad_evaluate(data, preds)
+    em = f1 = 0.0
+    for _, _, _, e, f in CASES:  # accumulated in the official order, then scaled as the official script
+        em += e
+        f1 += f
+    assert res["exact_match"] == 100.0 * em / len(CASES)
+    assert res["f1"] == 100.0 * f1 / len(CASES)
+    assert res["questions"] == 10 and res["unanswered"] == 1
+
+
+def test_normalisation_details():
+    assert normalize_answer("  The  Quick, brown-fox!  ") == "quick brownfox"
+    assert normalize_answer("A an THE") == ""
+    assert f1_score("a", "the") == 0
+
+
+def test_precision_and_recall_show_long_and_short_answers():
+    data = _dataset([("long", ["Paris"]), ("short", ["the city of Paris"])])
+    res = squad_evaluate(data, {"long": "in the beautiful city of Paris", "short": "Paris"})
+    assert res["precision"] == pytest.approx(100 * (1 / 5 + 1) / 2)
+    assert res["recall"] == pytest.approx(100 * (1 + 1 / 3) / 2)
+
+
+def test_evaluate_squad_cli(tmp_path, capsys):
+    data = tmp_path / "dev.json"
+    data.write_text(json.dumps({"version": "1.1", "data": _dataset([(c[0], c[1]) for c in CASES])}))
+    preds = tmp_path / "preds.json"
+    preds.write_text(json.dumps({c[0]: c[2] for c in CASES if c[2] is not None}))
+    assert main(["evaluate", "squad", "--data", str(data), "--predictions", str(preds)]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["exact_match"] == pytest.approx(50.0) and set(out) >= {"exact_match", "f1"}
+    preds.write_text("{broken")
+    assert main(["evaluate", "squad", "--data", str(data), "--predictions", str(preds)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "malformed JSON" in err[0]
+
+
+def test_classification_metrics():
+    r = classification_metrics([0, 0, 1, 1, 2], [0, 1, 1, 1, 0], 3)
+    assert r["accuracy"] == pytest.approx(3 / 5)
+    # per class F1: c0: tp1 fp1 fn1 -> 0.5; c1: tp2 fp1 fn0 -> 0.8; c2: tp0 fn1 -> 0
+    assert r["macro_f1"] == pytest.approx((0.5 + 0.8 + 0.0) / 3)

@@ -1,0 +1,173 @@
+"""The model: parity with transformers both ways, heads, sparse MLM, unpadding, learning."""
+
+import pytest
+import torch
+
+from bertforge import (
+    BertConfig,
+    BertForMaskedLM,
+    BertForPreTraining,
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertModel,
+)
+
+transformers = pytest.importorskip("transformers")
+
+
+def _batch(vocab: int, B: int = 4, T: int = 24, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, vocab, (B, T), generator=g)
+    am = torch.ones(B, T, dtype=torch.long)
+    lengths = [T, T - 7, 9, T - 1][:B]
+    for i, n in enumerate(lengths):
+        am[i, n:] = 0
+        ids[i, n:] = 0
+    tt = torch.zeros(B, T, dtype=torch.long)
+    for i, n in enumerate(lengths):
+        tt[i, n // 2 : n] = 1  # two segments
+    return ids, am, tt
+
+
+def test_parity_with_real_minilm_checkpoint(minilm_dir, sst2_sentences):
+    ours = BertModel.from_pretrained(minilm_dir).eval()
+    assert ours.loading_info == {"newly_initialized": [], "unused": []}
+    theirs = transformers.BertModel.from_pretrained(minilm_dir, attn_implementation="sdpa").eval()
+    tok = transformers.BertTokenizerFast.from_pretrained(minilm_dir)
+    sentences = sst2_sentences[:32]
+    enc = tok(sentences, padding=True, return_tensors="pt")
+    assert len(set(enc["attention_mask"].sum(1).tolist())) > 10  # really different lengths
+    with torch.no_grad():
+        a = ours(enc["input_ids"], enc["attention_mask"], enc["token_type_ids"])
+        b = theirs(**enc)
+    real = enc["attention_mask"].bool()
+    assert (a.last_hidden_state[real] - b.last_hidden_state[real]).abs().max() < 1e-5
+    assert (a.pooler_output - b.pooler_output).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize(
+    "ours_cls,theirs_name,extra",
+    [
+        (BertForPreTraining, "BertForPreTraining", {}),
+        (BertForMaskedLM, "BertForMaskedLM", {}),
+        (BertForSequenceClassification, "BertForSequenceClassification", {"id2label": {0: "a", 1: "b", 2: "c"}}),
+        (BertForQuestionAnswering, "BertForQuestionAnswering", {}),
+    ],
+)
+def test_saved_models_load_in_transformers(tmp_path, ours_cls, theirs_name, extra):
+    torch.manual_seed(0)
+    cfg = BertConfig.preset("mini", vocab_size=500, **extra)
+    ours = ours_cls(cfg).eval()
+    ours.save_pretrained(tmp_path / "m")
+    theirs = getattr(transformers, theirs_name).from_pretrained(tmp_path / "m").eval()
+    ids, am, tt = _batch(500)
+    with torch.no_grad():
+        a = ours(ids, am, tt)
+        b = theirs(input_ids=ids, attention_mask=am, token_type_ids=tt)
+    real = am.bool()
+    if theirs_name == "BertForPreTraining":
+        assert (a.prediction_logits[real] - b.prediction_logits[real]).abs().max() < 1e-5
+        assert (a.seq_relationship_logits - b.seq_relationship_logits).abs().max() < 1e-5
+    elif theirs_name == "BertForMaskedLM":
+        assert (a.logits[real] - b.logits[real]).abs().max() < 1e-5
+    elif theirs_name == "BertForSequenceClassification":
+        assert a.logits.shape == (4, 3)
+        assert (a.logits - b.logits).abs().max() < 1e-5
+    else:
+        assert (a.start_logits[real] - b.start_logits[real]).abs().max() < 1e-5
+        assert (a.end_logits[real] - b.end_logits[real]).abs().max() < 1e-5
+    # transformers saves, we load: the same weights again
+    theirs.save_pretrained(tmp_path / "t")
+    again = ours_cls.from_pretrained(tmp_path / "t")
+    assert again.loading_info["newly_initialized"] == []
+    for k, v in ours.state_dict().items():
+        assert torch.equal(v, again.state_dict()[k]), k
+
+
+def test_parameter_names_are_transformers_names():
+    m = BertForPreTraining(BertConfig.preset("tiny", vocab_size=100))
+    t = transformers.BertForPreTraining(transformers.BertConfig(**BertConfig.preset("tiny", vocab_size=100).to_dict()))
+    ours = set(m.state_dict()) - {"cls.predictions.decoder.weight"}
+    theirs = set(t.state_dict()) - {"cls.predictions.decoder.weight", "cls.predictions.decoder.bias"}
+    assert ours == theirs
+    assert m.cls.predictions.decoder.weight is m.bert.embeddings.word_embeddings.weight  # tied
+
+
+def test_head_shapes_and_losses():
+    cfg = BertConfig.preset("tiny", vocab_size=300, id2label={0: "x", 1: "y"})
+    ids, am, tt = _batch(300)
+    B, T = ids.shape
+    out = BertModel(cfg)(ids, am, tt)
+    assert out.last_hidden_state.shape == (B, T, 128) and out.pooler_output.shape == (B, 128)
+    pt = BertForPreTraining(cfg)(ids, am, tt)
+    assert pt.prediction_logits.shape == (B, T, 300) and pt.seq_relationship_logits.shape == (B, 2) and pt.loss is None
+    labels = torch.full((B, T), -100)
+    labels[:, 3] = ids[:, 3]
+    pt = BertForPreTraining(cfg)(ids, am, tt, labels=labels, next_sentence_label=torch.tensor([0, 1, 0, 1]))
+    assert pt.prediction_logits.shape == (B, 300)  # sparse: labelled rows only
+    assert torch.isclose(pt.loss, pt.mlm_loss + pt.nsp_loss)
+    cls = BertForSequenceClassification(cfg)(ids, am, tt, labels=torch.tensor([0, 1, 1, 0]))
+    assert cls.logits.shape == (B, 2) and cls.loss.ndim == 0
+    qa = BertForQuestionAnswering(cfg)(ids, am, tt, start_positions=torch.tensor([1, 2, 3, 99]), end_positions=torch.tensor([2, 2, 5, 99]))
+    assert qa.start_logits.shape == (B, T) and torch.isfinite(qa.loss)  # out-of-range positions are ignored
+
+
+def test_sparse_and_dense_mlm_agree():
+    torch.manual_seed(1)
+    cfg = BertConfig.preset("tiny", vocab_size=400)
+    m = BertForPreTraining(cfg).eval()
+    ids, am, tt = _batch(400, seed=3)
+    g = torch.Generator().manual_seed(0)
+    labels = torch.where((torch.rand(ids.shape, generator=g) < 0.15) & am.bool(), ids, torch.full_like(ids, -100))
+    nsp = torch.tensor([0, 1, 1, 0])
+    with torch.no_grad():
+        sparse = m(ids, am, tt, labels=labels, next_sentence_label=nsp)
+        dense = m(ids, am, tt, labels=labels, next_sentence_label=nsp, dense_logits=True)
+    assert abs(float(sparse.loss - dense.loss)) < 1e-5
+    sel = labels != -100
+    assert (sparse.prediction_logits - dense.prediction_logits[sel]).abs().max() < 1e-5
+
+
+def test_unpadded_path_equals_padded_path():
+    """Removing padding before the token-wise layers changes nothing at real positions."""
+    torch.manual_seed(2)
+    m = BertModel(BertConfig.preset("tiny", vocab_size=300)).eval()
+    ids, am, tt = _batch(300)
+    with torch.no_grad():
+        fast = m(ids, am, tt).last_hidden_state
+        # one sequence at a time, no padding at all: the plain path
+        for i in range(ids.shape[0]):
+            n = int(am[i].sum())
+            plain = m(ids[i : i + 1, :n], None, tt[i : i + 1, :n]).last_hidden_state[0]
+            assert (fast[i, :n] - plain).abs().max() < 1e-5
+        assert torch.all(fast[~am.bool()] == 0)
+
+
+def test_tiny_model_overfits_one_batch():
+    torch.manual_seed(0)
+    cfg = BertConfig.preset("tiny", vocab_size=200, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    m = BertForPreTraining(cfg)
+    ids, am, tt = _batch(200, B=4, T=16)
+    g = torch.Generator().manual_seed(0)
+    labels = torch.where((torch.rand(ids.shape, generator=g) < 0.3) & am.bool(), ids, torch.full_like(ids, -100))
+    nsp = torch.tensor([0, 1, 1, 0])
+    opt = torch.optim.AdamW(m.parameters(), lr=2e-3)
+    first = None
+    for _ in range(300):
+        loss = m(ids, am, tt, labels=labels, next_sentence_label=nsp).loss
+        first = first or float(loss.detach())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert float(loss) < first / 10
+
+
+def test_gelu_variants():
+    x = torch.linspace(-4, 4, 101)
+    from bertforge.model import ACT2FN
+
+    exact = 0.5 * x * (1 + torch.erf(x / 2**0.5))
+    assert torch.allclose(ACT2FN["gelu"](x), exact, atol=1e-6)
+    tanh = 0.5 * x * (1 + torch.tanh((2 / torch.pi) ** 0.5 * (x + 0.044715 * x**3)))
+    assert torch.allclose(ACT2FN["gelu_new"](x), tanh, atol=1e-6)
+    assert not torch.allclose(ACT2FN["gelu"](x), tanh, atol=1e-6)

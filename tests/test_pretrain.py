@@ -1,0 +1,249 @@
+"""bertforge pretrain: outputs, exact resume after SIGKILL, DDP under torchrun, atomic saves, errors."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from bertforge.cli import main
+from bertforge.engine import LinearSchedule
+from bertforge.pretrain import list_checkpoints, load_checkpoint
+
+
+@pytest.fixture(scope="module")
+def story_tok_dir(small_text_corpus, tmp_path_factory):
+    d = tmp_path_factory.mktemp("tok") / "tok"
+    assert main(["--quiet", "tokenizer", "train", "--input", str(small_text_corpus), "--vocab-size", "400",
+                 "--model", "wordlevel", "--out", str(d)]) == 0
+    return str(d)
+
+
+def _args(corpus, tok, out, *extra):
+    return ["pretrain", "--data", str(corpus), "--tokenizer", tok, "--out", str(out), "--preset", "tiny",
+            "--max-seq-length", "64", "--batch-size", "16", "--lr", "1e-3", "--log-every", "5",
+            "--max-eval-instances", "64", "--no-progress", *extra]
+
+
+def _weights(path):
+    return load_file(os.path.join(path, "model.safetensors"))
+
+
+def _metric_rows(out):
+    rows = []
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        for line in f:
+            r = json.loads(line)
+            for k in ("tokens_per_second", "elapsed"):
+                r.pop(k, None)
+            rows.append(r)
+    return rows
+
+
+def test_outputs_and_transformers_loading(small_text_corpus, story_tok_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["--quiet", *_args(small_text_corpus, story_tok_dir, out, "--max-steps", "20", "--eval-every", "10")]) == 0
+    for name in ("config.json", "model.safetensors", "vocab.txt", "tokenizer.json", "tokenizer_config.json",
+                 "special_tokens_map.json", "metrics.jsonl", "metrics.json", "pretrain_config.json", "train.log"):
+        assert (out / name).is_file(), name
+    assert {p.name for p in (out / "plots").iterdir()} == {"loss.png", "accuracy.png", "lr.png"}
+    m = json.loads((out / "metrics.json").read_text())
+    for k in ("mlm_accuracy", "nsp_accuracy", "mlm_loss", "nsp_loss", "steps", "tokens_seen", "tokens_per_second", "wall_seconds"):
+        assert k in m
+    assert m["steps"] == 20 and m["tokens_seen"] > 0 and 0 <= m["mlm_accuracy"] <= 1
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r["type"] == "train"] == [5, 10, 15, 20]
+    assert [r["step"] for r in rows if r["type"] == "eval"] == [10, 20]
+    assert "true=" in (out / "train.log").read_text()  # sample fill-mask predictions are logged
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["steps"] == 20
+    # the output directory is a transformers BERT directory with the same logits
+    transformers = pytest.importorskip("transformers")
+    from bertforge import BertForPreTraining
+
+    ours = BertForPreTraining.from_pretrained(out).eval()
+    theirs = transformers.BertForPreTraining.from_pretrained(out).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    enc = tok(["Tom went to the park.", "Anna saw a red kite at the beach today."], ["He smiled.", "The end."],
+              padding=True, return_tensors="pt")
+    with torch.no_grad():
+        a = ours(enc["input_ids"], enc["attention_mask"], enc["token_type_ids"])
+        b = theirs(**enc)
+    real = enc["attention_mask"].bool()
+    assert (a.prediction_logits[real] - b.prediction_logits[real]).abs().max() < 1e-5
+    assert (a.seq_relationship_logits - b.seq_relationship_logits).abs().max() < 1e-5
+
+
+def test_sigkill_and_resume_reproduce_the_uninterrupted_run(small_text_corpus, story_tok_dir, tmp_path):
+    args = ["--max-steps", "60", "--save-every", "10", "--eval-every", "30"]
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    assert main(["--quiet", *_args(small_text_corpus, story_tok_dir, straight, *args)]) == 0
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "-m", "bertforge", "--quiet", *_args(small_text_corpus, story_tok_dir, killed, *args)],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while not (killed / "checkpoints" / "step-00000020").exists():
+        assert time.time() < deadline and proc.poll() is None, "the run ended before it could be killed"
+        time.sleep(0.002)
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL
+    done = [s for s, _ in list_checkpoints(str(killed))]
+    assert done and done[-1] < 60
+    assert main(["--quiet", "pretrain", "--out", str(killed), "--resume", "--no-progress"]) == 0
+    a, b = _weights(straight), _weights(killed)
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    assert _metric_rows(straight) == _metric_rows(killed)
+
+
+def test_a_save_killed_midway_leaves_the_previous_checkpoint(small_text_corpus, story_tok_dir, tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    assert main(["--quiet", *_args(small_text_corpus, story_tok_dir, out, "--max-steps", "10", "--save-every", "5", "--eval-every", "0")]) == 0
+    import bertforge.pretrain as pt
+
+    real_save = torch.save
+
+    def dying_save(obj, path, *a, **k):
+        if str(path).endswith("trainer_state.pt"):
+            raise KeyboardInterrupt("power loss")  # dies in the middle of writing the checkpoint folder
+        return real_save(obj, path, *a, **k)
+
+    monkeypatch.setattr(pt.torch, "save", dying_save)
+    assert main(["--quiet", "pretrain", "--out", str(out), "--resume", "--max-steps", "15", "--no-progress"]) != 0
+    monkeypatch.setattr(pt.torch, "save", real_save)
+    steps = [s for s, _ in list_checkpoints(str(out))]
+    assert steps == [5, 10]
+    assert not [n for n in os.listdir(out / "checkpoints") if n.startswith(".")]  # the half-written folder is gone
+    from bertforge import BertConfig, BertForPreTraining
+    from bertforge.config import TrainConfig
+    from bertforge.engine import build_optimizer
+
+    model = BertForPreTraining(BertConfig.load(str(out)))
+    state = load_checkpoint(list_checkpoints(str(out))[-1][1], model, build_optimizer(model, TrainConfig(), torch.device("cpu")))
+    assert state["step"] == 10
+    assert main(["--quiet", "pretrain", "--out", str(out), "--resume", "--max-steps", "15", "--no-progress"]) == 0
+    assert [s for s, _ in list_checkpoints(str(out))][-1] == 15
+
+
+def test_ddp_torchrun_matches_one_process(small_text_corpus, story_tok_dir, tmp_path):
+    args = ["--max-steps", "6", "--eval-every", "0", "--save-every", "0", "--dropout", "0", "--log-every", "1"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert main(["--quiet", *_args(small_text_corpus, story_tok_dir, one, *args)]) == 0
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    r = subprocess.run([torchrun, "--nproc_per_node=2", "--master_port", "29533", "-m", "bertforge", "--quiet",
+                        *_args(small_text_corpus, story_tok_dir, two, *args)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    a, b = _weights(one), _weights(two)
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-5
+    la = [x["loss"] for x in _metric_rows(one) if x["type"] == "train"]
+    lb = [x["loss"] for x in _metric_rows(two) if x["type"] == "train"]
+    assert len(la) == 6 and max(abs(x - y) for x, y in zip(la, lb)) < 1e-5
+    assert not (two / "two").exists() and len(list((two / "checkpoints").iterdir())) == 1  # one writer
+
+
+def test_config_file_flags_override_and_no_nsp(small_text_corpus, story_tok_dir, tmp_path):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("preset: mini\nbatch_size: 8\nmax_steps: 4\nlr: 0.001\nnsp: false\neval_every: 0\n")
+    out = tmp_path / "run"
+    assert main(["--quiet", "pretrain", "--config", str(cfg), "--data", str(small_text_corpus), "--tokenizer", story_tok_dir,
+                 "--out", str(out), "--preset", "tiny", "--max-seq-length", "64", "--no-progress"]) == 0
+    saved = json.loads((out / "pretrain_config.json").read_text())
+    assert saved["model"]["preset"] == "tiny" and saved["train"]["batch_size"] == 8 and saved["data"]["nsp"] is False
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["BertForMaskedLM"]
+    m = json.loads((out / "metrics.json").read_text())
+    assert "nsp_accuracy" not in m and m["steps"] == 4
+
+
+def test_max_time_schedule_ends_on_time_at_zero_lr(small_text_corpus, story_tok_dir, tmp_path):
+    s = LinearSchedule(1.0, None, 100.0, None, 0.1)
+    assert s.lr(0, 5.0) == pytest.approx(0.5) and s.lr(10, 10.0) == pytest.approx(1.0)
+    assert s.lr(99, 99.0) == pytest.approx(0.01 / 0.9) and s.done(99, 100.0)
+    out = tmp_path / "timed"
+    t0 = time.time()
+    assert main(["--quiet", *_args(small_text_corpus, story_tok_dir, out, "--max-time", "3s", "--eval-every", "0", "--log-every", "1")]) == 0
+    assert time.time() - t0 < 30
+    rows = [r for r in _metric_rows(out) if r["type"] == "train"]
+    assert rows[-1]["lr"] < 0.1 * 1e-3
+
+
+def test_init_from_a_transformers_checkpoint(small_text_corpus, minilm_dir, tmp_path):
+    out = tmp_path / "cont"
+    assert main(["--quiet", "pretrain", "--data", str(small_text_corpus), "--init", minilm_dir, "--out", str(out),
+                 "--max-steps", "2", "--batch-size", "4", "--max-seq-length", "32", "--eval-every", "0",
+                 "--max-eval-instances", "8", "--no-progress"]) == 0
+    assert (out / "vocab.txt").read_text() == open(os.path.join(minilm_dir, "vocab.txt")).read()
+    before, after = load_file(os.path.join(minilm_dir, "model.safetensors")), _weights(out)
+    w = "encoder.layer.0.attention.self.query.weight"
+    assert not torch.equal(before[w], after["bert." + w]) and (before[w] - after["bert." + w]).abs().max() < 0.01
+
+
+def test_non_finite_loss_stops_with_the_step(small_text_corpus, story_tok_dir, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "nan"
+    import bertforge.model as model_mod
+
+    real = model_mod.BertEmbeddings.forward
+    calls = {"n": 0}
+
+    def poisoned(self, *a, **k):
+        calls["n"] += 1
+        x = real(self, *a, **k)
+        return x * float("nan") if calls["n"] == 7 and self.training else x
+
+    monkeypatch.setattr(model_mod.BertEmbeddings, "forward", poisoned)
+    rc = main(["--quiet", *_args(small_text_corpus, story_tok_dir, out, "--max-steps", "10", "--save-every", "5", "--eval-every", "0")])
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert "error: the loss is not finite at step 7" in err and "step-00000005" in err
+    assert [s for s, _ in list_checkpoints(str(out))] == [5]
+
+
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (["--data", "MISSING.txt"], "data path not found"),
+        (["--preset", "gigantic"], "unknown preset"),
+        (["--tokenizer", "EMPTYDIR"], "no tokenizer in"),
+        (["--resume"], "nothing to resume"),
+        (["--config", "BADCONFIG"], "unknown key\\(s\\) in config file .*: batch_sise"),
+        (["--max-time", "soon"], "cannot read duration"),
+    ],
+)
+def test_bad_input_is_one_error_line(extra, message, small_text_corpus, story_tok_dir, tmp_path, capsys):
+    (tmp_path / "emptydir").mkdir()
+    (tmp_path / "bad.yaml").write_text("batch_sise: 3\n")
+    subst = {"MISSING.txt": str(tmp_path / "missing.txt"), "EMPTYDIR": str(tmp_path / "emptydir"), "BADCONFIG": str(tmp_path / "bad.yaml")}
+    extra = [subst.get(x, x) for x in extra]
+    out = tmp_path / "out"
+    args = ["pretrain", "--data", str(small_text_corpus), "--tokenizer", story_tok_dir, "--out", str(out), "--max-steps", "2", "--no-progress"]
+    for i in range(0, len(extra), 2):
+        flag = extra[i]
+        if flag in args:
+            j = args.index(flag)
+            args[j + 1] = extra[i + 1]
+        elif flag == "--resume":
+            args.insert(1, "--resume")
+            continue
+        else:
+            args += extra[i : i + 2]
+    if extra == ["--resume"]:
+        args = ["pretrain", "--out", str(out), "--resume"]
+    rc = main(["--quiet", *args])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2
+    assert len(err) == 1 and err[0].startswith("error: ")
+    import re
+
+    assert re.search(message, err[0]), err[0]
+    assert not out.exists()
+
+
+def test_second_run_into_a_used_folder_is_refused(small_text_corpus, story_tok_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["--quiet", *_args(small_text_corpus, story_tok_dir, out, "--max-steps", "2", "--eval-every", "0")]) == 0
+    assert main(["--quiet", *_args(small_text_corpus, story_tok_dir, out, "--max-steps", "2")]) == 2
+    assert "already holds a training run" in capsys.readouterr().err

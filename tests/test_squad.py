@@ -1,0 +1,134 @@
+"""SQuAD: windows and answer positions, post-processing on hand-written logits, fine-tuning wiring, errors."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from bertforge.cli import main
+from bertforge.tasks.squad import Example, build_features, postprocess
+from bertforge.tokenizer import from_vocab
+
+from .conftest import data_path
+from .helpers import tiny_model_dir
+
+CONTEXT = "the quick brown fox jumps over the lazy dog . then the fox sleeps under a big old tree near the river ."
+
+
+@pytest.fixture(scope="module")
+def word_tok():
+    words = sorted(set(CONTEXT.split() + "where does what who is did".split()))
+    return from_vocab(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + words, kind="wordlevel")
+
+
+def _ex(answer, qid="q1", question="where does the fox sleep"):
+    return Example(qid, question, CONTEXT, [{"text": answer, "answer_start": CONTEXT.index(answer)}])
+
+
+def test_windows_overlap_by_doc_stride_and_answers_map_back(word_tok):
+    ex = _ex("big old tree")
+    feats, skipped = build_features(word_tok, [ex], max_seq_length=16, doc_stride=4, max_query_length=5, training=True)
+    assert skipped == 0 and len(feats) > 2
+    room = 16 - 5 - 3
+    ctx_tokens = CONTEXT.split()
+    seen = []
+    for f in feats:
+        assert len(f["input_ids"]) <= 16
+        ctx = [o for o in f["offsets"] if o is not None]
+        seen.append(ctx)
+        if f["start_positions"]:
+            s, e = f["start_positions"], f["end_positions"]
+            assert CONTEXT[f["offsets"][s][0] : f["offsets"][e][1]] == "big old tree"
+        else:
+            assert f["end_positions"] == 0  # window without the answer points at [CLS]
+    for a, b in zip(seen, seen[1:]):
+        assert a[-4:] == b[:4] and len(a) == room  # consecutive windows share doc_stride tokens
+    assert sum(len(w) for w in seen) - 4 * (len(seen) - 1) == len(ctx_tokens)
+    assert any(f["start_positions"] for f in feats)
+
+
+def test_mismatched_answers_are_skipped_for_training(word_tok):
+    bad = Example("q2", "what", CONTEXT, [{"text": "lazy cat", "answer_start": 10}])
+    feats, skipped = build_features(word_tok, [_ex("lazy dog"), bad], 64, 8, 8, training=True)
+    assert skipped == 1 and {f["example"] for f in feats} == {0}
+
+
+def test_postprocess_picks_the_best_valid_span_across_windows(word_tok):
+    ex = _ex("big old tree")
+    feats, _ = build_features(word_tok, [ex], max_seq_length=16, doc_stride=4, max_query_length=5, training=False)
+    starts = [np.zeros(len(f["input_ids"])) for f in feats]
+    ends = [np.zeros(len(f["input_ids"])) for f in feats]
+    target = max(range(len(feats)), key=lambda i: any(o and CONTEXT[o[0]:o[1]] == "big" for o in feats[i]["offsets"]))
+    pos = {CONTEXT[o[0]:o[1]]: i for i, o in enumerate(feats[target]["offsets"]) if o}
+    starts[target][pos["big"]] = 5.0
+    ends[target][pos["tree"]] = 5.0
+    starts[0][0] = ends[0][0] = 100.0  # [CLS]: not in the context, skipped
+    # window 1: the best start lies after the best end (reversed, skipped); every other pair scores low
+    other = 1 if target != 1 else 2
+    first_ctx = next(i for i, o in enumerate(feats[other]["offsets"]) if o)
+    starts[other][:] = ends[other][:] = -100.0
+    starts[other][-2], ends[other][first_ctx] = 50.0, 50.0
+    answers, scores = postprocess([ex], feats, starts, ends, n_best=20, max_answer_length=30)
+    assert answers == {"q1": "big old tree"} and scores["q1"] == 10.0
+    answers, _ = postprocess([ex], feats, starts, ends, n_best=20, max_answer_length=2)  # too long now
+    assert answers["q1"] != "big old tree"
+
+
+def test_tiny_model_learns_a_squad_slice_and_transformers_agrees(tmp_path, capsys):
+    transformers = pytest.importorskip("transformers")
+    squad = json.loads(data_path("squad", "train-8k-v1.1.json").read_text(encoding="utf-8"))
+    paras = squad["data"][0]["paragraphs"][:4]
+    small = {"version": "1.1", "data": [{"title": "slice", "paragraphs": paras}]}
+    path = tmp_path / "slice.json"
+    path.write_text(json.dumps(small))
+    n_q = sum(len(p["qas"]) for p in paras)
+    texts = [p["context"] for p in paras] + [q["question"] for p in paras for q in p["qas"]]
+    model = tiny_model_dir(tmp_path / "m", texts, vocab_size=1500)
+    out = tmp_path / "qa"
+    rc = main(["--quiet", "finetune", "squad", "--model", model, "--train", str(path), "--validation", str(path),
+               "--out", str(out), "--epochs", "25", "--lr", "2e-3", "--batch-size", "8", "--max-seq-length", "192",
+               "--doc-stride", "64", "--no-progress"])
+    assert rc == 0
+    m = json.loads((out / "metrics.json").read_text())
+    preds = json.loads((out / "predictions.json").read_text())
+    assert len(preds) == n_q
+    # trivial baseline: the first five words of the context
+    first = {q["id"]: " ".join(p["context"].split()[:5]) for p in paras for q in p["qas"]}
+    from bertforge.evaluation import squad_evaluate
+
+    base = squad_evaluate(small["data"], first)
+    assert m["f1"] > base["f1"] + 20 and m["f1"] > 40, (m["f1"], base["f1"])
+    for k in ("exact_match", "f1", "precision", "recall"):
+        assert k in m
+    # the saved directory loads in transformers and predicts the same logits
+    from bertforge import BertForQuestionAnswering
+
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    enc = tok([q["question"] for q in paras[0]["qas"][:4]], [paras[0]["context"]] * 4, padding=True, truncation=True,
+              max_length=192, return_tensors="pt")
+    with torch.no_grad():
+        a = BertForQuestionAnswering.from_pretrained(out).eval()(enc["input_ids"], enc["attention_mask"], enc["token_type_ids"])
+        b = transformers.BertForQuestionAnswering.from_pretrained(out).eval()(**enc)
+    real = enc["attention_mask"].bool()
+    assert (a.start_logits[real] - b.start_logits[real]).abs().max() < 1e-4
+    assert (a.end_logits[real] - b.end_logits[real]).abs().max() < 1e-4
+    # evaluate squad --model reproduces the fine-tuning's own score
+    assert main(["evaluate", "squad", "--model", str(out), "--data", str(path), "--max-seq-length", "192", "--doc-stride", "64"]) == 0
+    ev = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert ev["f1"] == pytest.approx(m["f1"]) and ev["exact_match"] == pytest.approx(m["exact_match"])
+
+
+def test_bad_squad_files(tmp_path, capsys):
+    model = tiny_model_dir(tmp_path / "m", [CONTEXT] * 3, vocab_size=60, kind="wordlevel")
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"data": [ {"paragraphs": ')
+    out = tmp_path / "out"
+    assert main(["finetune", "squad", "--model", model, "--train", str(bad), "--validation", str(bad), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "malformed JSON" in err[0] and not out.exists()
+    wrong = tmp_path / "wrong.json"
+    wrong.write_text(json.dumps({"data": [{"paragraphs": [{"context": CONTEXT, "qas": [
+        {"id": "x", "question": "what", "answers": [{"text": "nowhere", "answer_start": 3}]}]}]}]}))
+    assert main(["finetune", "squad", "--model", model, "--train", str(wrong), "--validation", str(wrong), "--out", str(out)]) == 2
+    assert "no training question has an answer that matches" in capsys.readouterr().err
