@@ -344,7 +344,28 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_finetune_parsers(sub)
     _add_evaluate_parsers(sub)
+
+    b = sub.add_parser("bench", help="pretraining and inference speed against transformers, side by side")
+    b.add_argument("--preset", default="mini")
+    b.add_argument("--batch-size", type=int, default=32)
+    b.add_argument("--seq-len", type=int, default=128)
+    b.add_argument("--steps", type=int, default=3, help="training steps per timed round")
+    b.add_argument("--rounds", type=int, default=7, help="alternating rounds (the median is reported)")
+    b.add_argument("--vocab-size", type=int, default=30522)
+    b.add_argument("--device", default="auto")
+    b.add_argument("--threads", type=int)
+    b.add_argument("--data-dir", default=os.environ.get("BERTFORGE_DATA"), help="for SST-2 sentences (inference)")
+    b.add_argument("--no-inference", dest="inference", action="store_false")
+    b.set_defaults(func=cmd_bench)
     return p
+
+
+def cmd_bench(a: argparse.Namespace) -> int:
+    from .bench import run_bench
+
+    run_bench(a.preset, a.batch_size, a.seq_len, a.steps, a.rounds, a.vocab_size, a.device, a.data_dir, a.inference,
+              a.threads, out=lambda line: print(line, flush=True))
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -79,6 +79,42 @@ class QuestionAnsweringOutput:
     end_logits: torch.Tensor | None = None  # (B, T)
 
 
+# ------------------------------------------------------------------------------------------------ dropout
+class _Dropout16(torch.autograd.Function):
+    """Inverted dropout whose mask comes from 16-bit random numbers: 64 random bits per RNG call serve four
+    elements, several times faster than ``bernoulli_`` on the CPU (where mask generation costs more than the
+    whole GELU).  The drop probability is ``p`` rounded to a multiple of 1/65536; the RNG is torch's global
+    generator, so seeding, checkpointing and resuming work as for ``nn.Dropout``."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, p: float):
+        n = x.numel()
+        bits = torch.randint(-(2**63), 2**63 - 1, ((n + 3) // 4,), dtype=torch.int64, device=x.device)
+        keep = (bits.view(torch.int16)[:n] >= round(p * 65536) - 32768).view(x.shape)
+        ctx.save_for_backward(keep)
+        ctx.scale = 1.0 / (1.0 - p)
+        return torch.where(keep, x, 0.0).mul_(ctx.scale)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (keep,) = ctx.saved_tensors
+        return torch.where(keep, grad, 0.0).mul_(ctx.scale), None
+
+
+def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    """``F.dropout`` semantics; on the CPU with the faster mask generation of :class:`_Dropout16`."""
+    if not training or p == 0.0:
+        return x
+    if x.device.type == "cpu":
+        return _Dropout16.apply(x, p)
+    return F.dropout(x, p, True)
+
+
+class Dropout(nn.Dropout):
+    def forward(self, x):
+        return dropout(x, self.p, self.training)
+
+
 # ------------------------------------------------------------------------------------------------ padding
 class Padding:
     """Where the real tokens of a (B, T) batch are, to run token-wise layers on real tokens only.
@@ -114,6 +150,19 @@ class Padding:
         return out.index_copy(0, self.indices, x).view(self.B, self.T, -1)
 
 
+class _FlatPadding(Padding):
+    """A batch without padding, carried as (B*T, C) rows so that rows can be selected in the last layer."""
+
+    def __init__(self, base: Padding, B: int, T: int):
+        self.B, self.T, self.attn_mask, self.indices = B, T, base.attn_mask, None
+
+    def unpad(self, x):  # (B, T, C) -> (B*T, C)
+        return x.reshape(self.B * self.T, -1)
+
+    def pad(self, x):  # (B*T, C) -> (B, T, C)
+        return x.view(self.B, self.T, -1)
+
+
 # ------------------------------------------------------------------------------------------------ encoder
 class BertEmbeddings(nn.Module):
     def __init__(self, config: BertConfig):
@@ -123,7 +172,7 @@ class BertEmbeddings(nn.Module):
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, C)
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, C)
         self.LayerNorm = nn.LayerNorm(C, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
         self.register_buffer("position_ids", torch.arange(config.max_position_embeddings), persistent=False)
 
     def forward(self, input_ids, token_type_ids=None, position_ids=None):
@@ -136,6 +185,14 @@ class BertEmbeddings(nn.Module):
         else:
             x = x + self.token_type_embeddings(token_type_ids)
         return self.dropout(self.LayerNorm(x))
+
+
+def attention_with_dropout(q, k, v, key_mask, p: float) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d)) with dropout ``p`` on the probabilities, times v: (B, nh, T, hs)."""
+    att = (q @ k.transpose(-2, -1)) * (1.0 / (q.shape[-1] ** 0.5))  # (B, nh, T, T)
+    if key_mask is not None:
+        att = att.masked_fill(~key_mask, float("-inf"))
+    return dropout(att.softmax(-1), p, p > 0.0) @ v
 
 
 class BertSelfAttention(nn.Module):
@@ -156,9 +213,12 @@ class BertSelfAttention(nn.Module):
         qkv = padding.pad(F.linear(x, w, b))  # (B, T, 3C)
         B, T = qkv.shape[:2]
         q, k, v = qkv.view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)  # 3 x (B, nh, T, hs)
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=padding.attn_mask, dropout_p=self.dropout_p if self.training else 0.0
-        )  # (B, nh, T, hs)
+        p = self.dropout_p if self.training else 0.0
+        if p > 0.0 and x.device.type == "cpu":
+            # SDPA's CPU kernels have no attention dropout and fall back to this maths, with bernoulli_
+            y = attention_with_dropout(q, k, v, padding.attn_mask, p)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=padding.attn_mask, dropout_p=p)  # (B, nh, T, hs)
         y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C)
         return padding.unpad(y)
 
@@ -168,7 +228,7 @@ class BertSelfOutput(nn.Module):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
 
     def forward(self, h, residual):
         return self.LayerNorm(self.dropout(self.dense(h)) + residual)  # post-LN
@@ -199,7 +259,7 @@ class BertOutput(nn.Module):
         super().__init__()
         self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
 
     def forward(self, h, residual):
         return self.LayerNorm(self.dropout(self.dense(h)) + residual)
@@ -212,8 +272,12 @@ class BertLayer(nn.Module):
         self.intermediate = BertIntermediate(config)
         self.output = BertOutput(config)
 
-    def forward(self, x, padding):
-        x = self.attention(x, padding)
+    def forward(self, x, padding, rows=None):
+        """``rows``: compute the token-wise part after attention only for these rows of ``x``."""
+        a = self.attention.self(x, padding)  # attention needs every token as key and value
+        if rows is not None:
+            a, x = a.index_select(0, rows), x.index_select(0, rows)  # (M, C)
+        x = self.attention.output(a, x)
         return self.output(self.intermediate(x), x)
 
 
@@ -222,9 +286,9 @@ class BertEncoder(nn.Module):
         super().__init__()
         self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
 
-    def forward(self, x, padding):
-        for layer in self.layer:
-            x = layer(x, padding)
+    def forward(self, x, padding, last_rows=None):
+        for i, layer in enumerate(self.layer):
+            x = layer(x, padding, last_rows if i == len(self.layer) - 1 else None)
         return x
 
 
@@ -313,14 +377,41 @@ class BertModel(BertPreTrainedModel):
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None) -> BaseModelOutput:
         B, T = input_ids.shape
-        if T > self.config.max_position_embeddings:
-            raise ValueError(f"sequence length {T} exceeds max_position_embeddings {self.config.max_position_embeddings}")
-        padding = Padding(attention_mask, B, T)
+        padding = self._padding(input_ids, attention_mask)
         x = self.embeddings(input_ids, token_type_ids, position_ids)  # (B, T, C)
         x = self.encoder(padding.unpad(x), padding)  # (N, C) or (B, T, C)
         x = padding.pad(x)  # (B, T, C)
         pooled = self.pooler(x) if self.pooler is not None else None
         return BaseModelOutput(last_hidden_state=x, pooler_output=pooled)
+
+    def hidden_at(self, positions, input_ids, attention_mask=None, token_type_ids=None) -> torch.Tensor:
+        """Final hidden states at flat positions (indices into the B*T tokens), shape (M, C).
+
+        The last layer runs its attention for all tokens (every token is a key and a value) but its output
+        projection and feed-forward block only at ``positions``: in pretraining only [CLS] and the masked
+        tokens reach the loss, so this skips most of the last layer.  Values equal ``forward`` at those
+        positions.
+        """
+        B, T = input_ids.shape
+        padding = self._padding(input_ids, attention_mask)
+        if padding.indices is not None:  # flat position -> row among the real tokens
+            lookup = torch.full((B * T,), -1, dtype=torch.long, device=input_ids.device)
+            lookup[padding.indices] = torch.arange(len(padding.indices), device=input_ids.device)
+            rows = lookup[positions]
+        else:
+            rows = positions
+        x = self.embeddings(input_ids, token_type_ids)
+        x = padding.unpad(x)
+        if x.dim() == 3:
+            x = x.reshape(B * T, -1)
+            padding = _FlatPadding(padding, B, T)
+        return self.encoder(x, padding, last_rows=rows)
+
+    def _padding(self, input_ids, attention_mask) -> Padding:
+        B, T = input_ids.shape
+        if T > self.config.max_position_embeddings:
+            raise ValueError(f"sequence length {T} exceeds max_position_embeddings {self.config.max_position_embeddings}")
+        return Padding(attention_mask, B, T)
 
 
 # ------------------------------------------------------------------------------------------------ heads
@@ -357,6 +448,38 @@ class BertPreTrainingHeads(nn.Module):
         super().__init__()
         self.predictions = BertLMPredictionHead(config)
         self.seq_relationship = nn.Linear(config.hidden_size, 2)
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    """Summed cross-entropy of ``h @ W.T + b`` against ``y``, without keeping separate logit, log-prob and
+    gradient buffers: the logits are laid out (V, N) (the faster GEMM here), turned into softmax in place
+    during the backward pass, and the one-hot subtracted there.  Loss and gradients equal
+    ``F.cross_entropy(F.linear(h, W, b), y, reduction="sum")``; it cannot be backpropagated twice."""
+
+    @staticmethod
+    def forward(ctx, h, W, b, y):
+        zt = torch.addmm(b[:, None], W, h.t())  # (V, N) logits
+        zy = zt.gather(0, y[None, :]).squeeze(0)  # (N,) logit of the target
+        m = zt.amax(0)  # (N,)
+        e = zt.sub_(m).exp_()  # (V, N) exp(z - max), in place
+        s = e.sum(0)  # (N,)
+        loss = (m + s.log() - zy).sum()
+        ctx.save_for_backward(h, W, e, s, y)
+        return loss
+
+    @staticmethod
+    def backward(ctx, g):
+        h, W, e, s, y = ctx.saved_tensors
+        p = e.mul_(g / s)  # g * softmax, in place: (V, N)
+        p[y, torch.arange(len(y), device=y.device)] -= g
+        return p.t() @ W, p @ h, p.sum(1), None
+
+
+def linear_cross_entropy_sum(h: torch.Tensor, W: torch.Tensor, b: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """``F.cross_entropy(F.linear(h, W, b), y, reduction="sum")``, fused on the CPU (see above)."""
+    if h.device.type == "cpu" and torch.is_grad_enabled() and h.dtype == torch.float32:
+        return _LinearCrossEntropy.apply(h, W, b, y)
+    return F.cross_entropy(F.linear(h, W, b).float(), y, reduction="sum")
 
 
 def _mlm_logits(head: BertLMPredictionHead, seq: torch.Tensor, labels, dense_logits: bool, reduction: str):
@@ -403,6 +526,21 @@ class BertForPreTraining(BertPreTrainedModel):
         loss = sum(losses) if losses else None
         return PreTrainingOutput(loss, logits, nsp_logits, mlm_loss, nsp_loss)
 
+    def pretraining_loss(self, input_ids, attention_mask, token_type_ids, labels, next_sentence_label=None):
+        """(summed MLM loss, summed NSP loss or None): the training engine's fast path, no logits kept."""
+        B, T = input_ids.shape
+        flat = labels.reshape(-1)
+        masked = (flat != -100).nonzero().squeeze(1)  # (N,) flat positions of the masked tokens
+        cls_pos = torch.arange(B, device=input_ids.device) * T  # (B,) the [CLS] tokens
+        h = self.bert.hidden_at(torch.cat([cls_pos, masked]), input_ids, attention_mask, token_type_ids)  # (B+N, C)
+        head = self.cls.predictions
+        mlm = linear_cross_entropy_sum(head.transform(h[B:]), head.decoder.weight, head.bias, flat[masked])
+        nsp = None
+        if next_sentence_label is not None:
+            pooled = self.bert.pooler.activation(self.bert.pooler.dense(h[:B]))  # (B, C)
+            nsp = F.cross_entropy(self.cls.seq_relationship(pooled), next_sentence_label.reshape(-1), reduction="sum")
+        return mlm, nsp
+
 
 class BertForMaskedLM(BertPreTrainedModel):
     head_prefixes = ("cls.",)
@@ -421,6 +559,14 @@ class BertForMaskedLM(BertPreTrainedModel):
         logits, loss = _mlm_logits(self.cls.predictions, out.last_hidden_state, labels, dense_logits, loss_reduction)
         return MaskedLMOutput(loss, logits)
 
+    def pretraining_loss(self, input_ids, attention_mask, token_type_ids, labels, next_sentence_label=None):
+        """(summed MLM loss, None): the training engine's fast path (no NSP head)."""
+        flat = labels.reshape(-1)
+        masked = (flat != -100).nonzero().squeeze(1)
+        h = self.bert.hidden_at(masked, input_ids, attention_mask, token_type_ids)  # (N, C)
+        head = self.cls.predictions
+        return linear_cross_entropy_sum(head.transform(h), head.decoder.weight, head.bias, flat[masked]), None
+
 
 class BertForSequenceClassification(BertPreTrainedModel):
     head_prefixes = ("classifier.", "bert.pooler.")
@@ -430,7 +576,7 @@ class BertForSequenceClassification(BertPreTrainedModel):
         self.num_labels = config.num_labels
         self.bert = BertModel(config)
         p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-        self.dropout = nn.Dropout(p)
+        self.dropout = Dropout(p)
         self.classifier = nn.Linear(config.hidden_size, self.num_labels)
         self.init_weights()
 

@@ -75,6 +75,47 @@ CONFIG_FILE = "pretrain_config.json"
 _STEP_DIR = re.compile(r"^step-(\d{8})$")
 
 
+# ------------------------------------------------------------------------------------------------ the step
+class PretrainingObjective(torch.nn.Module):
+    """The model's summed MLM (+ NSP) losses as one ``forward``: what DDP and ``torch.compile`` wrap."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask, token_type_ids, labels, next_sentence_label=None):
+        return self.model.pretraining_loss(input_ids, attention_mask, token_type_ids, labels, next_sentence_label)
+
+
+def train_step(objective, batches: list[dict], optimizer, n_mask: float, batch_size: int, world: int = 1,
+               autocast=None, ddp=None, max_grad_norm: float = 1.0) -> tuple[float, float, float]:
+    """One optimisation step over the micro-batches of this process.
+
+    The loss is normalised over the global batch (masked tokens of all processes and micro-batches for MLM,
+    sequences for NSP), so N processes with accumulation compute exactly the gradient of one process with
+    the whole batch.  Returns this process's (summed MLM loss, summed NSP loss, gradient norm); the caller
+    checks them for non-finite values before calling ``optimizer.step()``.
+    """
+    mlm_acc = nsp_acc = 0.0
+    for i, b in enumerate(batches):
+        # gradients are all-reduced once per step, after the last micro-batch
+        sync = contextlib.nullcontext() if (ddp is None or i == len(batches) - 1) else ddp.no_sync()
+        with sync:
+            with autocast or contextlib.nullcontext():
+                mlm_sum, nsp_sum = objective(b["input_ids"], b["attention_mask"], b["token_type_ids"], b["labels"],
+                                             b.get("next_sentence_label"))
+                loss = mlm_sum.float() / n_mask
+                if nsp_sum is not None:
+                    loss = loss + nsp_sum.float() / batch_size
+            (loss * world).backward()  # DDP averages over processes; the loss is already a global mean
+        mlm_acc += float(mlm_sum.detach())
+        if nsp_sum is not None:
+            nsp_acc += float(nsp_sum.detach())
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm, foreach=True))
+    return mlm_acc, nsp_acc, grad_norm
+
+
 # ------------------------------------------------------------------------------------------------ checkpoints
 def list_checkpoints(out: str) -> list[tuple[int, str]]:
     """Complete checkpoints in ``out``, oldest first (temporary folders of an interrupted save are ignored)."""
@@ -357,12 +398,12 @@ def _train(run: _Run) -> dict[str, Any]:
         metrics.truncate_after(step)
         log.info("resumed from %s (step %d)", path, step)
 
-    train_model, ddp = model, None
+    objective, ddp = PretrainingObjective(model), None
     if d.enabled:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        train_model = ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
-    train_model = maybe_compile(train_model, cfg.impl)
+        objective = ddp = DDP(objective, device_ids=[device.index] if device.type == "cuda" else None)
+    objective = maybe_compile(objective, cfg.impl)
     autocast = autocast_context(device, cfg.impl)
     eval_set = None
     baseline_tok = None
@@ -414,25 +455,9 @@ def _train(run: _Run) -> dict[str, Any]:
                                        sum(float(b["attention_mask"].sum()) for b in batches)], device)
             lr = schedule.lr(step, elapsed)
             set_lr(optimizer, lr)
-            mlm_acc = nsp_acc = torch.zeros((), dtype=torch.float64, device=device)
-            for i, b in enumerate(batches):
-                # gradients are all-reduced once per step, after the last micro-batch
-                sync = contextlib.nullcontext() if (ddp is None or i == len(batches) - 1) else ddp.no_sync()
-                with sync:
-                    with autocast:
-                        kw = {"next_sentence_label": b["next_sentence_label"]} if dc.nsp else {}
-                        o = train_model(b["input_ids"], b["attention_mask"], b["token_type_ids"], labels=b["labels"],
-                                        loss_reduction="sum", **kw)
-                        mlm_sum = o.mlm_loss if dc.nsp else o.loss
-                        loss = mlm_sum.float() / n_mask
-                        if dc.nsp:
-                            loss = loss + o.nsp_loss.float() / t.batch_size
-                    (loss * d.world).backward()
-                mlm_acc = mlm_acc + mlm_sum.detach().double()
-                if dc.nsp:
-                    nsp_acc = nsp_acc + o.nsp_loss.detach().double()
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), t.max_grad_norm, foreach=True))
-            mlm_total, nsp_total = d.all_sum([float(mlm_acc), float(nsp_acc)], device)
+            mlm_local, nsp_local, grad_norm = train_step(objective, batches, optimizer, n_mask, t.batch_size, d.world,
+                                                         autocast, ddp, t.max_grad_norm)
+            mlm_total, nsp_total = d.all_sum([mlm_local, nsp_local], device)
             seqs = float(t.batch_size)
             if not (math.isfinite(grad_norm) and math.isfinite(mlm_total) and math.isfinite(nsp_total)):
                 last = list_checkpoints(out)

@@ -1,0 +1,217 @@
+"""``bertforge bench``: bertforge against transformers on the same config, batch and machine, in one process.
+
+Training: a full pretraining step exactly as ``bertforge pretrain`` runs it (:func:`bertforge.pretrain.train_step`:
+forward, backward, clipping, AdamW) against ``transformers.BertForPreTraining`` (SDPA attention, AdamW,
+clipping) on the same masked batch held in memory.  The two alternate round by round so that drift on a
+shared machine hits both alike; the medians are compared.  Model FLOP utilisation is reported against an
+fp32 matmul peak measured here.
+
+Inference: the encoder's forward pass over variable-length batches (SST-2 sentences when the data is at
+hand, else the demo corpus' sentences), each batch padded to its longest sentence for both (transformers'
+dynamic padding), in eval mode under ``torch.inference_mode()``.
+
+transformers is needed only here (install the ``test`` extra); the package never imports it otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+
+import torch
+
+from .config import BertConfig, ImplConfig, TrainConfig
+from .engine import autocast_context, build_optimizer, resolve_device, setup_backend
+from .errors import UserError
+from .model import BertForPreTraining, BertModel, flops_per_token
+from .pretrain import PretrainingObjective, train_step
+
+
+def matmul_peak(device: torch.device, seconds: float = 0.5, sizes: tuple[int, ...] = (1024, 2048, 4096)) -> float:
+    """fp32 matmul throughput (FLOP/s): the best of square matmuls of a few sizes, ``seconds`` each."""
+    best = 0.0
+    for n in sizes if device.type == "cpu" else (8192,):
+        a = torch.randn(n, n, device=device)
+        b = torch.randn(n, n, device=device)
+        a @ b
+        _sync(device)
+        k, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds or k < 2:
+            a @ b
+            k += 1
+        _sync(device)
+        best = max(best, 2 * n**3 * k / (time.perf_counter() - t0))
+    return best
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def pretraining_batch(B: int, T: int, vocab: int, mask_prob: float = 0.15, seed: int = 0) -> dict:
+    """[CLS] A [SEP] B [SEP] of random ordinary tokens (ids 5..vocab), ``mask_prob`` of them masked 80/10/10."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, vocab, (B, T), generator=g)
+    half = T // 2
+    ids[:, 0], ids[:, half], ids[:, -1] = 2, 3, 3
+    tt = torch.zeros(B, T, dtype=torch.long)
+    tt[:, half + 1 :] = 1
+    special = torch.zeros(B, T, dtype=torch.bool)
+    special[:, [0, half, T - 1]] = True
+    chosen = (torch.rand(B, T, generator=g) < mask_prob) & ~special
+    labels = torch.where(chosen, ids, torch.full_like(ids, -100))
+    r = torch.rand(B, T, generator=g)
+    inputs = torch.where(chosen & (r < 0.8), torch.full_like(ids, 4), ids)
+    inputs = torch.where(chosen & (r >= 0.9), torch.randint(5, vocab, (B, T), generator=g), inputs)
+    return {"input_ids": inputs, "token_type_ids": tt, "attention_mask": torch.ones(B, T, dtype=torch.long),
+            "labels": labels, "next_sentence_label": torch.randint(0, 2, (B,), generator=g)}
+
+
+def _inference_batches(B: int, vocab: int, data_dir: str | None, n_batches: int) -> tuple[list[dict], str]:
+    """Variable-length batches in file order, each padded to its longest sequence."""
+    sentences, source = None, "demo corpus sentences"
+    sst = os.path.join(data_dir, "sst2", "dev.tsv") if data_dir else None
+    if sst and os.path.isfile(sst):
+        with open(sst, encoding="utf-8") as f:
+            sentences = [line.split("\t")[0] for line in f.read().splitlines()[1:]]
+        source = "SST-2 dev sentences"
+    if sentences is None:
+        from .demo_corpus import generate_stories
+
+        sentences = [" ".join(s[i : i + 2]) for s in generate_stories(400, seed=3) for i in range(0, len(s), 2)]
+    from .tokenizer import train_tokenizer
+
+    tok = train_tokenizer(sentences, min(vocab, 8000), kind="wordpiece")
+    encs = tok.encode_batch(sentences[: B * n_batches])
+    batches = []
+    for i in range(0, len(encs) - B + 1, B):
+        chunk = encs[i : i + B]
+        T = max(len(e.ids) for e in chunk)
+        ids = torch.zeros(B, T, dtype=torch.long)
+        am = torch.zeros(B, T, dtype=torch.long)
+        for j, e in enumerate(chunk):
+            ids[j, : len(e.ids)] = torch.tensor(e.ids)
+            am[j, : len(e.ids)] = 1
+        batches.append({"input_ids": ids, "attention_mask": am, "token_type_ids": torch.zeros_like(ids)})
+    return batches, source
+
+
+def run_bench(preset: str = "mini", batch_size: int = 32, seq_len: int = 128, steps: int = 3, rounds: int = 7,
+              vocab_size: int = 30522, device: str = "auto", data_dir: str | None = None, inference: bool = True,
+              threads: int | None = None, out=print) -> dict:
+    """Alternate bertforge and transformers; print per-round figures and return the medians."""
+    try:
+        import transformers
+    except ImportError:
+        raise UserError("bertforge bench compares against transformers: pip install 'bertforge[test]'") from None
+    impl = ImplConfig(device=device, threads=threads)
+    dev = resolve_device(impl)
+    setup_backend(dev, impl)
+    cfg = BertConfig.preset(preset, vocab_size=vocab_size)
+    autocast = autocast_context(dev, impl)
+    peak = matmul_peak(dev)
+    fpt = flops_per_token(cfg, seq_len, 0.15)
+    out(f"device {dev}, {torch.get_num_threads()} threads, torch {torch.__version__}, transformers {transformers.__version__}")
+    out(f"config {preset}: {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, vocabulary {vocab_size}; "
+        f"batch {batch_size} x {seq_len}; {fpt / 1e6:.1f} MFLOP/token; fp32 matmul peak {peak / 1e9:.0f} GFLOP/s")
+
+    torch.manual_seed(0)
+    ours = BertForPreTraining(cfg).to(dev).train()
+    objective = PretrainingObjective(ours)
+    opt_ours = build_optimizer(ours, TrainConfig(lr=1e-4), dev)
+    hf_cfg = transformers.BertConfig(**cfg.to_dict())
+    hf_cfg._attn_implementation = "sdpa"
+    theirs = transformers.BertForPreTraining(hf_cfg).to(dev).train()
+    opt_theirs = torch.optim.AdamW(theirs.parameters(), lr=1e-4, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01)
+    batch = {k: v.to(dev) for k, v in pretraining_batch(batch_size, seq_len, vocab_size).items()}
+    n_mask = float((batch["labels"] != -100).sum())
+    tokens = batch_size * seq_len
+
+    def step_ours():
+        train_step(objective, [batch], opt_ours, n_mask, batch_size, autocast=autocast)
+        opt_ours.step()
+        opt_ours.zero_grad(set_to_none=True)
+
+    def step_theirs():
+        with autocast:
+            loss = theirs(**batch).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(theirs.parameters(), 1.0)
+        opt_theirs.step()
+        opt_theirs.zero_grad(set_to_none=True)
+
+    def timed(fn, k):
+        _sync(dev)
+        t0 = time.perf_counter()
+        for _ in range(k):
+            fn()
+        _sync(dev)
+        return k * tokens / (time.perf_counter() - t0)
+
+    for fn in (step_ours, step_theirs):  # warm-up
+        fn()
+    rows = []
+    for r in range(rounds):
+        a, b = timed(step_ours, steps), timed(step_theirs, steps)
+        rows.append((a, b))
+        out(f"train round {r + 1}: bertforge {a:8.0f} tok/s   transformers {b:8.0f} tok/s   x{a / b:.2f}")
+    ours_tps = statistics.median(a for a, _ in rows)
+    theirs_tps = statistics.median(b for _, b in rows)
+    res = {
+        "device": str(dev), "preset": preset, "batch_size": batch_size, "seq_len": seq_len,
+        "train_tokens_per_second": ours_tps, "transformers_train_tokens_per_second": theirs_tps,
+        "train_speedup_vs_transformers": statistics.median(a / b for a, b in rows),
+        "train_mfu": ours_tps * fpt / peak, "transformers_train_mfu": theirs_tps * fpt / peak,
+        "matmul_peak_gflops": peak / 1e9, "model_flops_per_token": fpt,
+    }
+    out(f"train: bertforge {ours_tps:.0f} tok/s (MFU {res['train_mfu']:.1%}), transformers {theirs_tps:.0f} tok/s "
+        f"(MFU {res['transformers_train_mfu']:.1%}), median speed-up x{res['train_speedup_vs_transformers']:.2f}")
+    del opt_ours, opt_theirs
+
+    if inference:
+        batches, source = _inference_batches(batch_size, vocab_size, data_dir, n_batches=24)
+        enc_ours = BertModel(cfg).to(dev).eval()
+        enc_theirs = transformers.BertModel(hf_cfg).to(dev).eval()
+        batches = [{k: v.to(dev) for k, v in b.items()} for b in batches]
+        real = sum(int(b["attention_mask"].sum()) for b in batches)
+        padded = sum(b["attention_mask"].numel() for b in batches)
+
+        def infer(model, hf: bool):
+            def run():
+                with torch.inference_mode(), autocast:
+                    for b in batches:
+                        model(**b) if hf else model(b["input_ids"], b["attention_mask"], b["token_type_ids"])
+            return run
+
+        def timed_inf(fn):
+            _sync(dev)
+            t0 = time.perf_counter()
+            fn()
+            _sync(dev)
+            return real / (time.perf_counter() - t0)
+
+        fo, ft = infer(enc_ours, False), infer(enc_theirs, True)
+        fo(), ft()
+        irows = []
+        for r in range(rounds):
+            a, b = timed_inf(fo), timed_inf(ft)
+            irows.append((a, b))
+            out(f"inference round {r + 1}: bertforge {a:8.0f} tok/s   transformers {b:8.0f} tok/s   x{a / b:.2f}")
+        res.update({
+            "inference_source": source, "inference_padding_fraction": 1 - real / padded,
+            "inference_tokens_per_second": statistics.median(a for a, _ in irows),
+            "transformers_inference_tokens_per_second": statistics.median(b for _, b in irows),
+            "inference_speedup_vs_transformers": statistics.median(a / b for a, b in irows),
+        })
+        out(f"inference ({source}, {len(batches)} batches of {batch_size}, {res['inference_padding_fraction']:.0%} padding): "
+            f"bertforge {res['inference_tokens_per_second']:.0f} tok/s, transformers "
+            f"{res['transformers_inference_tokens_per_second']:.0f} tok/s, median speed-up x{res['inference_speedup_vs_transformers']:.2f}")
+    out(json.dumps(res))
+    out(f"train_speedup_vs_transformers={res['train_speedup_vs_transformers']:.2f}")
+    return res
+
+
+__all__ = ["run_bench", "matmul_peak", "pretraining_batch"]
