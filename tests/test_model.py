@@ -263,3 +263,24 @@ def test_hidden_at_equals_forward_rows():
         full = m(ids, am, tt).last_hidden_state.reshape(-1, 128)[pos]
         rows = m.hidden_at(pos, ids, am, tt)
     assert (full - rows).abs().max() < 1e-5
+
+
+def test_gradients_equal_transformers(tmp_path):
+    """Training follows transformers exactly: same loss and same gradients on the same weights and batch."""
+    torch.manual_seed(0)
+    cfg = BertConfig.preset("tiny", vocab_size=300, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    ours = BertForPreTraining(cfg)
+    ours.save_pretrained(tmp_path / "m")
+    theirs = transformers.BertForPreTraining.from_pretrained(tmp_path / "m")
+    ids, am, tt = _batch(300, T=20)
+    g = torch.Generator().manual_seed(2)
+    labels = torch.where((torch.rand(ids.shape, generator=g) < 0.3) & am.bool(), ids, torch.full_like(ids, -100))
+    nsp = torch.tensor([0, 1, 0, 1])
+    a = ours(ids, am, tt, labels=labels, next_sentence_label=nsp).loss
+    b = theirs(input_ids=ids, attention_mask=am, token_type_ids=tt, labels=labels, next_sentence_label=nsp).loss
+    a.backward()
+    b.backward()
+    assert abs(float(a.detach()) - float(b.detach())) < 1e-5
+    theirs_grads = dict(theirs.named_parameters())
+    for name, p in ours.named_parameters():
+        assert (p.grad - theirs_grads[name].grad).abs().max() < 1e-6, name

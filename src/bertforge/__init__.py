@@ -2,6 +2,7 @@
 
 from .config import BertConfig
 from .errors import UserError
+from .tokenizer import load_tokenizer
 from .model import (
     BertForMaskedLM,
     BertForPreTraining,
@@ -12,6 +13,14 @@ from .model import (
 
 __version__ = "0.1.0"
 
+
+def pipeline(task: str, model: str, **kw):
+    """``bertforge.pipeline("fill-mask" | "next-sentence" | "classify" | "qa", model=DIR)``; see bertforge.predict."""
+    from .predict import pipeline as _pipeline
+
+    return _pipeline(task, model, **kw)
+
+
 __all__ = [
     "BertConfig",
     "BertModel",
@@ -20,5 +29,7 @@ __all__ = [
     "BertForSequenceClassification",
     "BertForQuestionAnswering",
     "UserError",
+    "load_tokenizer",
+    "pipeline",
     "__version__",
 ]

@@ -232,7 +232,7 @@ def load_pretrained(cls, path, config: BertConfig | None = None, reinit_head: bo
     if missing:
         log.warning("%s: newly initialised from %s (train before use): %s", cls.__name__, path, ", ".join(missing))
     if unused:
-        log.info("%s: weights in %s not used: %s", cls.__name__, path, ", ".join(unused))
+        log.debug("%s: weights in %s not used: %s", cls.__name__, path, ", ".join(unused))
     return model.to(map_location)
 
 

@@ -195,6 +195,8 @@ def _add_finetune_common(p: argparse.ArgumentParser, max_len: int, lr: float, ep
     p.add_argument("--warmup-ratio", type=float, default=0.1)
     p.add_argument("--weight-decay", type=float, default=0.01)
     p.add_argument("--max-train-examples", type=int, help="use only the first N training examples")
+    p.add_argument("--freeze-embeddings", action="store_true",
+                   help="keep the word embeddings as pretrained (helps when the labels cover few of the words)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="auto")
     p.add_argument("--precision", default="auto")
@@ -211,7 +213,7 @@ def _finetune_config(a: argparse.Namespace):
         model=a.model, train=a.train, validation=a.validation, out=a.out, epochs=a.epochs, lr=a.lr,
         batch_size=a.batch_size, eval_batch_size=a.eval_batch_size, max_seq_length=a.max_seq_length,
         warmup_ratio=a.warmup_ratio, weight_decay=a.weight_decay, max_train_examples=a.max_train_examples,
-        seed=a.seed, device=a.device, precision=a.precision, progress=progress,
+        seed=a.seed, device=a.device, precision=a.precision, progress=progress, freeze_embeddings=a.freeze_embeddings,
     )
 
 
@@ -318,6 +320,131 @@ def _add_evaluate_parsers(sub) -> None:
     c.set_defaults(func=cmd_evaluate_classify)
 
 
+# ------------------------------------------------------------------------------------------------ predict
+def _read_lines(path: str) -> list[str]:
+    from .errors import require_file
+
+    require_file(path, "input file")
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = [line.rstrip("\n") for line in f if line.strip()]
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}: invalid UTF-8 at byte {e.start}") from None
+    if not lines:
+        raise UserError(f"{path} has no lines")
+    return lines
+
+
+def _texts(a: argparse.Namespace) -> list[str]:
+    if a.input and a.text:
+        raise UserError("give texts or --input, not both")
+    if a.input:
+        if a.input.endswith((".tsv", ".csv", ".jsonl", ".json")):
+            from .tasks.classify import read_table, resolve_columns
+            from .config import ClassifyConfig
+
+            rows = read_table(a.input)
+            col, _, _ = resolve_columns(rows, ClassifyConfig(text_column=getattr(a, "text_column", None)), a.input, need_label=False)
+            return [r[col] for r in rows]
+        return _read_lines(a.input)
+    if not a.text:
+        raise UserError("give at least one text, or --input FILE")
+    return a.text
+
+
+def _emit(a: argparse.Namespace, results: Any, table) -> None:
+    import json
+
+    if a.json:
+        print(json.dumps(results, ensure_ascii=False))
+    else:
+        for line in table(results):
+            print(line)
+
+
+def cmd_predict(a: argparse.Namespace) -> int:
+    from .predict import pipeline
+
+    progress = sys.stderr.isatty()
+    p = pipeline(a.task, a.model, device=a.device, batch_size=a.batch_size, progress=progress)
+    if a.task == "fill-mask":
+        texts = _texts(a)
+        res = p(texts, top_k=a.top_k)
+
+        def table(rows):
+            for t, masks in zip(texts, rows):
+                yield t
+                for k, cands in enumerate(masks):
+                    yield f"  [MASK] {k + 1}: " + "  ".join(f"{c['token']} {c['score']:.3f}" for c in cands)
+
+        _emit(a, [{"text": t, "masks": m} for t, m in zip(texts, res)] if a.json else res, table)
+    elif a.task == "next-sentence":
+        res = p(a.first, a.second)
+        _emit(a, res, lambda r: [f"{r['label']}  P(IsNext) = {r['is_next']:.3f}"])
+    elif a.task == "classify":
+        texts = _texts(a)
+        res = p(texts)
+
+        def table(rows):
+            for t, r in zip(texts, rows):
+                yield f"{r['label']:>12}  {r['score']:.3f}  {t}"
+
+        _emit(a, [{"text": t, **r} for t, r in zip(texts, res)] if a.json else res, table)
+    else:
+        from .config import SquadConfig
+
+        cfg = SquadConfig(a.doc_stride, a.max_query_length, a.n_best, a.max_answer_length)
+        if a.input:
+            if a.question or a.context:
+                raise UserError("give --question/--context or --input, not both")
+            from .tasks.squad import read_examples
+
+            examples, _ = read_examples(a.input)
+            res = p(examples=examples, squad=cfg, max_seq_length=a.max_seq_length)
+            _emit(a, res, lambda r: [f"{k}\t{v}" for k, v in r.items()])
+        else:
+            if not (a.question and a.context):
+                raise UserError("give --question and --context, or --input squad.json")
+            res = p(a.question, a.context, squad=cfg, max_seq_length=a.max_seq_length)
+            _emit(a, res, lambda r: [f"{r['answer']}  (score {r['score']:.2f}, characters {r['start']}-{r['end']})"])
+    return 0
+
+
+def _add_predict_parsers(sub) -> None:
+    pr = sub.add_parser("predict", help="use a trained model: fill-mask, next-sentence, classify, qa")
+    prs = pr.add_subparsers(dest="task", metavar="TASK", parser_class=_Parser)
+    prs.required = True
+
+    def common(p):
+        p.add_argument("--model", required=True, help="a BERT model directory")
+        p.add_argument("--json", action="store_true", help="JSON on stdout instead of a table")
+        p.add_argument("--batch-size", type=int, default=32)
+        p.add_argument("--device", default="auto")
+        p.set_defaults(func=cmd_predict)
+
+    fm = prs.add_parser("fill-mask", help="fill each [MASK] with the top-k tokens")
+    common(fm)
+    fm.add_argument("--top-k", type=int, default=5)
+    fm.add_argument("--input", help="a text file, one text per line")
+    fm.add_argument("text", nargs="*")
+    ns = prs.add_parser("next-sentence", help="probability that B follows A")
+    common(ns)
+    ns.add_argument("first")
+    ns.add_argument("second")
+    c = prs.add_parser("classify", help="label probabilities")
+    common(c)
+    c.add_argument("--input", help="a .txt file (one text per line) or a .tsv/.csv/.jsonl file")
+    c.add_argument("--text-column")
+    c.add_argument("text", nargs="*")
+    q = prs.add_parser("qa", help="extractive question answering")
+    common(q)
+    q.add_argument("--question")
+    q.add_argument("--context")
+    q.add_argument("--input", help="a SQuAD v1.1 JSON file: predictions {id: answer}")
+    q.add_argument("--max-seq-length", type=int, default=384)
+    _add_squad_args(q)
+
+
 # ------------------------------------------------------------------------------------------------ parser
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="bertforge", description="Pretrain BERT from scratch and fine-tune it.")
@@ -345,6 +472,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_finetune_parsers(sub)
     _add_evaluate_parsers(sub)
 
+    _add_predict_parsers(sub)
+
+    dm = sub.add_parser("demo", help="the whole pipeline end to end on the built-in corpus, in minutes")
+    dm.add_argument("--out", default="demo-output", help="output directory (default demo-output)")
+    dm.add_argument("--quick", action="store_true", help="a shorter run (under a minute on two cores)")
+    dm.add_argument("--wordpiece", action="store_true", help="a WordPiece vocabulary instead of whole words")
+    dm.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
+    dm.set_defaults(func=cmd_demo)
+
     b = sub.add_parser("bench", help="pretraining and inference speed against transformers, side by side")
     b.add_argument("--preset", default="mini")
     b.add_argument("--batch-size", type=int, default=32)
@@ -358,6 +494,16 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--no-inference", dest="inference", action="store_false")
     b.set_defaults(func=cmd_bench)
     return p
+
+
+def cmd_demo(a: argparse.Namespace) -> int:
+    from .demo import run_demo, summary_lines
+
+    progress = a.progress if a.progress is not None else sys.stderr.isatty()
+    summary = run_demo(a.out, quick=a.quick, wordpiece=a.wordpiece, progress=progress)
+    for line in summary_lines(summary, a.out):
+        print(line)
+    return 0
 
 
 def cmd_bench(a: argparse.Namespace) -> int:

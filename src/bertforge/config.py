@@ -326,6 +326,7 @@ class FinetuneConfig:
     weight_decay: float = 0.01
     max_grad_norm: float = 1.0
     max_train_examples: int | None = None  # a prefix of the training file, for quick runs
+    freeze_embeddings: bool = False  # keep the word embeddings as pretrained (few labels, large vocabulary)
     seed: int = 0
     log_every: int = 20
     device: str = "auto"

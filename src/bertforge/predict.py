@@ -1,0 +1,220 @@
+"""Using a trained model: ``bertforge.pipeline(task, model=DIR)`` and ``bertforge predict``.
+
+Tasks: ``fill-mask`` (each [MASK] filled, top-k tokens with probabilities), ``next-sentence`` (IsNext
+probability of a sentence pair), ``classify`` (label probabilities), ``qa`` (extractive answer).  They work
+on any BERT directory, ours or a transformers checkpoint, and refuse clearly when the directory lacks the
+head a task needs (all-MiniLM-L6-v2 has no MLM head) instead of predicting from random weights.
+
+Inference runs in eval mode under ``torch.inference_mode()``, in batches sorted by length, on the GPU when
+one is present.  Input longer than the model's maximum length is truncated with a warning (classify,
+next-sentence); fill-mask refuses a [MASK] that truncation would cut off; qa splits long contexts into
+windows as fine-tuning does.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from .checkpoint import checkpoint_keys
+from .config import BertConfig, ImplConfig, SquadConfig
+from .engine import resolve_device
+from .errors import UserError
+from .evaluation import eval_mode, to_device
+from .finetune import length_sorted_batches, pad_batch
+from .model import BertForMaskedLM, BertForPreTraining, BertForQuestionAnswering, BertForSequenceClassification
+from .tokenizer import load_tokenizer, special_ids
+
+log = logging.getLogger("bertforge")
+
+TASKS = ("fill-mask", "next-sentence", "classify", "qa")
+_HEADS = {
+    "fill-mask": ("cls.predictions.transform.dense.weight", "masked-LM head (cls.predictions)", "pretrain it with bertforge pretrain"),
+    "next-sentence": ("cls.seq_relationship.weight", "next-sentence head (cls.seq_relationship)", "pretrain it with NSP"),
+    "classify": ("classifier.weight", "classification head (classifier)", "fine-tune it with bertforge finetune classify"),
+    "qa": ("qa_outputs.weight", "question-answering head (qa_outputs)", "fine-tune it with bertforge finetune squad"),
+}
+
+
+class Pipeline:
+    """A model directory loaded for one task; call it on inputs, get plain Python objects back."""
+
+    task = ""
+
+    def __init__(self, model: str, device: str = "auto", batch_size: int = 32, progress: bool = False):
+        model = os.fspath(model)
+        if not os.path.isdir(model):
+            raise UserError(f"model directory not found: {model}")
+        key, what, how = _HEADS[self.task]
+        keys = checkpoint_keys(model)
+        if not any(k in keys for k in (key, key.replace("cls.", "bert.cls.", 1))):
+            raise UserError(f"{model} has no {what}, so it cannot do {self.task}; {how} first")
+        self.dir = model
+        self.config = BertConfig.load(model)
+        self.tok: Tokenizer = load_tokenizer(model)
+        if self.tok.get_vocab_size(with_added_tokens=True) > self.config.vocab_size:
+            raise UserError(f"the tokenizer in {model} does not fit its model's vocabulary")
+        self.sp = special_ids(self.tok)
+        self.device = resolve_device(ImplConfig(device=device))
+        self.batch_size = batch_size
+        self.progress = progress
+        self.max_length = min(self.config.max_position_embeddings, 512)
+        self.model = self._load().to(self.device).eval()
+
+    def _load(self):
+        raise NotImplementedError
+
+    def _encode(self, texts, pairs=None) -> list[dict]:
+        t = Tokenizer.from_str(self.tok.to_str())
+        t.enable_truncation(self.max_length, strategy="longest_first")
+        encs = t.encode_batch(list(zip(texts, pairs)) if pairs is not None else list(texts))
+        cut = sum(1 for e in encs if e.overflowing)
+        if cut:
+            log.warning("%d input(s) longer than %d tokens were truncated", cut, self.max_length)
+        return [{"input_ids": e.ids, "token_type_ids": e.type_ids} for e in encs]
+
+    def _run(self, feats: list[dict], fn) -> list:
+        """fn(model output, batch) -> per-row results, over length-sorted batches; results in input order."""
+        from tqdm import tqdm
+
+        out: list = [None] * len(feats)
+        batches = length_sorted_batches([len(f["input_ids"]) for f in feats], self.batch_size)
+        with eval_mode(self.model):
+            for idx in tqdm(batches, desc=self.task, disable=not self.progress, leave=False):
+                b = to_device(pad_batch([feats[i] for i in idx], self.sp.pad), self.device)
+                for i, r in zip(idx, fn(self.model(b["input_ids"], b["attention_mask"], b["token_type_ids"]), b)):
+                    out[i] = r
+        return out
+
+
+class FillMaskPipeline(Pipeline):
+    task = "fill-mask"
+
+    def _load(self):
+        return BertForMaskedLM.from_pretrained(self.dir)
+
+    def __call__(self, texts: str | list[str], top_k: int = 5) -> list:
+        """For each text, for each [MASK]: the top-k ``{"token", "token_id", "score"}`` (probabilities)."""
+        single = isinstance(texts, str)
+        texts = [texts] if single else list(texts)
+        encs = self.tok.encode_batch(texts)
+        feats = []
+        for t, e in zip(texts, encs):
+            ids = e.ids
+            if self.sp.mask not in ids:
+                raise UserError(f"no [MASK] in {t!r}")
+            if len(ids) > self.max_length:
+                if self.sp.mask in ids[self.max_length - 1 :]:
+                    raise UserError(f"a [MASK] lies beyond the model's {self.max_length} tokens in {t[:60]!r}...")
+                log.warning("an input longer than %d tokens was truncated", self.max_length)
+                ids = ids[: self.max_length - 1] + [self.sp.sep]
+            feats.append({"input_ids": ids, "token_type_ids": [0] * len(ids)})
+
+        def fn(out, b):
+            probs = out.logits.float().softmax(-1)  # (B, T, V)
+            rows = []
+            for i in range(probs.shape[0]):
+                where = (b["input_ids"][i] == self.sp.mask).nonzero().flatten().tolist()
+                per_mask = []
+                for p in where:
+                    top = probs[i, p].topk(top_k)
+                    per_mask.append([{"token": self.tok.id_to_token(int(t)), "token_id": int(t), "score": float(s)}
+                                     for s, t in zip(top.values, top.indices)])
+                rows.append(per_mask)
+            return rows
+
+        res = self._run(feats, fn)
+        return res[0] if single else res
+
+
+class NextSentencePipeline(Pipeline):
+    task = "next-sentence"
+
+    def _load(self):
+        return BertForPreTraining.from_pretrained(self.dir)
+
+    def __call__(self, first: str | list[str], second: str | list[str]) -> Any:
+        """``{"is_next": P(IsNext), "label": "IsNext" | "NotNext"}`` for a pair, or a list for lists."""
+        single = isinstance(first, str)
+        a, b = ([first], [second]) if single else (list(first), list(second))
+        if len(a) != len(b):
+            raise UserError("next-sentence needs as many second sentences as first ones")
+
+        def fn(out, batch):
+            p = out.seq_relationship_logits.float().softmax(-1)[:, 0].tolist()  # index 0 = IsNext
+            return [{"is_next": q, "label": "IsNext" if q >= 0.5 else "NotNext"} for q in p]
+
+        res = self._run(self._encode(a, b), fn)
+        return res[0] if single else res
+
+
+class ClassifyPipeline(Pipeline):
+    task = "classify"
+
+    def _load(self):
+        if not self.config.id2label:
+            raise UserError(f"{self.dir} has no labels (id2label) in its config.json")
+        return BertForSequenceClassification.from_pretrained(self.dir)
+
+    def __call__(self, texts: str | list[str], pairs: list[str] | None = None) -> Any:
+        """``{"label", "score", "probabilities": {label: p}}`` per text (pairs: second sentences)."""
+        single = isinstance(texts, str)
+        texts = [texts] if single else list(texts)
+        labels = [self.config.id2label[i] for i in sorted(self.config.id2label)]
+
+        def fn(out, b):
+            rows = []
+            for p in out.logits.float().softmax(-1).tolist():
+                k = int(np.argmax(p))
+                rows.append({"label": labels[k], "score": p[k], "probabilities": dict(zip(labels, p))})
+            return rows
+
+        res = self._run(self._encode(texts, pairs), fn)
+        return res[0] if single else res
+
+
+class QAPipeline(Pipeline):
+    task = "qa"
+
+    def _load(self):
+        return BertForQuestionAnswering.from_pretrained(self.dir)
+
+    def __call__(self, question: str | None = None, context: str | None = None, examples: list | None = None,
+                 squad: SquadConfig | None = None, max_seq_length: int = 384) -> Any:
+        """``{"answer", "score", "start", "end"}`` (character offsets in the context) for one question, or
+        ``{id: answer}`` for a list of :class:`~bertforge.tasks.squad.Example`."""
+        from .tasks.squad import Example, build_features, postprocess, qa_logits
+
+        squad = squad or SquadConfig()
+        max_len = min(max_seq_length, self.max_length)
+        single = examples is None
+        if single:
+            if not question or not context:
+                raise UserError("qa needs a question and a context")
+            examples = [Example("q", question, context, [])]
+        feats, _ = build_features(self.tok, examples, max_len, min(squad.doc_stride, max_len // 4),
+                                  squad.max_query_length, training=False)
+        s, e = qa_logits(self.model, feats, self.sp.pad, self.device, self.batch_size)
+        spans: dict = {}
+        answers, scores = postprocess(examples, feats, s, e, squad.n_best, squad.max_answer_length, spans=spans)
+        if not single:
+            return answers
+        start, end = spans.get("q", (-1, -1))
+        return {"answer": answers["q"], "score": scores["q"], "start": start, "end": end}
+
+
+_PIPELINES = {"fill-mask": FillMaskPipeline, "next-sentence": NextSentencePipeline, "classify": ClassifyPipeline, "qa": QAPipeline}
+
+
+def pipeline(task: str, model: str, device: str = "auto", batch_size: int = 32, progress: bool = False) -> Pipeline:
+    """A ready pipeline: ``pipeline("fill-mask", model="runs/demo/pretrained")("the [MASK] sat")``."""
+    if task not in _PIPELINES:
+        raise UserError(f"unknown task {task!r}; expected one of {', '.join(TASKS)}")
+    return _PIPELINES[task](model, device=device, batch_size=batch_size, progress=progress)
+
+
+__all__ = ["pipeline", "TASKS"]

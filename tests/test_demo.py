@@ -1,0 +1,40 @@
+"""bertforge demo --quick: the whole pipeline end to end on the built-in corpus, in under a minute."""
+
+import json
+import math
+import time
+
+from bertforge.cli import main
+from bertforge.demo_corpus import NEGATIVE, POSITIVE, SEEN, generate_stories, sentiment_split
+
+
+def test_demo_quick_runs_end_to_end(tmp_path, capsys):
+    out = tmp_path / "demo"
+    t0 = time.time()
+    assert main(["--quiet", "demo", "--quick", "--out", str(out), "--no-progress"]) == 0
+    elapsed = time.time() - t0
+    printed = capsys.readouterr().out
+    assert "MLM accuracy" in printed and "NSP accuracy" in printed and "sentiment accuracy" in printed
+    s = json.loads((out / "summary.json").read_text())
+    for k in ("mlm_accuracy", "mlm_baseline_accuracy", "nsp_accuracy", "sentiment_accuracy", "sentiment_accuracy_from_scratch"):
+        assert math.isfinite(s[k]) and 0 <= s[k] <= 1, k
+    assert s["mlm_accuracy"] > s["mlm_baseline_accuracy"]  # even the quick run learns more than word frequencies
+    for f in ("report.md", "report.html", "results.png", "pretrained/plots/loss.png", "pretrained/plots/accuracy.png",
+              "sentiment-pretrained/plots/metrics.png", "sentiment-scratch/plots/metrics.png", "pretrained/model.safetensors"):
+        assert (out / f).is_file(), f
+    assert "data:image/png;base64," in (out / "report.html").read_text()
+    assert len(s["samples"]["fill_mask"]) >= 3 and len(s["samples"]["next_sentence"]) >= 3
+    print(f"demo --quick took {elapsed:.0f}s")
+    assert main(["demo", "--quick", "--out", str(out)]) == 2  # never overwrites a previous demo
+
+
+def test_demo_corpus_is_deterministic_and_large_enough():
+    a, b = generate_stories(2000, seed=0), generate_stories(2000, seed=0)
+    assert a == b and len(a) == 2000 and a != generate_stories(2000, seed=1)
+    train, test = sentiment_split(200, True, 1), sentiment_split(400, False, 3)
+    seen = set(POSITIVE[:SEEN] + NEGATIVE[:SEEN])
+    assert all(any(w.strip(".") in seen for w in t.split()) for t, _ in train)
+    assert not any(any(w.strip(".") in seen for w in t.split()) for t, _ in test)  # test adjectives are never seen
+    assert sum(lab == "positive" for _, lab in test) == 200
+    words = {w.strip(".,").lower() for s in a for sent in s for w in sent.split()}
+    assert set(POSITIVE + NEGATIVE) <= words  # every sentiment adjective occurs in the stories
