@@ -7,7 +7,14 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from bertforge import BertConfig, BertForPreTraining, BertForQuestionAnswering, BertForSequenceClassification, BertModel, UserError
+from bertforge import (
+    BertConfig,
+    BertForPreTraining,
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertModel,
+    UserError,
+)
 from bertforge.checkpoint import atomic_dir
 
 
@@ -101,16 +108,14 @@ def test_atomic_dir_keeps_old_directory_on_crash(tmp_path):
     class Boom(Exception):
         pass
 
-    with pytest.raises(Boom):
-        with atomic_dir(str(d)) as tmp:
-            (open(os.path.join(tmp, "model.safetensors"), "wb")).write(b"half")
-            raise Boom()
+    with pytest.raises(Boom), atomic_dir(str(d)) as tmp:
+        (open(os.path.join(tmp, "model.safetensors"), "wb")).write(b"half")
+        raise Boom()
     assert (d / "model.safetensors").read_bytes() == before
     assert [n for n in os.listdir(tmp_path) if n.startswith(".")] == []  # no temporary left behind
     # a crash while writing a new directory leaves nothing under the final name
-    with pytest.raises(Boom):
-        with atomic_dir(str(tmp_path / "new")):
-            raise Boom()
+    with pytest.raises(Boom), atomic_dir(str(tmp_path / "new")):
+        raise Boom()
     assert not (tmp_path / "new").exists()
 
 

@@ -5,7 +5,13 @@ import math
 import time
 
 from bertforge.cli import main
-from bertforge.demo_corpus import NEGATIVE, POSITIVE, SEEN, generate_stories, sentiment_split
+from bertforge.demo_corpus import (
+    NEGATIVE,
+    POSITIVE,
+    SEEN,
+    generate_stories,
+    sentiment_split,
+)
 
 
 def test_demo_quick_runs_end_to_end(tmp_path, capsys):
@@ -25,7 +31,11 @@ def test_demo_quick_runs_end_to_end(tmp_path, capsys):
     assert "data:image/png;base64," in (out / "report.html").read_text()
     assert len(s["samples"]["fill_mask"]) >= 3 and len(s["samples"]["next_sentence"]) >= 3
     print(f"demo --quick took {elapsed:.0f}s")
-    assert main(["demo", "--quick", "--out", str(out)]) == 2  # never overwrites a previous demo
+    other = tmp_path / "notes"
+    other.mkdir()
+    (other / "keep.txt").write_text("mine")
+    assert main(["demo", "--quick", "--out", str(other)]) == 2  # never overwrites a folder that is not a demo's
+    assert (other / "keep.txt").read_text() == "mine"
 
 
 def test_demo_corpus_is_deterministic_and_large_enough():

@@ -5,7 +5,12 @@ import json
 import pytest
 
 from bertforge.cli import main
-from bertforge.evaluation import classification_metrics, f1_score, normalize_answer, squad_evaluate
+from bertforge.evaluation import (
+    classification_metrics,
+    f1_score,
+    normalize_answer,
+    squad_evaluate,
+)
 
 
 def _dataset(qas):

@@ -18,7 +18,7 @@ CONTEXT = "the quick brown fox jumps over the lazy dog . then the fox sleeps und
 
 @pytest.fixture(scope="module")
 def word_tok():
-    words = sorted(set(CONTEXT.split() + "where does what who is did".split()))
+    words = sorted(set(CONTEXT.split() + ["where", "does", "what", "who", "is", "did"]))
     return from_vocab(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + words, kind="wordlevel")
 
 

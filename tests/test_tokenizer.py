@@ -8,7 +8,12 @@ import pytest
 from tokenizers import Tokenizer
 
 from bertforge import UserError
-from bertforge.tokenizer import load_tokenizer, save_tokenizer, special_ids, train_tokenizer
+from bertforge.tokenizer import (
+    load_tokenizer,
+    save_tokenizer,
+    special_ids,
+    train_tokenizer,
+)
 
 from .conftest import data_path
 

@@ -2,7 +2,6 @@
 
 from .config import BertConfig
 from .errors import UserError
-from .tokenizer import load_tokenizer
 from .model import (
     BertForMaskedLM,
     BertForPreTraining,
@@ -10,6 +9,7 @@ from .model import (
     BertForSequenceClassification,
     BertModel,
 )
+from .tokenizer import load_tokenizer
 
 __version__ = "0.1.0"
 

@@ -169,7 +169,6 @@ def run_bench(preset: str = "mini", batch_size: int = 32, seq_len: int = 128, st
     }
     out(f"train: bertforge {ours_tps:.0f} tok/s (MFU {res['train_mfu']:.1%}), transformers {theirs_tps:.0f} tok/s "
         f"(MFU {res['transformers_train_mfu']:.1%}), median speed-up x{res['train_speedup_vs_transformers']:.2f}")
-    del opt_ours, opt_theirs
 
     if inference:
         batches, source = _inference_batches(batch_size, vocab_size, data_dir, n_batches=24)

@@ -16,7 +16,8 @@ import logging
 import os
 import shutil
 import tempfile
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 from safetensors import SafetensorError

@@ -10,7 +10,8 @@ import argparse
 import logging
 import os
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from tqdm import tqdm
 
@@ -61,7 +62,7 @@ def cmd_tokenizer_train(a: argparse.Namespace) -> int:
 
     tok = train_tokenizer(
         iter_texts(a.input, a.text_field or "text", a.doc_separator or "file"),
-        a.vocab_size, kind=a.model, lowercase=not a.cased, min_frequency=a.min_frequency, show_progress=False,
+        a.vocab_size, kind=a.model, lowercase=not a.cased, min_frequency=a.min_frequency, show_progress=sys.stderr.isatty(),
     )
     from .checkpoint import atomic_dir
 
@@ -322,14 +323,9 @@ def _add_evaluate_parsers(sub) -> None:
 
 # ------------------------------------------------------------------------------------------------ predict
 def _read_lines(path: str) -> list[str]:
-    from .errors import require_file
+    from .textio import read_text
 
-    require_file(path, "input file")
-    try:
-        with open(path, encoding="utf-8") as f:
-            lines = [line.rstrip("\n") for line in f if line.strip()]
-    except UnicodeDecodeError as e:
-        raise UserError(f"{path}: invalid UTF-8 at byte {e.start}") from None
+    lines = [line for line in read_text(path, "input file").splitlines() if line.strip()]
     if not lines:
         raise UserError(f"{path} has no lines")
     return lines
@@ -340,8 +336,8 @@ def _texts(a: argparse.Namespace) -> list[str]:
         raise UserError("give texts or --input, not both")
     if a.input:
         if a.input.endswith((".tsv", ".csv", ".jsonl", ".json")):
-            from .tasks.classify import read_table, resolve_columns
             from .config import ClassifyConfig
+            from .tasks.classify import read_table, resolve_columns
 
             rows = read_table(a.input)
             col, _, _ = resolve_columns(rows, ClassifyConfig(text_column=getattr(a, "text_column", None)), a.input, need_label=False)

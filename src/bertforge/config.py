@@ -76,7 +76,7 @@ class BertConfig:
         return self.hidden_size // self.num_attention_heads
 
     @classmethod
-    def preset(cls, name: str, **overrides: Any) -> "BertConfig":
+    def preset(cls, name: str, **overrides: Any) -> BertConfig:
         """A named size: tiny (2 layers/128), mini (4/256), small (4/512), medium (8/512), base (12/768)."""
         if name not in PRESETS:
             raise UserError(f"unknown preset {name!r}; expected one of {', '.join(PRESETS)}")
@@ -109,7 +109,7 @@ class BertConfig:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "BertConfig":
+    def from_dict(cls, d: dict[str, Any]) -> BertConfig:
         d = dict(d)
         model_type = d.pop("model_type", "bert")
         if model_type != "bert":
@@ -135,16 +135,14 @@ class BertConfig:
             f.write("\n")
 
     @classmethod
-    def load(cls, path: str) -> "BertConfig":
+    def load(cls, path: str) -> BertConfig:
         if os.path.isdir(path):
             path = os.path.join(path, "config.json")
         if not os.path.isfile(path):
             raise UserError(f"no config.json at {path}")
-        try:
-            with open(path, encoding="utf-8") as f:
-                d = json.load(f)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise UserError(f"malformed JSON in {path}: {e}") from None
+        from .textio import read_json
+
+        d = read_json(path, "config.json")
         if not isinstance(d, dict):
             raise UserError(f"{path} is not a JSON object")
         return cls.from_dict(d)
@@ -239,7 +237,7 @@ class PretrainConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "PretrainConfig":
+    def from_dict(cls, d: dict[str, Any]) -> PretrainConfig:
         d = dict(d)
         kinds = {"model": PretrainModelConfig, "data": PretrainDataConfig, "train": TrainConfig, "impl": ImplConfig}
         kw: dict[str, Any] = {}
@@ -285,13 +283,9 @@ def parse_duration(text: str | float | int | None) -> float | None:
 
 def read_config_file(path: str) -> dict[str, Any]:
     """A YAML or JSON mapping from a file; bad input is a UserError."""
-    if not os.path.isfile(path):
-        raise UserError(f"config file not found: {path}")
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except UnicodeDecodeError:
-        raise UserError(f"config file is not UTF-8: {path}") from None
+    from .textio import read_text
+
+    text = read_text(path, "config file")
     try:
         if path.endswith(".json"):
             d = json.loads(text)

@@ -23,14 +23,12 @@ as "Mr." or "e.g." and single-letter initials.
 from __future__ import annotations
 
 import glob
-import gzip
-import io
-import json
 import os
 import re
-from typing import Iterator
+from collections.abc import Iterator
 
 from .errors import UserError
+from .textio import json_lines, read_text
 
 TEXT_SUFFIXES = (".txt", ".jsonl", ".txt.gz", ".jsonl.gz", ".parquet")
 
@@ -111,36 +109,9 @@ def expand_paths(paths: list[str]) -> list[str]:
     return files
 
 
-def _decode(data: bytes, path: str) -> str:
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
-        raise UserError(
-            f"{path}: invalid UTF-8 at byte {e.start} (line {line}); convert the file to UTF-8 first"
-        ) from None
-
-
-def _read_bytes(path: str) -> bytes:
-    try:
-        if path.endswith(".gz"):
-            with gzip.open(path, "rb") as f:
-                return f.read()
-        with open(path, "rb") as f:
-            return f.read()
-    except (OSError, EOFError) as e:
-        raise UserError(f"cannot read {path}: {e}") from None
-
-
 def _jsonl_texts(path: str, text: str, field: str) -> Iterator[str]:
-    for lineno, line in enumerate(io.StringIO(text), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise UserError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
-        if not isinstance(obj, dict) or field not in obj:
+    for lineno, obj in json_lines(text, path):
+        if field not in obj:
             raise UserError(f"{path}:{lineno}: no field {field!r}")
         value = obj[field]
         if not isinstance(value, str):
@@ -195,7 +166,7 @@ def file_documents(path: str, text_field: str = "text", doc_separator: str = "fi
     elif path.endswith(".parquet"):
         texts = _parquet_texts(path, text_field)
     else:
-        text = _decode(_read_bytes(path), path)
+        text = read_text(path, "data file")
         base = path[:-3] if path.endswith(".gz") else path
         if base.endswith(".jsonl") or base.endswith(".json"):
             texts = _jsonl_texts(path, text, text_field)

@@ -22,8 +22,8 @@ import os
 import random
 import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import numpy as np
 import torch

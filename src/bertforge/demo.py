@@ -44,7 +44,7 @@ class DemoSettings:
     seed: int = 0
 
     @classmethod
-    def quick(cls) -> "DemoSettings":
+    def quick(cls) -> DemoSettings:
         return cls(stories=2000, pretrain_steps=180, finetune_epochs=6)
 
 
@@ -58,10 +58,14 @@ def run_demo(out: str = "demo-output", quick: bool = False, wordpiece: bool = Fa
              settings: DemoSettings | None = None) -> dict:
     """Run the demo into ``out``; return the summary (also written to ``out/summary.json``)."""
     s = settings or (DemoSettings.quick() if quick else DemoSettings())
+    marker = os.path.join(out, ".bertforge-demo")
     if os.path.exists(out) and os.listdir(out):
-        raise UserError(f"{out} already exists and is not empty; remove it or choose another --out")
+        if not os.path.isfile(marker):
+            raise UserError(f"{out} already exists and is not a demo output; remove it or choose another --out")
+        shutil.rmtree(out)  # an earlier demo's output: replaced
     t_start = time.perf_counter()
     os.makedirs(out, exist_ok=True)
+    open(marker, "w").close()
     data = os.path.join(out, "data")
     os.makedirs(data, exist_ok=True)
 

@@ -11,7 +11,7 @@ import contextlib
 import re
 import string
 from collections import Counter
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 import torch

@@ -364,7 +364,7 @@ class BertPreTrainedModel(nn.Module):
             cls.predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight
 
     @property
-    def base_model(self) -> "BertModel":
+    def base_model(self) -> BertModel:
         return self if isinstance(self, BertModel) else self.bert
 
     @property

@@ -26,7 +26,12 @@ from .engine import resolve_device
 from .errors import UserError
 from .evaluation import eval_mode, to_device
 from .finetune import length_sorted_batches, pad_batch
-from .model import BertForMaskedLM, BertForPreTraining, BertForQuestionAnswering, BertForSequenceClassification
+from .model import (
+    BertForMaskedLM,
+    BertForPreTraining,
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+)
 from .tokenizer import load_tokenizer, special_ids
 
 log = logging.getLogger("bertforge")

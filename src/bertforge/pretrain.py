@@ -221,7 +221,7 @@ def prepare_tokenizer(cfg: PretrainConfig, resume: bool, d: Dist) -> Tokenizer:
         log.info("training a %s vocabulary of %d tokens on the data", dc.tokenizer_model, dc.vocab_size)
         tok = train_tokenizer(
             iter_texts(dc.data, dc.text_field, dc.doc_separator), dc.vocab_size, kind=dc.tokenizer_model,
-            lowercase=dc.lowercase, show_progress=False,
+            lowercase=dc.lowercase, show_progress=cfg.impl.progress,
         )
         text = tok.to_str()
     return Tokenizer.from_str(_broadcast_str(d, text))
@@ -304,7 +304,7 @@ def run_pretraining(cfg: PretrainConfig, resume: bool = False) -> dict[str, Any]
 
     # ---- tokenizer, corpus, model: everything that can fail on bad input, before DIR is written
     tok = prepare_tokenizer(cfg, resume, d)
-    sp = special_ids(tok)
+    special_ids(tok)  # a vocabulary without [CLS], [SEP], [MASK]... fails here, before anything is written
     config = prepare_model_config(cfg, tok, resume)
     mcfg = MaskingConfig(dc.max_seq_length, dc.mask_prob, dc.short_seq_prob, dc.nsp, dc.whole_word_mask)
     masker = Masker(tok, mcfg)

@@ -17,13 +17,22 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Iterable, Iterator
 
-from tokenizers import AddedToken, Tokenizer, decoders, normalizers, pre_tokenizers, processors, trainers
+from tokenizers import (
+    AddedToken,
+    Tokenizer,
+    decoders,
+    normalizers,
+    pre_tokenizers,
+    processors,
+    trainers,
+)
 from tokenizers.models import WordLevel, WordPiece
 
 from .errors import UserError
+from .textio import read_json, read_text
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = [PAD, UNK, CLS, SEP, MASK]
@@ -186,22 +195,14 @@ def save_tokenizer(tok: Tokenizer, folder: str, model_max_length: int = 512) -> 
 
 
 def _read_json(path: str) -> dict:
-    try:
-        with open(path, encoding="utf-8") as f:
-            d = json.load(f)
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UserError(f"cannot read {path}: {e}") from None
+    d = read_json(path)
     if not isinstance(d, dict):
         raise UserError(f"{path} is not a JSON object")
     return d
 
 
 def _read_vocab_txt(path: str) -> list[str]:
-    try:
-        with open(path, encoding="utf-8") as f:
-            tokens = [line.rstrip("\n").rstrip("\r") for line in f]
-    except UnicodeDecodeError:
-        raise UserError(f"{path} is not valid UTF-8") from None
+    tokens = [line.rstrip("\r") for line in read_text(path, "vocabulary file").split("\n")]
     while tokens and tokens[-1] == "":
         tokens.pop()
     if not tokens:

@@ -17,10 +17,17 @@ from tokenizers import Tokenizer
 
 from ..checkpoint import atomic_dir, save_pretrained
 from ..config import BertConfig, ClassifyConfig, FinetuneConfig
-from ..errors import UserError, require_file
+from ..errors import UserError
 from ..evaluation import classification_metrics, eval_mode, to_device
-from ..finetune import device_of, finish_outputs, length_sorted_batches, pad_batch, train_task
+from ..finetune import (
+    device_of,
+    finish_outputs,
+    length_sorted_batches,
+    pad_batch,
+    train_task,
+)
 from ..model import BertForSequenceClassification
+from ..textio import json_lines, read_text
 from ..tokenizer import load_tokenizer, special_ids
 
 log = logging.getLogger("bertforge")
@@ -31,25 +38,11 @@ TEXT_COLUMNS = ("sentence", "text", "sentence1", "question", "premise")
 # ------------------------------------------------------------------------------------------------ reading
 def read_table(path: str) -> list[dict[str, str]]:
     """Rows of a .tsv/.csv (with a header) or .jsonl file, as dicts of strings."""
-    require_file(path, "data file")
-    with open(path, "rb") as f:
-        raw = f.read()
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        raise UserError(f"{path}: invalid UTF-8 at byte {e.start}; convert the file to UTF-8 first") from None
+    text = read_text(path, "data file")
     low = path.lower()
     rows: list[dict[str, str]] = []
     if low.endswith((".jsonl", ".json")):
-        for n, line in enumerate(io.StringIO(text), 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise UserError(f"{path}:{n}: not valid JSON ({e.msg})") from None
-            if not isinstance(obj, dict):
-                raise UserError(f"{path}:{n}: expected a JSON object")
+        for _, obj in json_lines(text, path):
             rows.append({k: ("" if v is None else str(v)) for k, v in obj.items()})
     elif low.endswith((".tsv", ".csv")):
         delim = "\t" if low.endswith(".tsv") else ","
@@ -203,8 +196,8 @@ def run_classification(cfg: FinetuneConfig, task: ClassifyConfig) -> dict:
 def evaluate_classifier(model_dir: str, data: str, task: ClassifyConfig, max_seq_length: int = 128,
                         batch_size: int = 64, device: str = "auto") -> dict:
     """``bertforge evaluate classify``: accuracy, macro-F1 and loss of a saved classifier on a labelled file."""
-    from ..engine import resolve_device
     from ..config import ImplConfig
+    from ..engine import resolve_device
 
     if not os.path.isdir(model_dir):
         raise UserError(f"model directory not found: {model_dir}")

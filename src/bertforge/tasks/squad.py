@@ -24,10 +24,17 @@ from tokenizers import Tokenizer
 
 from ..checkpoint import atomic_dir, save_pretrained
 from ..config import BertConfig, FinetuneConfig, SquadConfig
-from ..errors import UserError, require_file
+from ..errors import UserError
 from ..evaluation import eval_mode, squad_evaluate, to_device
-from ..finetune import device_of, finish_outputs, length_sorted_batches, pad_batch, train_task
+from ..finetune import (
+    device_of,
+    finish_outputs,
+    length_sorted_batches,
+    pad_batch,
+    train_task,
+)
 from ..model import BertForQuestionAnswering
+from ..textio import read_json
 from ..tokenizer import load_tokenizer, special_ids
 
 log = logging.getLogger("bertforge")
@@ -42,14 +49,7 @@ class Example:
 
 
 def read_squad_json(path: str) -> dict:
-    require_file(path, "SQuAD file")
-    try:
-        with open(path, encoding="utf-8") as f:
-            d = json.load(f)
-    except json.JSONDecodeError as e:
-        raise UserError(f"{path}: malformed JSON at line {e.lineno} column {e.colno} ({e.msg})") from None
-    except UnicodeDecodeError as e:
-        raise UserError(f"{path}: invalid UTF-8 at byte {e.start}") from None
+    d = read_json(path, "SQuAD file")
     if not isinstance(d, dict) or not isinstance(d.get("data"), list):
         raise UserError(f"{path}: not a SQuAD file (expected an object with a 'data' list)")
     return d
@@ -267,12 +267,7 @@ def evaluate_squad_model(model_dir: str, data: str, task: SquadConfig, max_seq_l
 def evaluate_predictions_file(data: str, predictions: str) -> dict:
     """``bertforge evaluate squad --data FILE --predictions FILE``: the official v1.1 evaluation."""
     _, data_list = read_examples(data)
-    require_file(predictions, "predictions file")
-    try:
-        with open(predictions, encoding="utf-8") as f:
-            preds = json.load(f)
-    except json.JSONDecodeError as e:
-        raise UserError(f"{predictions}: malformed JSON at line {e.lineno} ({e.msg})") from None
+    preds = read_json(predictions, "predictions file")
     if not isinstance(preds, dict) or not all(isinstance(v, str) for v in preds.values()):
         raise UserError(f"{predictions}: expected a JSON object {{question id: answer text}}")
     return squad_evaluate(data_list, preds)
