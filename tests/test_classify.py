@@ -116,3 +116,20 @@ def test_bad_input(case, message, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and err[0].startswith("error: ") and re.search(message, err[0]), err
     assert not out.exists() and not [n for n in os.listdir(tmp_path) if n.startswith(".out")]
+
+
+def test_freeze_embeddings_keeps_the_word_embeddings(tmp_path, capsys):
+    from safetensors.torch import load_file
+
+    rows = [("good fun", "pos"), ("bad mess", "neg")] * 8
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps({"text": a, "label": b}) + "\n" for a, b in rows))
+    model = tiny_model_dir(tmp_path / "m", [r[0] for r in rows], vocab_size=30, kind="wordlevel")
+    key = "bert.embeddings.word_embeddings.weight"
+    for frozen in (True, False):
+        out = tmp_path / f"out-{frozen}"
+        args = ["--quiet", "finetune", "classify", "--model", model, "--train", str(tmp_path / "t.jsonl"),
+                "--validation", str(tmp_path / "t.jsonl"), "--out", str(out), "--epochs", "2", "--lr", "1e-3", "--no-progress"]
+        assert main(args + (["--freeze-embeddings"] if frozen else [])) == 0
+        same = torch.equal(load_file(out / "model.safetensors")[key], load_file(f"{model}/model.safetensors")[key])
+        assert same == frozen
+    capsys.readouterr()

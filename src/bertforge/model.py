@@ -50,6 +50,7 @@ steps or by the time budget; the MLM loss is averaged over the masked tokens of 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -102,6 +103,13 @@ class QuestionAnsweringOutput:
 
 
 # ------------------------------------------------------------------------------------------------ dropout
+def keep_mask(shape, p: float, device) -> torch.Tensor:
+    """A boolean mask, True with probability 1 - p (p rounded to 1/65536), from torch's generator."""
+    n = math.prod(shape)
+    bits = torch.randint(-(2**63), 2**63 - 1, ((n + 3) // 4,), dtype=torch.int64, device=device)
+    return (bits.view(torch.int16)[:n] >= round(p * 65536) - 32768).view(shape)
+
+
 class _Dropout16(torch.autograd.Function):
     """Inverted dropout whose mask comes from 16-bit random numbers: 64 random bits per RNG call serve four
     elements, several times faster than ``bernoulli_`` on the CPU (where mask generation costs more than the
@@ -110,9 +118,7 @@ class _Dropout16(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, p: float):
-        n = x.numel()
-        bits = torch.randint(-(2**63), 2**63 - 1, ((n + 3) // 4,), dtype=torch.int64, device=x.device)
-        keep = (bits.view(torch.int16)[:n] >= round(p * 65536) - 32768).view(x.shape)
+        keep = keep_mask(x.shape, p, x.device)
         ctx.save_for_backward(keep)
         ctx.scale = 1.0 / (1.0 - p)
         return torch.where(keep, x, 0.0).mul_(ctx.scale)
@@ -138,6 +144,27 @@ class Dropout(nn.Dropout):
 
 
 # ------------------------------------------------------------------------------------------------ padding
+class _GatherRows(torch.autograd.Function):
+    """``x.index_select(0, rows)`` for unique ``rows``, whose backward writes the gradient rows back with
+    ``index_copy`` (no accumulation needed) instead of ``index_select``'s much slower ``scatter_add``."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, rows: torch.Tensor):
+        ctx.save_for_backward(rows)
+        ctx.n = x.shape[0]
+        return x.index_select(0, rows)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (rows,) = ctx.saved_tensors
+        return grad.new_zeros((ctx.n,) + grad.shape[1:]).index_copy_(0, rows, grad), None
+
+
+def gather_rows(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Rows ``rows`` (unique indices) of a 2-D tensor."""
+    return _GatherRows.apply(x, rows) if torch.is_grad_enabled() and x.requires_grad else x.index_select(0, rows)
+
+
 class Padding:
     """Where the real tokens of a (B, T) batch are, to run token-wise layers on real tokens only.
 
@@ -162,7 +189,7 @@ class Padding:
         """(B, T, C) -> (N, C) real tokens; identity without padding."""
         if self.indices is None:
             return x
-        return x.reshape(self.B * self.T, -1).index_select(0, self.indices)
+        return gather_rows(x.reshape(self.B * self.T, -1), self.indices)
 
     def pad(self, x: torch.Tensor) -> torch.Tensor:
         """(N, C) -> (B, T, C) with zeros at pad positions; identity without padding."""
@@ -210,11 +237,18 @@ class BertEmbeddings(nn.Module):
 
 
 def attention_with_dropout(q, k, v, key_mask, p: float) -> torch.Tensor:
-    """softmax(q k^T / sqrt(d)) with dropout ``p`` on the probabilities, times v: (B, nh, T, hs)."""
-    att = (q @ k.transpose(-2, -1)) * (1.0 / (q.shape[-1] ** 0.5))  # (B, nh, T, T)
+    """softmax(q k^T / sqrt(d)) with dropout ``p`` on the probabilities, times v: (B, nh, T, hs).
+
+    Every pass over the (B, nh, T, T) scores costs more than the matmuls at long lengths on the CPU, so the
+    scale goes on q, the mask is applied in place, and the dropout's 1/(1-p) on the (B, nh, T, hs) output.
+    """
+    att = (q * (1.0 / math.sqrt(q.shape[-1]))) @ k.transpose(-2, -1)  # (B, nh, T, T)
     if key_mask is not None:
-        att = att.masked_fill(~key_mask, float("-inf"))
-    return dropout(att.softmax(-1), p, p > 0.0) @ v
+        att.masked_fill_(~key_mask, float("-inf"))
+    att = att.softmax(-1)
+    if p == 0.0:
+        return att @ v
+    return (torch.where(keep_mask(att.shape, p, att.device), att, 0.0) @ v) * (1.0 / (1.0 - p))
 
 
 class BertSelfAttention(nn.Module):
@@ -298,7 +332,7 @@ class BertLayer(nn.Module):
         """``rows``: compute the token-wise part after attention only for these rows of ``x``."""
         a = self.attention.self(x, padding)  # attention needs every token as key and value
         if rows is not None:
-            a, x = a.index_select(0, rows), x.index_select(0, rows)  # (M, C)
+            a, x = gather_rows(a, rows), gather_rows(x, rows)  # (M, C)
         x = self.attention.output(a, x)
         return self.output(self.intermediate(x), x)
 
