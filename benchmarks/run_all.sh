@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The long benchmarks behind the README's figures (hours on two cores; none of them is a timed test).
 #   DATA=../shared/data OUT=runs/bench bash benchmarks/run_all.sh [step...]
-# Steps: learn pretrain-mini sst2-minilm sst2-scratch squad-scratch squad-minilm tokenize bench
+# Steps: learn pretrain-mini sst2-minilm sst2-scratch squad-scratch squad-minilm tokenize bench pretrain-speed
 set -euo pipefail
 DATA=${DATA:-${BERTFORGE_DATA:-../shared/data}}
 OUT=${OUT:-runs/bench}
@@ -34,6 +34,10 @@ for s in $steps; do
       $BF finetune squad --model "$MINILM" --train "$DATA/squad/train-8k-v1.1.json" \
         --validation "$DATA/squad/dev-v1.1.json" --out "$OUT/squad-minilm" --epochs 1 --lr 1e-4 --batch-size 32 \
         --max-seq-length 384 --no-progress ;;
+    pretrain-speed)  # bench's config through the real command: compare metrics.json tokens_per_second with bench
+      $BF pretrain --data "$DATA/gutenberg/validation.jsonl" --tokenizer "$MINILM" --out "$OUT/pretrain-speed" \
+        --preset mini --max-seq-length 128 --batch-size 32 --max-steps 60 --eval-every 0 --save-every 0 \
+        --max-eval-instances 64 --no-progress ;;
     tokenize)
       $PY benchmarks/tokenize_speed.py "$DATA/gutenberg/validation.jsonl" ;;
     bench)
