@@ -224,6 +224,28 @@ def test_fused_linear_cross_entropy_equals_torch():
         assert (g - t.grad).abs().max() < 1e-5
 
 
+def test_fused_linear_cross_entropy_reused_buffer_is_safe():
+    """The logit buffer kept between steps is never shared by two forward passes awaiting backward
+    (gradient accumulation written as one graph), and is reused once released, with correct gradients."""
+    from bertforge.model import linear_cross_entropy_sum
+
+    torch.manual_seed(1)
+    W = torch.randn(300, 16, requires_grad=True)
+    b = torch.randn(300, requires_grad=True)
+    hs = [torch.randn(n, 16) for n in (37, 40, 29)]
+    ys = [torch.randint(0, 300, (len(h),)) for h in hs]
+
+    def grads(fn, pairs):
+        W.grad = b.grad = None
+        sum(fn(h, W, b, y) for h, y in pairs).backward()
+        return W.grad.clone(), b.grad.clone()
+
+    ref = lambda h, W, b, y: torch.nn.functional.cross_entropy(torch.nn.functional.linear(h, W, b), y, reduction="sum")
+    for pairs in (list(zip(hs[:2], ys[:2])), list(zip(hs[2:], ys[2:])), list(zip(hs, ys))):
+        for g, r in zip(grads(linear_cross_entropy_sum, pairs), grads(ref, pairs)):
+            assert (g - r).abs().max() < 1e-4
+
+
 def test_cpu_dropout_is_inverted_bernoulli_with_p():
     from bertforge.model import dropout
 
@@ -249,9 +271,23 @@ def test_attention_math_equals_sdpa():
     q, k, v = (torch.randn(2, 4, 9, 8) for _ in range(3))
     mask = torch.ones(2, 1, 1, 9, dtype=torch.bool)
     mask[1, ..., 6:] = False
-    ours = attention_with_dropout(q, k, v, mask, 0.0)
+    ours = attention_with_dropout(q / 8**0.5, k, v, mask, 0.0)  # the caller folds the scale into q
     ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     assert (ours - ref).abs().max() < 1e-5
+
+
+def test_cpu_training_attention_path_equals_sdpa_path():
+    """The CPU training path (scale folded into the query weights, our softmax and dropout maths) computes
+    the same layer as SDPA: with a drop probability that rounds to zero, train mode equals eval mode."""
+    torch.manual_seed(0)
+    cfg = BertConfig.preset("tiny", vocab_size=300, attention_probs_dropout_prob=1e-9, hidden_dropout_prob=0.0)
+    m = BertModel(cfg)
+    ids, am, tt = _batch(300)
+    with torch.no_grad():
+        train = m.train()(ids, am, tt).last_hidden_state
+        ref = m.eval()(ids, am, tt).last_hidden_state
+    real = am.bool()
+    assert (train[real] - ref[real]).abs().max() < 1e-5
 
 
 def test_hidden_at_equals_forward_rows():

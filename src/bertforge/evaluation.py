@@ -86,7 +86,7 @@ def fill_mask_samples(model, tok, batch: dict, device, n: int = 3, k: int = 5) -
             lines.append(f"  ...{context}...")
             for p in positions:
                 top = probs[i, p].topk(k)
-                cands = ", ".join(f"{tok.id_to_token(int(t))} {float(q):.2f}" for q, t in zip(top.values, top.indices))
+                cands = ", ".join(f"{tok.id_to_token(int(t))} {float(q):.3f}" for q, t in zip(top.values, top.indices))
                 lines.append(f"    [{p}] true={tok.id_to_token(int(labels[p]))!s}: {cands}")
     return lines
 

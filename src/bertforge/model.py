@@ -103,11 +103,16 @@ class QuestionAnsweringOutput:
 
 
 # ------------------------------------------------------------------------------------------------ dropout
-def keep_mask(shape, p: float, device) -> torch.Tensor:
-    """A boolean mask, True with probability 1 - p (p rounded to 1/65536), from torch's generator."""
+def keep_mask(shape, p: float, device, scale: float = 1.0, dtype=torch.float32) -> torch.Tensor:
+    """A mask of ``scale`` (probability 1 - p, p rounded to 1/65536) and 0, from torch's generator.
+
+    A float mask, because multiplying by it is several times faster on the CPU than ``torch.where`` with a
+    boolean one, and comparing straight into a float tensor is faster than producing booleans."""
     n = math.prod(shape)
     bits = torch.randint(-(2**63), 2**63 - 1, ((n + 3) // 4,), dtype=torch.int64, device=device)
-    return (bits.view(torch.int16)[:n] >= round(p * 65536) - 32768).view(shape)
+    b16 = bits.view(torch.int16)[:n].view(shape)
+    mask = torch.ge(b16, round(p * 65536) - 32768, out=torch.empty(shape, dtype=dtype, device=device))
+    return mask.mul_(scale) if scale != 1.0 else mask
 
 
 class _Dropout16(torch.autograd.Function):
@@ -118,15 +123,14 @@ class _Dropout16(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, p: float):
-        keep = keep_mask(x.shape, p, x.device)
-        ctx.save_for_backward(keep)
-        ctx.scale = 1.0 / (1.0 - p)
-        return torch.where(keep, x, 0.0).mul_(ctx.scale)
+        mask = keep_mask(x.shape, p, x.device, 1.0 / (1.0 - p), x.dtype)  # 1/(1-p) kept, 0 dropped
+        ctx.save_for_backward(mask)
+        return x * mask
 
     @staticmethod
     def backward(ctx, grad):
-        (keep,) = ctx.saved_tensors
-        return torch.where(keep, grad, 0.0).mul_(ctx.scale), None
+        (mask,) = ctx.saved_tensors
+        return grad * mask, None
 
 
 def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
@@ -237,18 +241,19 @@ class BertEmbeddings(nn.Module):
 
 
 def attention_with_dropout(q, k, v, key_mask, p: float) -> torch.Tensor:
-    """softmax(q k^T / sqrt(d)) with dropout ``p`` on the probabilities, times v: (B, nh, T, hs).
+    """softmax(q k^T) with dropout ``p`` on the probabilities, times v: (B, nh, T, hs).  ``q`` comes already
+    scaled by 1/sqrt(hs) (folded into the query weights by the caller).
 
     Every pass over the (B, nh, T, T) scores costs more than the matmuls at long lengths on the CPU, so the
-    scale goes on q, the mask is applied in place, and the dropout's 1/(1-p) on the (B, nh, T, hs) output.
+    key mask is applied in place and the dropout mask carries the 1/(1-p) itself (one multiplication).
     """
-    att = (q * (1.0 / math.sqrt(q.shape[-1]))) @ k.transpose(-2, -1)  # (B, nh, T, T)
+    att = q @ k.transpose(-2, -1)  # (B, nh, T, T)
     if key_mask is not None:
         att.masked_fill_(~key_mask, float("-inf"))
     att = att.softmax(-1)
     if p == 0.0:
         return att @ v
-    return (torch.where(keep_mask(att.shape, p, att.device), att, 0.0) @ v) * (1.0 / (1.0 - p))
+    return (att * keep_mask(att.shape, p, att.device, 1.0 / (1.0 - p), att.dtype)) @ v
 
 
 class BertSelfAttention(nn.Module):
@@ -264,16 +269,22 @@ class BertSelfAttention(nn.Module):
     def forward(self, x: torch.Tensor, padding: Padding) -> torch.Tensor:
         # x: (N, C) real tokens, or (B, T, C) without padding
         C = x.shape[-1]
-        w = torch.cat([self.query.weight, self.key.weight, self.value.weight])  # (3C, C)
-        b = torch.cat([self.query.bias, self.key.bias, self.value.bias])  # (3C,)
+        hs = C // self.n_head
+        p = self.dropout_p if self.training else 0.0
+        own = p > 0.0 and x.device.type == "cpu"  # SDPA's CPU kernels have no dropout: our maths instead
+        wq, bq = self.query.weight, self.query.bias
+        if own:  # the softmax scale folded into the query projection
+            wq, bq = wq * (1.0 / math.sqrt(hs)), bq * (1.0 / math.sqrt(hs))
+        w = torch.cat([wq, self.key.weight, self.value.weight])  # (3C, C)
+        b = torch.cat([bq, self.key.bias, self.value.bias])  # (3C,)
         qkv = padding.pad(F.linear(x, w, b))  # (B, T, 3C)
         B, T = qkv.shape[:2]
-        q, k, v = qkv.view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)  # 3 x (B, nh, T, hs)
-        p = self.dropout_p if self.training else 0.0
-        if p > 0.0 and x.device.type == "cpu":
-            # SDPA's CPU kernels have no attention dropout and fall back to this maths, with bernoulli_
+        qkv = qkv.view(B, T, 3, self.n_head, hs).permute(2, 0, 3, 1, 4)  # (3, B, nh, T, hs)
+        if own:
+            q, k, v = qkv.contiguous()  # one copy, so that the batched matmuls need none
             y = attention_with_dropout(q, k, v, padding.attn_mask, p)
         else:
+            q, k, v = qkv
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=padding.attn_mask, dropout_p=p)  # (B, nh, T, hs)
         y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C)
         return padding.unpad(y)
@@ -510,11 +521,29 @@ class _LinearCrossEntropy(torch.autograd.Function):
     """Summed cross-entropy of ``h @ W.T + b`` against ``y``, without keeping separate logit, log-prob and
     gradient buffers: the logits are laid out (V, N) (the faster GEMM here), turned into softmax in place
     during the backward pass, and the one-hot subtracted there.  Loss and gradients equal
-    ``F.cross_entropy(F.linear(h, W, b), y, reduction="sum")``; it cannot be backpropagated twice."""
+    ``F.cross_entropy(F.linear(h, W, b), y, reduction="sum")``; it cannot be backpropagated twice.
+
+    The (V, N) buffer (75 MB for a 30k vocabulary and 600 masked tokens) is kept for the next step while no
+    other forward pass holds it: a fresh one each step costs more in page faults than the softmax itself."""
+
+    _buffer: torch.Tensor | None = None  # flat, reused between steps
+    _busy = False
+
+    @staticmethod
+    def _logits(V: int, N: int, like: torch.Tensor) -> tuple[torch.Tensor, bool]:
+        cls, n = _LinearCrossEntropy, V * N
+        if cls._busy:  # another forward's logits await their backward pass
+            return like.new_empty((V, N)), False
+        buf = cls._buffer
+        if buf is None or buf.numel() < n or buf.dtype != like.dtype or buf.device != like.device:
+            buf = cls._buffer = like.new_empty(n + n // 4)  # room for the masked count to vary
+        cls._busy = True
+        return buf[:n].view(V, N), True
 
     @staticmethod
     def forward(ctx, h, W, b, y):
-        zt = torch.addmm(b[:, None], W, h.t())  # (V, N) logits
+        zt, ctx.pooled = _LinearCrossEntropy._logits(W.shape[0], h.shape[0], h)
+        torch.addmm(b[:, None], W, h.t(), out=zt)  # (V, N) logits
         zy = zt.gather(0, y[None, :]).squeeze(0)  # (N,) logit of the target
         m = zt.amax(0)  # (N,)
         e = zt.sub_(m).exp_()  # (V, N) exp(z - max), in place
@@ -528,7 +557,10 @@ class _LinearCrossEntropy(torch.autograd.Function):
         h, W, e, s, y = ctx.saved_tensors
         p = e.mul_(g / s)  # g * softmax, in place: (V, N)
         p[y, torch.arange(len(y), device=y.device)] -= g
-        return p.t() @ W, p @ h, p.sum(1), None
+        grads = p.t() @ W, p @ h, p.sum(1), None
+        if ctx.pooled:
+            _LinearCrossEntropy._busy = False
+        return grads
 
 
 def linear_cross_entropy_sum(h: torch.Tensor, W: torch.Tensor, b: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
