@@ -244,6 +244,13 @@ def test_fused_linear_cross_entropy_reused_buffer_is_safe():
     for pairs in (list(zip(hs[:2], ys[:2])), list(zip(hs[2:], ys[2:])), list(zip(hs, ys))):
         for g, r in zip(grads(linear_cross_entropy_sum, pairs), grads(ref, pairs)):
             assert (g - r).abs().max() < 1e-4
+    # a graph dropped without backward (an exception mid-step) frees the buffer for the next step
+    from bertforge.model import _LinearCrossEntropy
+
+    dropped = linear_cross_entropy_sum(hs[0], W, b, ys[0])
+    assert _LinearCrossEntropy._holder() is not None
+    del dropped
+    assert _LinearCrossEntropy._holder() is None
 
 
 def test_cpu_dropout_is_inverted_bernoulli_with_p():

@@ -51,6 +51,7 @@ steps or by the time budget; the MLM loss is averaged over the masked tokens of 
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -103,16 +104,16 @@ class QuestionAnsweringOutput:
 
 
 # ------------------------------------------------------------------------------------------------ dropout
-def keep_mask(shape, p: float, device, scale: float = 1.0, dtype=torch.float32) -> torch.Tensor:
-    """A mask of ``scale`` (probability 1 - p, p rounded to 1/65536) and 0, from torch's generator.
-
-    A float mask, because multiplying by it is several times faster on the CPU than ``torch.where`` with a
-    boolean one, and comparing straight into a float tensor is faster than producing booleans."""
+def dropout_mask(shape, p: float, device, dtype=torch.float32) -> torch.Tensor:
+    """Inverted dropout's multiplier: 1/(1-p) with probability 1 - p (p rounded to 1/65536), else 0, from
+    torch's generator.  A float mask, because multiplying by it is several times faster on the CPU than
+    ``torch.where`` with a boolean one, and comparing straight into a float tensor is faster than producing
+    booleans."""
     n = math.prod(shape)
     bits = torch.randint(-(2**63), 2**63 - 1, ((n + 3) // 4,), dtype=torch.int64, device=device)
     b16 = bits.view(torch.int16)[:n].view(shape)
     mask = torch.ge(b16, round(p * 65536) - 32768, out=torch.empty(shape, dtype=dtype, device=device))
-    return mask.mul_(scale) if scale != 1.0 else mask
+    return mask.mul_(1.0 / (1.0 - p))
 
 
 class _Dropout16(torch.autograd.Function):
@@ -123,7 +124,7 @@ class _Dropout16(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, p: float):
-        mask = keep_mask(x.shape, p, x.device, 1.0 / (1.0 - p), x.dtype)  # 1/(1-p) kept, 0 dropped
+        mask = dropout_mask(x.shape, p, x.device, x.dtype)
         ctx.save_for_backward(mask)
         return x * mask
 
@@ -253,7 +254,7 @@ def attention_with_dropout(q, k, v, key_mask, p: float) -> torch.Tensor:
     att = att.softmax(-1)
     if p == 0.0:
         return att @ v
-    return (att * keep_mask(att.shape, p, att.device, 1.0 / (1.0 - p), att.dtype)) @ v
+    return (att * dropout_mask(att.shape, p, att.device, att.dtype)) @ v
 
 
 class BertSelfAttention(nn.Module):
@@ -527,22 +528,22 @@ class _LinearCrossEntropy(torch.autograd.Function):
     other forward pass holds it: a fresh one each step costs more in page faults than the softmax itself."""
 
     _buffer: torch.Tensor | None = None  # flat, reused between steps
-    _busy = False
+    _holder = None  # weak reference to the forward pass whose logits occupy the buffer until its backward
 
     @staticmethod
-    def _logits(V: int, N: int, like: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    def _logits(ctx, V: int, N: int, like: torch.Tensor) -> torch.Tensor:
         cls, n = _LinearCrossEntropy, V * N
-        if cls._busy:  # another forward's logits await their backward pass
-            return like.new_empty((V, N)), False
+        if cls._holder is not None and cls._holder() is not None:  # another graph's logits await backward
+            return like.new_empty((V, N))
         buf = cls._buffer
         if buf is None or buf.numel() < n or buf.dtype != like.dtype or buf.device != like.device:
             buf = cls._buffer = like.new_empty(n + n // 4)  # room for the masked count to vary
-        cls._busy = True
-        return buf[:n].view(V, N), True
+        cls._holder = weakref.ref(ctx)  # released by the backward pass, or when the graph is dropped
+        return buf[:n].view(V, N)
 
     @staticmethod
     def forward(ctx, h, W, b, y):
-        zt, ctx.pooled = _LinearCrossEntropy._logits(W.shape[0], h.shape[0], h)
+        zt = _LinearCrossEntropy._logits(ctx, W.shape[0], h.shape[0], h)
         torch.addmm(b[:, None], W, h.t(), out=zt)  # (V, N) logits
         zy = zt.gather(0, y[None, :]).squeeze(0)  # (N,) logit of the target
         m = zt.amax(0)  # (N,)
@@ -558,8 +559,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
         p = e.mul_(g / s)  # g * softmax, in place: (V, N)
         p[y, torch.arange(len(y), device=y.device)] -= g
         grads = p.t() @ W, p @ h, p.sum(1), None
-        if ctx.pooled:
-            _LinearCrossEntropy._busy = False
+        holder = _LinearCrossEntropy._holder
+        if holder is not None and holder() is ctx:
+            _LinearCrossEntropy._holder = None
         return grads
 
 
