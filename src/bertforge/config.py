@@ -140,12 +140,9 @@ class BertConfig:
             path = os.path.join(path, "config.json")
         if not os.path.isfile(path):
             raise UserError(f"no config.json at {path}")
-        from .textio import read_json
+        from .textio import read_json_object
 
-        d = read_json(path, "config.json")
-        if not isinstance(d, dict):
-            raise UserError(f"{path} is not a JSON object")
-        return cls.from_dict(d)
+        return cls.from_dict(read_json_object(path, "config.json"))
 
 
 def dataclass_from_dict(cls: type, d: dict[str, Any], where: str = "config") -> Any:

@@ -9,6 +9,7 @@ commands as real runs (``run_pretraining``, ``run_classification``, ``pipeline``
 from __future__ import annotations
 
 import base64
+import html
 import json
 import logging
 import os
@@ -246,8 +247,8 @@ def _report(out: str, s: dict) -> None:
         "```",
         "",
     ]
-    html = ["<html><head><meta charset='utf-8'><title>bertforge demo report</title></head><body style='font-family:sans-serif;max-width:900px'>",
-            "<h1>bertforge demo report</h1>", f"<pre>{_escape(body)}</pre>"]
+    page = ["<html><head><meta charset='utf-8'><title>bertforge demo report</title></head><body style='font-family:sans-serif;max-width:900px'>",
+            "<h1>bertforge demo report</h1>", f"<pre>{html.escape(body, quote=False)}</pre>"]
     for title, rel in images:
         path = os.path.join(out, rel)
         if not os.path.isfile(path):
@@ -255,13 +256,9 @@ def _report(out: str, s: dict) -> None:
         md += [f"## {title}", "", f"![{title}]({rel})", ""]
         with open(path, "rb") as f:
             data = base64.b64encode(f.read()).decode()
-        html.append(f"<h2>{title}</h2><img src='data:image/png;base64,{data}' style='max-width:100%'>")
-    html.append("</body></html>")
+        page.append(f"<h2>{title}</h2><img src='data:image/png;base64,{data}' style='max-width:100%'>")
+    page.append("</body></html>")
     with open(os.path.join(out, "report.md"), "w", encoding="utf-8") as f:
         f.write("\n".join(md))
     with open(os.path.join(out, "report.html"), "w", encoding="utf-8") as f:
-        f.write("\n".join(html))
-
-
-def _escape(t: str) -> str:
-    return t.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+        f.write("\n".join(page))

@@ -36,13 +36,13 @@ from .tokenizer import load_tokenizer, special_ids
 
 log = logging.getLogger("bertforge")
 
-TASKS = ("fill-mask", "next-sentence", "classify", "qa")
 _HEADS = {
     "fill-mask": ("cls.predictions.transform.dense.weight", "masked-LM head (cls.predictions)", "pretrain it with bertforge pretrain"),
     "next-sentence": ("cls.seq_relationship.weight", "next-sentence head (cls.seq_relationship)", "pretrain it with NSP"),
     "classify": ("classifier.weight", "classification head (classifier)", "fine-tune it with bertforge finetune classify"),
     "qa": ("qa_outputs.weight", "question-answering head (qa_outputs)", "fine-tune it with bertforge finetune squad"),
 }
+TASKS = tuple(_HEADS)
 
 
 class Pipeline:
@@ -68,15 +68,15 @@ class Pipeline:
         self.batch_size = batch_size
         self.progress = progress
         self.max_length = min(self.config.max_position_embeddings, 512)
+        self._truncating = Tokenizer.from_str(self.tok.to_str())  # a copy: fill-mask needs the untruncated one
+        self._truncating.enable_truncation(self.max_length, strategy="longest_first")
         self.model = self._load().to(self.device).eval()
 
     def _load(self):
         raise NotImplementedError
 
     def _encode(self, texts, pairs=None) -> list[dict]:
-        t = Tokenizer.from_str(self.tok.to_str())
-        t.enable_truncation(self.max_length, strategy="longest_first")
-        encs = t.encode_batch(list(zip(texts, pairs)) if pairs is not None else list(texts))
+        encs = self._truncating.encode_batch(list(zip(texts, pairs)) if pairs is not None else list(texts))
         cut = sum(1 for e in encs if e.overflowing)
         if cut:
             log.warning("%d input(s) longer than %d tokens were truncated", cut, self.max_length)

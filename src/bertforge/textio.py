@@ -56,3 +56,11 @@ def read_json(path: str, what: str = "JSON file") -> Any:
         return json.loads(text)
     except json.JSONDecodeError as e:
         raise UserError(f"{path}: malformed JSON at line {e.lineno} column {e.colno} ({e.msg})") from None
+
+
+def read_json_object(path: str, what: str = "JSON file") -> dict:
+    """A JSON file that must hold an object (a config, a tokenizer's settings)."""
+    d = read_json(path, what)
+    if not isinstance(d, dict):
+        raise UserError(f"{path} is not a JSON object")
+    return d

@@ -32,7 +32,7 @@ from tokenizers import (
 from tokenizers.models import WordLevel, WordPiece
 
 from .errors import UserError
-from .textio import read_json, read_text
+from .textio import read_json_object, read_text
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = [PAD, UNK, CLS, SEP, MASK]
@@ -66,6 +66,12 @@ def model_kind(tok: Tokenizer) -> str:
     return "wordlevel" if isinstance(tok.model, WordLevel) else "wordpiece"
 
 
+def _register_special_tokens(tok: Tokenizer) -> None:
+    """[PAD] [UNK] [CLS] [SEP] [MASK] as special added tokens: "[MASK]" typed in a text stays one token,
+    untouched by lower-casing (as in transformers' BertTokenizer)."""
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS if tok.token_to_id(t) is not None])
+
+
 def _configure(tok: Tokenizer, lowercase: bool, strip_accents: bool | None = None) -> Tokenizer:
     """BERT normaliser, pre-tokeniser, decoder and [CLS]/[SEP] post-processor."""
     tok.normalizer = normalizers.BertNormalizer(
@@ -76,8 +82,7 @@ def _configure(tok: Tokenizer, lowercase: bool, strip_accents: bool | None = Non
         tok.decoder = decoders.WordPiece(prefix="##")
     else:
         tok.decoder = None
-    # "[MASK]" typed in a text stays one token, untouched by lower-casing (as transformers' BertTokenizer)
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS if tok.token_to_id(t) is not None])
+    _register_special_tokens(tok)
     _add_post_processor(tok)
     return tok
 
@@ -194,13 +199,6 @@ def save_tokenizer(tok: Tokenizer, folder: str, model_max_length: int = 512) -> 
         f.write("\n")
 
 
-def _read_json(path: str) -> dict:
-    d = read_json(path)
-    if not isinstance(d, dict):
-        raise UserError(f"{path} is not a JSON object")
-    return d
-
-
 def _read_vocab_txt(path: str) -> list[str]:
     tokens = [line.rstrip("\r") for line in read_text(path, "vocabulary file").split("\n")]
     while tokens and tokens[-1] == "":
@@ -217,7 +215,7 @@ def load_tokenizer(path: str) -> Tokenizer:
         raise UserError(f"tokenizer not found: {path}")
     folder = path if os.path.isdir(path) else os.path.dirname(path)
     cfg_path = os.path.join(folder, "tokenizer_config.json")
-    cfg = _read_json(cfg_path) if os.path.isfile(cfg_path) else {}
+    cfg = read_json_object(cfg_path, "tokenizer_config.json") if os.path.isfile(cfg_path) else {}
     tok_json = os.path.join(folder, "tokenizer.json") if os.path.isdir(path) else (
         path if path.endswith(".json") else None)
     vocab_txt = os.path.join(folder, "vocab.txt") if os.path.isdir(path) else (
@@ -229,7 +227,7 @@ def load_tokenizer(path: str) -> Tokenizer:
             raise UserError(f"cannot read {tok_json}: {e}") from None
         tok.no_padding()
         tok.no_truncation()
-        tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS if tok.token_to_id(t) is not None])
+        _register_special_tokens(tok)
         if tok.post_processor is None:
             _add_post_processor(tok)
     elif vocab_txt and os.path.isfile(vocab_txt):
