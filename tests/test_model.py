@@ -176,21 +176,25 @@ def test_gelu_variants():
 # ------------------------------------------------------------------------------------------------ fast paths
 @pytest.mark.parametrize("cls", [BertForPreTraining, BertForMaskedLM])
 @pytest.mark.parametrize("padded", [True, False])
-def test_pretraining_loss_fast_path_equals_plain_forward(cls, padded):
-    """The engine's objective (rows-only last layer, fused vocabulary loss) = forward() with labels."""
+@pytest.mark.parametrize("large", [False, True])
+def test_pretraining_loss_fast_path_equals_plain_forward(cls, padded, large):
+    """The engine's objective (rows-only last layer, fused vocabulary loss) = forward() with labels; the
+    large batch (1,200+ tokens) takes the CPU's oneDNN projections too."""
     torch.manual_seed(0)
     m = cls(BertConfig.preset("tiny", vocab_size=500)).eval()  # eval: no dropout, so both paths are deterministic
     ids, am, tt = _batch(500, seed=4)
+    if large:
+        ids, am, tt = (t.repeat(16, 3) for t in (ids, am, tt))  # (64, 72)
     if not padded:
         am = None
     g = torch.Generator().manual_seed(1)
     real = torch.ones_like(ids, dtype=torch.bool) if am is None else am.bool()
     labels = torch.where((torch.rand(ids.shape, generator=g) < 0.3) & real, ids, torch.full_like(ids, -100))
-    nsp = torch.tensor([0, 1, 1, 0]) if cls is BertForPreTraining else None
+    nsp = torch.tensor([0, 1, 1, 0]).repeat(len(ids) // 4) if cls is BertForPreTraining else None
     n = int((labels != -100).sum())
     kw = {"next_sentence_label": nsp} if nsp is not None else {}
     fast_mlm, fast_nsp = m.pretraining_loss(ids, am, tt, labels, nsp)
-    (fast_mlm / n + (fast_nsp / 4 if nsp is not None else 0)).backward()
+    (fast_mlm / n + (fast_nsp / len(nsp) if nsp is not None else 0)).backward()
     fast_grads = {k: p.grad.clone() for k, p in m.named_parameters() if p.grad is not None}
     m.zero_grad()
     plain = m(ids, am, tt, labels=labels, **kw)
@@ -198,7 +202,7 @@ def test_pretraining_loss_fast_path_equals_plain_forward(cls, padded):
     plain_mlm = plain.mlm_loss if nsp is not None else plain.loss
     assert abs(float(fast_mlm.detach()) / n - float(plain_mlm.detach())) < 1e-5
     if nsp is not None:
-        assert abs(float(fast_nsp.detach()) / 4 - float(plain.nsp_loss.detach())) < 1e-5
+        assert abs(float(fast_nsp.detach()) / len(nsp) - float(plain.nsp_loss.detach())) < 1e-5
     for k, p in m.named_parameters():
         if p.grad is not None:
             assert (fast_grads[k] - p.grad).abs().max() < 1e-5, k
@@ -219,7 +223,7 @@ def test_fused_linear_cross_entropy_equals_torch():
         t.grad = None
     ref = torch.nn.functional.cross_entropy(torch.nn.functional.linear(h, W, b), y, reduction="sum")
     (ref * 0.7).backward()
-    assert abs(float(fused) - float(ref)) < 1e-4 * float(ref)
+    assert abs(float(fused.detach()) - float(ref.detach())) < 1e-4 * float(ref.detach())
     for g, t in zip(grads, (h, W, b)):
         assert (g - t.grad).abs().max() < 1e-5
 
@@ -297,15 +301,64 @@ def test_cpu_training_attention_path_equals_sdpa_path():
     assert (train[real] - ref[real]).abs().max() < 1e-5
 
 
-def test_hidden_at_equals_forward_rows():
+@pytest.mark.parametrize("train", [False, True])
+@pytest.mark.parametrize("padded", [True, False])
+def test_hidden_at_equals_forward_rows(train, padded):
+    """The rows-only last layer (queries, output projection and feed-forward only at the given rows) equals
+    the full forward at those rows: in eval mode (SDPA) and on the CPU training path (our attention maths,
+    with a drop probability that rounds to zero); rows in any order, several or none per sequence."""
     torch.manual_seed(3)
-    m = BertModel(BertConfig.preset("tiny", vocab_size=300)).eval()
+    cfg = BertConfig.preset("tiny", vocab_size=300, attention_probs_dropout_prob=1e-9, hidden_dropout_prob=0.0)
+    m = BertModel(cfg)
     ids, am, tt = _batch(300)
-    pos = torch.tensor([0, 24, 30, 49, 72])  # flat positions, all real tokens
+    if not padded:
+        am = None
+    pos = torch.tensor([49, 0, 30, 24, 26, 25, 0])  # flat positions of real tokens, one repeated; sequence 3 has none
     with torch.no_grad():
-        full = m(ids, am, tt).last_hidden_state.reshape(-1, 128)[pos]
-        rows = m.hidden_at(pos, ids, am, tt)
+        full = m.eval()(ids, am, tt).last_hidden_state.reshape(-1, 128)[pos]
+        rows = m.train(train).hidden_at(pos, ids, am, tt)
+    assert rows.shape == (7, 128)
     assert (full - rows).abs().max() < 1e-5
+
+
+def test_query_slots_group_rows_by_sequence():
+    from bertforge.model import Padding, query_slots
+
+    am = torch.ones(3, 5, dtype=torch.long)
+    am[1, 3:] = 0
+    padding = Padding(am, 3, 5)  # real tokens: 5 + 3 + 5 = 13 rows
+    rows = torch.tensor([9, 0, 4, 8, 1])  # flat positions 11, 0, 4, 10, 1: sequences 2, 0, 0, 2, 0
+    slots, R = query_slots(rows, padding)
+    assert R == 3 and slots.tolist() == [2 * 3 + 0, 0, 1, 2 * 3 + 1, 2]
+
+
+@pytest.mark.parametrize("shape", [(7, 19, 33), (1200, 64, 48)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear_equals_torch(shape, bias):
+    """``linear`` (oneDNN above 1024 rows on the CPU) gives F.linear's values and gradients."""
+    from bertforge.model import _DNN_MIN_ROWS, _dnn_linear_op, linear
+
+    N, Cin, Cout = shape
+    if N >= _DNN_MIN_ROWS and torch.backends.mkldnn.is_available():
+        assert _dnn_linear_op() is not None  # the fast path is really taken here
+    torch.manual_seed(0)
+    x = torch.randn(N // 3, 3, Cin, requires_grad=True)  # 3-D input, as the padded layers pass
+    w = torch.randn(Cout, Cin, requires_grad=True)
+    b = torch.randn(Cout, requires_grad=True) if bias else None
+    ours = linear(x, w, b)
+    g = torch.randn(Cout, N // 3 * 3).t().reshape(N // 3, 3, Cout)  # a non-contiguous incoming gradient
+    ours.backward(g)
+    got = [t.grad.clone() for t in (x, w, b) if t is not None]
+    for t in (x, w, b):
+        if t is not None:
+            t.grad = None
+    ref = torch.nn.functional.linear(x, w, b)
+    ref.backward(g)
+    assert ours.shape == ref.shape and torch.allclose(ours, ref, rtol=1e-5, atol=1e-4)
+    for a, t in zip(got, [t for t in (x, w, b) if t is not None]):
+        assert torch.allclose(a, t.grad, rtol=1e-5, atol=1e-4)
+    with torch.no_grad():
+        assert torch.allclose(linear(x, w, b), ref, rtol=1e-5, atol=1e-4)
 
 
 def test_gradients_equal_transformers(tmp_path):

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -247,3 +248,37 @@ def test_second_run_into_a_used_folder_is_refused(small_text_corpus, story_tok_d
     assert main(["--quiet", *_args(small_text_corpus, story_tok_dir, out, "--max-steps", "2", "--eval-every", "0")]) == 0
     assert main(["--quiet", *_args(small_text_corpus, story_tok_dir, out, "--max-steps", "2")]) == 2
     assert "already holds a training run" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g++") is None, reason="torch.compile needs a C++ compiler")
+def test_compiled_objective_equals_eager():
+    """``--compile``: the compiled objective gives the eager losses and gradients (the CPU fast paths that
+    inductor cannot lower step aside while compiling)."""
+    from bertforge.bench import pretraining_batch
+    from bertforge.config import BertConfig, ImplConfig
+    from bertforge.engine import maybe_compile
+    from bertforge.model import BertForPreTraining
+    from bertforge.pretrain import PretrainingObjective
+
+    torch.manual_seed(0)
+    cfg = BertConfig.preset("tiny", vocab_size=300, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    model = BertForPreTraining(cfg).train()
+    objective = PretrainingObjective(model)
+    batch = pretraining_batch(8, 32, 300)
+    batch["attention_mask"][1, 20:] = 0  # some padding
+    batch["input_ids"][1, 20:], batch["labels"][1, 20:] = 0, -100
+
+    def run(fn):
+        model.zero_grad()
+        mlm, nsp = fn(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], batch["labels"],
+                      batch["next_sentence_label"])
+        (mlm + nsp).backward()
+        return [float(mlm), float(nsp)], [p.grad.clone() for p in model.parameters()]
+
+    eager = run(objective)
+    compiled = maybe_compile(objective, ImplConfig(compile=True))
+    assert compiled is not objective
+    got = run(compiled)
+    assert got[0] == pytest.approx(eager[0], rel=1e-5)
+    for a, b in zip(got[1], eager[1]):
+        assert (a - b).abs().max() < 1e-5
