@@ -380,3 +380,32 @@ def test_gradients_equal_transformers(tmp_path):
     theirs_grads = dict(theirs.named_parameters())
     for name, p in ours.named_parameters():
         assert (p.grad - theirs_grads[name].grad).abs().max() < 1e-6, name
+
+
+@pytest.mark.parametrize("train", [False, True])
+def test_varlen_attention_equals_padded_attention(monkeypatch, train):
+    """CUDA's variable-length attention (nested jagged tensors over each sequence's real tokens, no padded
+    (B, T) layout), run here on the CPU's nested math backend, gives the padded path's hidden states and
+    gradients, padding at either end."""
+    import bertforge.model as M
+
+    torch.manual_seed(0)
+    cfg = BertConfig.preset("tiny", vocab_size=300, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    m = BertModel(cfg).train(train)
+    ids, am, tt = _batch(300)
+    am[3] = am[3].flip(0)  # left padding too
+
+    def run(varlen: bool):
+        monkeypatch.setattr(M, "VARLEN_DEVICES", {"cpu", "cuda"} if varlen else {"cuda"})
+        assert (M.Padding(am, *am.shape).offsets is not None) == varlen
+        m.zero_grad()
+        out = m(ids, am, tt)
+        h = out.last_hidden_state[am.bool()]  # (N, C) real tokens
+        (h.square().sum() + out.pooler_output.sum()).backward()
+        return h.detach(), {k: p.grad.clone() for k, p in m.named_parameters() if p.grad is not None}
+
+    (h_var, g_var), (h_pad, g_pad) = run(True), run(False)
+    assert (h_var - h_pad).abs().max() < 1e-5
+    assert g_var.keys() == g_pad.keys()
+    for k in g_pad:
+        assert (g_var[k] - g_pad[k]).abs().max() < 1e-4, k

@@ -12,7 +12,8 @@ Departures from the BERT paper, Google's reference code and transformers, all of
 The model:
 
 * Attention runs through ``torch.nn.functional.scaled_dot_product_attention`` (flash / memory-efficient
-  kernels where available); the maths is the paper's softmax(QK^T / sqrt(d)) V.
+  kernels where available); the maths is the paper's softmax(QK^T / sqrt(d)) V.  On CUDA, a padded batch's
+  attention runs variable-length over nested jagged tensors (each sequence's real tokens only).
 * Q, K and V are computed by one matmul over the concatenated weights (fewer, larger kernels).  The
   parameters stay three ``nn.Linear`` named query/key/value, so checkpoints keep transformers' names.
 * Padding is removed before every token-wise computation (projections, feed-forward, LayerNorm) and put
@@ -256,25 +257,43 @@ def gather_rows(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     return x.index_select(0, rows)
 
 
+# Devices whose attention over a padded batch runs on the real tokens only (variable-length attention through
+# nested jagged tensors: SDPA's flash / memory-efficient varlen kernels on CUDA).  On the CPU nested SDPA
+# falls back to a per-sequence loop, slower than the masked (B, T) layout; the tests add "cpu" to check it.
+VARLEN_DEVICES = {"cuda"}
+
+
 class Padding:
     """Where the real tokens of a (B, T) batch are, to run token-wise layers on real tokens only.
 
     ``indices`` is None when the batch has no padding (then everything stays (B, T, C)).
     ``attn_mask`` is the boolean (B, 1, 1, T) key mask for SDPA (True = attend), or None.
+    ``offsets`` (B+1,) delimit each sequence's real tokens among the N rows when attention runs
+    variable-length (see ``VARLEN_DEVICES``; every sequence needs a real token), else None.
     """
 
     def __init__(self, attention_mask: torch.Tensor | None, B: int, T: int):
         self.B, self.T = B, T
         self.indices = None
         self.attn_mask = None
+        self.offsets, self.max_len = None, T
         if attention_mask is None:
             return
         keep = attention_mask.bool()  # (B, T)
-        # One host sync per forward on CUDA; on the CPU it is free and saves the padded FLOPs.
+        # Host syncs on CUDA (here and in nonzero); on the CPU they are free and save the padded FLOPs.
         if bool(keep.all()):
             return
         self.attn_mask = keep[:, None, None, :]  # (B, 1, 1, T)
         self.indices = keep.reshape(-1).nonzero().squeeze(1)  # (N,)
+        if keep.device.type in VARLEN_DEVICES:
+            lengths = keep.sum(1)  # (B,)
+            shortest, longest = torch.stack(torch.aminmax(lengths)).tolist()
+            if shortest > 0:
+                self.offsets, self.max_len = F.pad(lengths.cumsum(0), (1, 0)), longest  # (B+1,)
+
+    def jagged(self, t: torch.Tensor) -> torch.Tensor:
+        """(N, nh, hs) rows of real tokens -> nested (B, nh, j, hs), j each sequence's length."""
+        return torch.nested.nested_tensor_from_jagged(t, self.offsets, max_seqlen=self.max_len).transpose(1, 2)
 
     def unpad(self, x: torch.Tensor) -> torch.Tensor:
         """(B, T, C) -> (N, C) real tokens; identity without padding."""
@@ -295,6 +314,7 @@ class _FlatPadding(Padding):
 
     def __init__(self, base: Padding, B: int, T: int):
         self.B, self.T, self.attn_mask, self.indices = B, T, base.attn_mask, None
+        self.offsets, self.max_len = None, T
 
     def unpad(self, x):  # (B, T, C) -> (B*T, C)
         return x.reshape(self.B * self.T, -1)
@@ -368,6 +388,11 @@ class BertSelfAttention(nn.Module):
         if rows is None:
             w = torch.cat([wq, self.key.weight, self.value.weight])  # (3C, C)
             b = torch.cat([bq, self.key.bias, self.value.bias])  # (3C,)
+            if padding.offsets is not None and not own:  # variable-length: only real tokens, no (B, T) layout
+                qkv = linear(x, w, b).view(-1, 3, nh, hs)  # (N, 3, nh, hs)
+                q, k, v = (padding.jagged(t.contiguous()) for t in qkv.unbind(1))  # nested (B, nh, j, hs)
+                y = F.scaled_dot_product_attention(q, k, v, dropout_p=p)  # nested (B, nh, j, hs)
+                return y.transpose(1, 2).values().reshape(-1, C)  # (N, C)
             qkv = padding.pad(linear(x, w, b))  # (B, T, 3C)
             B, T = qkv.shape[:2]
             qkv = qkv.view(B, T, 3, nh, hs).permute(2, 0, 3, 1, 4)  # (3, B, nh, T, hs)
