@@ -15,3 +15,18 @@ def tiny_model_dir(path, texts, vocab_size=800, seed=0, kind="wordpiece") -> str
     cfg = BertConfig.preset("tiny", vocab_size=tok.get_vocab_size(), max_position_embeddings=512)
     BertForPreTraining(cfg).save_pretrained(str(path), tokenizer=tok)
     return str(path)
+
+
+def padded_batch(vocab: int, B: int = 4, T: int = 24, seed: int = 0):
+    """(input_ids, attention_mask, token_type_ids) of B sequences of different lengths, two segments each."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, vocab, (B, T), generator=g)
+    am = torch.ones(B, T, dtype=torch.long)
+    lengths = [T, T - 7, 9, T - 1][:B]
+    for i, n in enumerate(lengths):
+        am[i, n:] = 0
+        ids[i, n:] = 0
+    tt = torch.zeros(B, T, dtype=torch.long)
+    for i, n in enumerate(lengths):
+        tt[i, n // 2 : n] = 1  # two segments
+    return ids, am, tt

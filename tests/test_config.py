@@ -65,3 +65,21 @@ def test_durations(text, seconds):
 def test_bad_duration():
     with pytest.raises(UserError):
         parse_duration("soon")
+
+
+def test_help_shows_each_default_from_its_one_definition(capsys):
+    """Flags and their help come from the config dataclasses; each task's own defaults show."""
+    from bertforge.cli import main
+    from bertforge.config import FINETUNE_TRAIN_DEFAULTS, TrainConfig
+
+    assert main(["pretrain", "--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"peak learning rate (default: {TrainConfig().lr})" in out and "(default: mini)" in out
+    assert main(["finetune", "squad", "--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "(default: 384)" in out and f"(default: {FINETUNE_TRAIN_DEFAULTS['lr']})" in out and "--doc-stride" in out
+    assert main(["finetune", "classify", "--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "tokens per example (longer ones are truncated or windowed) (default: 128)" in out
+    assert main(["evaluate", "squad", "--help"]) == 0
+    assert "(default: 384)" in " ".join(capsys.readouterr().out.split())

@@ -12,21 +12,9 @@ from bertforge import (
     BertModel,
 )
 
+from .helpers import padded_batch as _batch
+
 transformers = pytest.importorskip("transformers")
-
-
-def _batch(vocab: int, B: int = 4, T: int = 24, seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(5, vocab, (B, T), generator=g)
-    am = torch.ones(B, T, dtype=torch.long)
-    lengths = [T, T - 7, 9, T - 1][:B]
-    for i, n in enumerate(lengths):
-        am[i, n:] = 0
-        ids[i, n:] = 0
-    tt = torch.zeros(B, T, dtype=torch.long)
-    for i, n in enumerate(lengths):
-        tt[i, n // 2 : n] = 1  # two segments
-    return ids, am, tt
 
 
 def test_parity_with_real_minilm_checkpoint(minilm_dir, sst2_sentences):
@@ -208,99 +196,6 @@ def test_pretraining_loss_fast_path_equals_plain_forward(cls, padded, large):
             assert (fast_grads[k] - p.grad).abs().max() < 1e-5, k
 
 
-def test_fused_linear_cross_entropy_equals_torch():
-    from bertforge.model import linear_cross_entropy_sum
-
-    torch.manual_seed(0)
-    h = torch.randn(37, 16, requires_grad=True)
-    W = torch.randn(300, 16, requires_grad=True)
-    b = torch.randn(300, requires_grad=True)
-    y = torch.randint(0, 300, (37,))
-    fused = linear_cross_entropy_sum(h, W, b, y)
-    (fused * 0.7).backward()
-    grads = [t.grad.clone() for t in (h, W, b)]
-    for t in (h, W, b):
-        t.grad = None
-    ref = torch.nn.functional.cross_entropy(torch.nn.functional.linear(h, W, b), y, reduction="sum")
-    (ref * 0.7).backward()
-    assert abs(float(fused.detach()) - float(ref.detach())) < 1e-4 * float(ref.detach())
-    for g, t in zip(grads, (h, W, b)):
-        assert (g - t.grad).abs().max() < 1e-5
-
-
-def test_fused_linear_cross_entropy_reused_buffer_is_safe():
-    """The logit buffer kept between steps is never shared by two forward passes awaiting backward
-    (gradient accumulation written as one graph), and is reused once released, with correct gradients."""
-    from bertforge.model import linear_cross_entropy_sum
-
-    torch.manual_seed(1)
-    W = torch.randn(300, 16, requires_grad=True)
-    b = torch.randn(300, requires_grad=True)
-    hs = [torch.randn(n, 16) for n in (37, 40, 29)]
-    ys = [torch.randint(0, 300, (len(h),)) for h in hs]
-
-    def grads(fn, pairs):
-        W.grad = b.grad = None
-        sum(fn(h, W, b, y) for h, y in pairs).backward()
-        return W.grad.clone(), b.grad.clone()
-
-    ref = lambda h, W, b, y: torch.nn.functional.cross_entropy(torch.nn.functional.linear(h, W, b), y, reduction="sum")
-    for pairs in (list(zip(hs[:2], ys[:2])), list(zip(hs[2:], ys[2:])), list(zip(hs, ys))):
-        for g, r in zip(grads(linear_cross_entropy_sum, pairs), grads(ref, pairs)):
-            assert (g - r).abs().max() < 1e-4
-    # a graph dropped without backward (an exception mid-step) frees the buffer for the next step
-    from bertforge.model import _LinearCrossEntropy
-
-    dropped = linear_cross_entropy_sum(hs[0], W, b, ys[0])
-    assert _LinearCrossEntropy._holder() is not None
-    del dropped
-    assert _LinearCrossEntropy._holder() is None
-
-
-def test_cpu_dropout_is_inverted_bernoulli_with_p():
-    from bertforge.model import dropout
-
-    torch.manual_seed(0)
-    x = torch.ones(1_000_000, requires_grad=True)
-    y = dropout(x, 0.1, True)
-    kept = y != 0
-    assert abs(1 - float(kept.float().mean()) - 0.1) < 0.002
-    assert torch.allclose(y[kept], torch.full_like(y[kept], 1 / 0.9))
-    y.sum().backward()
-    assert torch.equal(x.grad != 0, kept) and torch.allclose(x.grad[kept], torch.full_like(y[kept], 1 / 0.9))
-    assert dropout(x, 0.1, False) is x and dropout(x, 0.0, True) is x
-    torch.manual_seed(5)
-    a = dropout(torch.ones(1000), 0.5, True)
-    torch.manual_seed(5)
-    assert torch.equal(a, dropout(torch.ones(1000), 0.5, True))  # seeded by torch's generator
-
-
-def test_attention_math_equals_sdpa():
-    from bertforge.model import attention_with_dropout
-
-    torch.manual_seed(0)
-    q, k, v = (torch.randn(2, 4, 9, 8) for _ in range(3))
-    mask = torch.ones(2, 1, 1, 9, dtype=torch.bool)
-    mask[1, ..., 6:] = False
-    ours = attention_with_dropout(q / 8**0.5, k, v, mask, 0.0)  # the caller folds the scale into q
-    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-    assert (ours - ref).abs().max() < 1e-5
-
-
-def test_cpu_training_attention_path_equals_sdpa_path():
-    """The CPU training path (scale folded into the query weights, our softmax and dropout maths) computes
-    the same layer as SDPA: with a drop probability that rounds to zero, train mode equals eval mode."""
-    torch.manual_seed(0)
-    cfg = BertConfig.preset("tiny", vocab_size=300, attention_probs_dropout_prob=1e-9, hidden_dropout_prob=0.0)
-    m = BertModel(cfg)
-    ids, am, tt = _batch(300)
-    with torch.no_grad():
-        train = m.train()(ids, am, tt).last_hidden_state
-        ref = m.eval()(ids, am, tt).last_hidden_state
-    real = am.bool()
-    assert (train[real] - ref[real]).abs().max() < 1e-5
-
-
 @pytest.mark.parametrize("train", [False, True])
 @pytest.mark.parametrize("padded", [True, False])
 def test_hidden_at_equals_forward_rows(train, padded):
@@ -319,46 +214,6 @@ def test_hidden_at_equals_forward_rows(train, padded):
         rows = m.train(train).hidden_at(pos, ids, am, tt)
     assert rows.shape == (7, 128)
     assert (full - rows).abs().max() < 1e-5
-
-
-def test_query_slots_group_rows_by_sequence():
-    from bertforge.model import Padding, query_slots
-
-    am = torch.ones(3, 5, dtype=torch.long)
-    am[1, 3:] = 0
-    padding = Padding(am, 3, 5)  # real tokens: 5 + 3 + 5 = 13 rows
-    rows = torch.tensor([9, 0, 4, 8, 1])  # flat positions 11, 0, 4, 10, 1: sequences 2, 0, 0, 2, 0
-    slots, R = query_slots(rows, padding)
-    assert R == 3 and slots.tolist() == [2 * 3 + 0, 0, 1, 2 * 3 + 1, 2]
-
-
-@pytest.mark.parametrize("shape", [(7, 19, 33), (1200, 64, 48)])
-@pytest.mark.parametrize("bias", [True, False])
-def test_linear_equals_torch(shape, bias):
-    """``linear`` (oneDNN above 1024 rows on the CPU) gives F.linear's values and gradients."""
-    from bertforge.model import _DNN_MIN_ROWS, _dnn_linear_op, linear
-
-    N, Cin, Cout = shape
-    if N >= _DNN_MIN_ROWS and torch.backends.mkldnn.is_available():
-        assert _dnn_linear_op() is not None  # the fast path is really taken here
-    torch.manual_seed(0)
-    x = torch.randn(N // 3, 3, Cin, requires_grad=True)  # 3-D input, as the padded layers pass
-    w = torch.randn(Cout, Cin, requires_grad=True)
-    b = torch.randn(Cout, requires_grad=True) if bias else None
-    ours = linear(x, w, b)
-    g = torch.randn(Cout, N // 3 * 3).t().reshape(N // 3, 3, Cout)  # a non-contiguous incoming gradient
-    ours.backward(g)
-    got = [t.grad.clone() for t in (x, w, b) if t is not None]
-    for t in (x, w, b):
-        if t is not None:
-            t.grad = None
-    ref = torch.nn.functional.linear(x, w, b)
-    ref.backward(g)
-    assert ours.shape == ref.shape and torch.allclose(ours, ref, rtol=1e-5, atol=1e-4)
-    for a, t in zip(got, [t for t in (x, w, b) if t is not None]):
-        assert torch.allclose(a, t.grad, rtol=1e-5, atol=1e-4)
-    with torch.no_grad():
-        assert torch.allclose(linear(x, w, b), ref, rtol=1e-5, atol=1e-4)
 
 
 def test_gradients_equal_transformers(tmp_path):
@@ -382,30 +237,3 @@ def test_gradients_equal_transformers(tmp_path):
         assert (p.grad - theirs_grads[name].grad).abs().max() < 1e-6, name
 
 
-@pytest.mark.parametrize("train", [False, True])
-def test_varlen_attention_equals_padded_attention(monkeypatch, train):
-    """CUDA's variable-length attention (nested jagged tensors over each sequence's real tokens, no padded
-    (B, T) layout), run here on the CPU's nested math backend, gives the padded path's hidden states and
-    gradients, padding at either end."""
-    import bertforge.model as M
-
-    torch.manual_seed(0)
-    cfg = BertConfig.preset("tiny", vocab_size=300, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    m = BertModel(cfg).train(train)
-    ids, am, tt = _batch(300)
-    am[3] = am[3].flip(0)  # left padding too
-
-    def run(varlen: bool):
-        monkeypatch.setattr(M, "VARLEN_DEVICES", {"cpu", "cuda"} if varlen else {"cuda"})
-        assert (M.Padding(am, *am.shape).offsets is not None) == varlen
-        m.zero_grad()
-        out = m(ids, am, tt)
-        h = out.last_hidden_state[am.bool()]  # (N, C) real tokens
-        (h.square().sum() + out.pooler_output.sum()).backward()
-        return h.detach(), {k: p.grad.clone() for k, p in m.named_parameters() if p.grad is not None}
-
-    (h_var, g_var), (h_pad, g_pad) = run(True), run(False)
-    assert (h_var - h_pad).abs().max() < 1e-5
-    assert g_var.keys() == g_pad.keys()
-    for k in g_pad:
-        assert (g_var[k] - g_pad[k]).abs().max() < 1e-4, k

@@ -12,9 +12,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from bertforge.checkpoint import list_checkpoints, load_checkpoint
 from bertforge.cli import main
 from bertforge.engine import LinearSchedule
-from bertforge.pretrain import list_checkpoints, load_checkpoint
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """``bertforge bench``: bertforge against transformers on the same config, batch and machine, in one process.
 
-Training: a full pretraining step exactly as ``bertforge pretrain`` runs it (:func:`bertforge.pretrain.train_step`:
-forward, backward, clipping, AdamW) against ``transformers.BertForPreTraining`` (SDPA attention, AdamW,
+Training: a full pretraining step exactly as ``bertforge pretrain`` runs it (:meth:`bertforge.engine.Engine.step`
+with :func:`bertforge.pretrain.pretraining_loss_fn`: forward, backward, clipping, AdamW) against ``transformers.BertForPreTraining`` (SDPA attention, AdamW,
 clipping) on the same masked batch held in memory.  The two alternate round by round so that drift on a
 shared machine hits both alike; the medians are compared.  Model FLOP utilisation is reported against an
 fp32 matmul peak measured here.
@@ -23,10 +23,11 @@ import time
 import torch
 
 from .config import BertConfig, ImplConfig, TrainConfig
-from .engine import autocast_context, build_optimizer, resolve_device, setup_backend
+from .devices import autocast_context, resolve_device, setup_backend
+from .engine import Engine
 from .errors import UserError
 from .model import BertForPreTraining, BertModel, flops_per_token
-from .pretrain import PretrainingObjective, train_step
+from .pretrain import PretrainingObjective, pretraining_loss_fn
 
 
 def matmul_peak(device: torch.device, seconds: float = 0.5, sizes: tuple[int, ...] = (1024, 2048, 4096)) -> float:
@@ -120,8 +121,7 @@ def run_bench(preset: str = "mini", batch_size: int = 32, seq_len: int = 128, st
 
     torch.manual_seed(0)
     ours = BertForPreTraining(cfg).to(dev).train()
-    objective = PretrainingObjective(ours)
-    opt_ours = build_optimizer(ours, TrainConfig(lr=1e-4), dev)
+    engine = Engine(ours, TrainConfig(lr=1e-4), impl, dev, objective=PretrainingObjective(ours))
     hf_cfg = transformers.BertConfig(**cfg.to_dict())
     hf_cfg._attn_implementation = "sdpa"
     theirs = transformers.BertForPreTraining(hf_cfg).to(dev).train()
@@ -130,10 +130,10 @@ def run_bench(preset: str = "mini", batch_size: int = 32, seq_len: int = 128, st
     n_mask = float((batch["labels"] != -100).sum())
     tokens = batch_size * seq_len
 
+    loss_fn = pretraining_loss_fn(n_mask, batch_size)
+
     def step_ours():
-        train_step(objective, [batch], opt_ours, n_mask, batch_size, autocast=autocast)
-        opt_ours.step()
-        opt_ours.zero_grad(set_to_none=True)
+        engine.step([batch], loss_fn)
 
     def step_theirs():
         with autocast:

@@ -1,30 +1,35 @@
-"""Reading and writing model directories and training checkpoints, safely.
+"""Model directories and training checkpoints: reading and writing them, safely.
 
-* Weights are safetensors, never pickle; training state (optimizer moments, RNG states) is a dict of
-  tensors read back with ``torch.load(weights_only=True)``.  No code from a model directory is executed.
-* Every write goes through a temporary file or folder that is renamed into place, so a crash (even a
-  power loss during a save) never leaves a half-written file or directory under the final name.
 * A model directory is a Hugging Face BERT directory: ``config.json``, ``model.safetensors`` and the
   tokenizer files; transformers loads ours and we load theirs, with or without the ``bert.`` prefix.
+* A training checkpoint (``DIR/checkpoints/step-NNNNNNNN/``) holds the weights (``model.safetensors``), the
+  optimizer state (``optimizer.pt``) and the training state (``trainer_state.pt``: step, clock, data
+  position, RNG states, meters; a readable copy in ``trainer_state.json``).
+* Weights are safetensors, never pickle.  ``optimizer.pt`` and ``trainer_state.pt`` are torch pickles of
+  tensors and plain values, read back with ``torch.load(weights_only=True)``, which refuses anything else.
+  No code from a model directory is executed.
+* Every write goes through a temporary file or folder that is renamed into place (:mod:`bertforge.files`).
+
+This module knows models only through what every :class:`~bertforge.model.BertPreTrainedModel` has
+(``config``, ``state_dict``, ``base_model_prefix``, ``head_prefixes``): it imports nothing from the model.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
-from collections.abc import Iterator
-from typing import Any
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from .config import BertConfig
 from .errors import UserError
+from .files import atomic_dir, fsync
 
 log = logging.getLogger("bertforge")
 
@@ -35,69 +40,6 @@ TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "spec
 # non-persistent buffers that some checkpoints carry
 _BUFFER_SUFFIXES = ("embeddings.position_ids", "embeddings.token_type_ids")
 _TIED = "cls.predictions.decoder.weight"
-
-
-# ------------------------------------------------------------------------------------------------ atomic io
-def _fsync_dir(path: str) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def atomic_write_text(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same folder, then rename."""
-    d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=d)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
-def atomic_write_json(path: str, obj: Any) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
-
-
-@contextlib.contextmanager
-def atomic_dir(path: str) -> Iterator[str]:
-    """Yield a temporary folder beside ``path``; on success it replaces ``path`` whole.
-
-    If ``path`` exists it is moved aside first and removed after the rename, so at every instant a complete
-    directory exists (under the final name, or under its ``.old`` name during the swap).
-    """
-    path = os.path.abspath(path)
-    parent = os.path.dirname(path)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.tmp-", dir=parent)
-    try:
-        yield tmp
-        for name in os.listdir(tmp):
-            with contextlib.suppress(OSError):
-                fd = os.open(os.path.join(tmp, name), os.O_RDONLY)
-                os.fsync(fd)
-                os.close(fd)
-        _fsync_dir(tmp)
-        old = None
-        if os.path.exists(path):
-            old = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.old-", dir=parent)
-            os.rmdir(old)
-            os.rename(path, old)
-        os.rename(tmp, path)
-        _fsync_dir(parent)
-        if old:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 # ------------------------------------------------------------------------------------------------ save
@@ -135,10 +77,9 @@ def save_pretrained(model, path: str, tokenizer=None) -> None:
         write_model_files(model, tmp, tokenizer)
         for name in os.listdir(tmp):
             src = os.path.join(tmp, name)
-            with open(src, "rb") as f:
-                os.fsync(f.fileno())
+            fsync(src)
             os.replace(src, os.path.join(path, name))
-        _fsync_dir(path)
+        fsync(path)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -196,17 +137,16 @@ def load_pretrained(cls, path, config: BertConfig | None = None, reinit_head: bo
     UserError naming them (with ``reinit_head``, head weights of the wrong shape are re-initialised instead,
     e.g. a classifier fine-tuned again on a different label set).
     """
-    from .model import BertModel
-
     path = os.fspath(path)
     if not os.path.isdir(path):
         raise UserError(f"model directory not found: {path}")
     config = config or BertConfig.load(path)
     model = cls(config)
-    sd = normalize_state_dict(read_state_dict(path), has_bert_prefix=not issubclass(cls, BertModel))
+    is_task_model = hasattr(model, cls.base_model_prefix)  # BertForX wraps self.bert; a bare BertModel does not
+    sd = normalize_state_dict(read_state_dict(path), has_bert_prefix=is_task_model)
     expected = model.state_dict()
     expected.pop(_TIED, None)
-    heads = cls.head_prefixes if not issubclass(cls, BertModel) else ("pooler.",)
+    heads = cls.head_prefixes
 
     def is_head(k: str) -> bool:
         return k.startswith(heads)
@@ -248,8 +188,6 @@ def architectures_of(path: str) -> list[str]:
 
 def checkpoint_keys(path: str) -> set[str]:
     """Names of the tensors stored in a model directory (without reading the tensors)."""
-    from safetensors import safe_open
-
     single = os.path.join(path, WEIGHTS_NAME)
     if os.path.isfile(single):
         with safe_open(single, "pt") as f:
@@ -259,3 +197,47 @@ def checkpoint_keys(path: str) -> set[str]:
         with open(index, encoding="utf-8") as f:
             return set(json.load(f)["weight_map"])
     return set()
+
+
+# ------------------------------------------------------------------------------------------------ training
+CHECKPOINTS = "checkpoints"
+_STEP_DIR = re.compile(r"^step-(\d{8})$")
+
+
+def list_checkpoints(out: str) -> list[tuple[int, str]]:
+    """Complete checkpoints in ``out``, oldest first (temporary folders of an interrupted save are ignored)."""
+    folder = os.path.join(out, CHECKPOINTS)
+    if not os.path.isdir(folder):
+        return []
+    found = []
+    for name in os.listdir(folder):
+        m = _STEP_DIR.match(name)
+        if m and os.path.isfile(os.path.join(folder, name, "trainer_state.pt")):
+            found.append((int(m.group(1)), os.path.join(folder, name)))
+    return sorted(found)
+
+
+def save_checkpoint(out: str, step: int, model, optimizer, state: dict, keep: int) -> str:
+    """Write checkpoint ``step`` atomically (weights, optimizer, ``state``) and keep only the newest ``keep``."""
+    final = os.path.join(out, CHECKPOINTS, f"step-{step:08d}")
+    with atomic_dir(final) as tmp:
+        save_file(model_state_for_saving(model), os.path.join(tmp, WEIGHTS_NAME), metadata={"format": "pt"})
+        torch.save(optimizer.state_dict(), os.path.join(tmp, "optimizer.pt"))
+        torch.save(state, os.path.join(tmp, "trainer_state.pt"))
+        readable = {k: v for k, v in state.items() if isinstance(v, (int, float, str, dict)) and k != "rng"}
+        with open(os.path.join(tmp, "trainer_state.json"), "w", encoding="utf-8") as f:
+            json.dump(readable, f, indent=2, default=str)
+    for _, old in list_checkpoints(out)[:-keep] if keep > 0 else []:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def load_checkpoint(path: str, model, optimizer) -> dict:
+    """Restore ``model`` and ``optimizer`` from checkpoint folder ``path``; return its training state."""
+    sd = load_file(os.path.join(path, WEIGHTS_NAME))
+    missing, unexpected = model.load_state_dict(sd, strict=False)
+    if unexpected or [k for k in missing if k != _TIED]:
+        raise UserError(f"checkpoint {path} does not fit the model: missing {missing}, unexpected {unexpected}")
+    model.tie_weights()
+    optimizer.load_state_dict(torch.load(os.path.join(path, "optimizer.pt"), weights_only=True, map_location="cpu"))
+    return torch.load(os.path.join(path, "trainer_state.pt"), weights_only=True, map_location="cpu")

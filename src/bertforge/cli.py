@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import sys
@@ -15,13 +16,32 @@ from typing import Any
 
 from tqdm import tqdm
 
-from .errors import UserError
+from .errors import TrainingError, UserError
 
 log = logging.getLogger("bertforge")
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """Shows each flag's default (flags made from settings carry it in their help already)."""
+
+    def _get_help_string(self, action):
+        h = action.help or ""
+        if "(default" in h or action.default in (None, False, argparse.SUPPRESS) or not action.option_strings:
+            return h
+        return h + (" " if h else "") + "(default: %(default)s)"
+
+
 class _Parser(argparse.ArgumentParser):
-    """argparse whose usage errors are one ``error:`` line and exit status 2."""
+    """argparse whose usage errors are one ``error:`` line and exit status 2, and whose help shows defaults."""
+
+    def __init__(self, *args, **kw):
+        kw.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kw)
+
+    def add_argument(self, *args, **kw):
+        if kw.get("help") is None and kw.get("default") not in (None, False, argparse.SUPPRESS):
+            kw["help"] = "(default: %(default)s)"  # argparse prints no line at all for a flag without help
+        return super().add_argument(*args, **kw)
 
     def error(self, message: str):  # noqa: D401 - argparse API
         self.exit(2, f"error: {message} (see '{self.prog} --help')\n")
@@ -49,23 +69,61 @@ def setup_logging(quiet: bool = False) -> None:
     log.propagate = False
 
 
+# ------------------------------------------------------------------------------------------------ flags
+_TYPES = {"int": int, "float": float, "str": str}
+
+
+def add_setting_flags(p: argparse.ArgumentParser, cfg: Any, only: Sequence[str] | None = None,
+                      exclude: Sequence[str] = ()) -> list[str]:
+    """A flag for each field of ``cfg`` (a dataclass, or a :class:`~bertforge.config.Sections` run config),
+    its help text and default taken from the field: ``--max-seq-length`` sets ``max_seq_length``.  Every flag
+    defaults to None, so that only explicit flags override.  Returns the flags' destinations."""
+    from .config import Sections
+
+    fields = cfg.flat_fields() if isinstance(cfg, Sections) else {f.name: (cfg, f) for f in dataclasses.fields(cfg)}
+    dests = []
+    for name, (holder, f) in fields.items():
+        if not f.metadata.get("flag", True) or name in exclude or (only is not None and name not in only):
+            continue
+        help_ = f.metadata.get("help", "")
+        default = getattr(holder, f.name)
+        if "(default" not in help_ and default not in (None, "", []):
+            help_ += f" (default: {'on' if default is True else 'off' if default is False else default})"
+        kw: dict[str, Any] = dict(dest=name, default=None, help=help_.replace("%", "%%"))
+        typ = str(f.type).replace(" | None", "")
+        if typ == "bool":
+            kw["action"] = argparse.BooleanOptionalAction
+        elif typ == "list[str]":
+            kw.update(nargs="+", metavar="PATH")
+        elif name == "max_time":
+            kw["metavar"] = "DURATION"
+        else:
+            kw["type"] = _TYPES[typ]
+            if f.metadata.get("choices"):
+                kw["choices"] = f.metadata["choices"]
+        p.add_argument("--" + name.replace("_", "-"), **kw)
+        dests.append(name)
+    return dests
+
+
+def explicit_flags(a: argparse.Namespace, dests: Sequence[str]) -> dict[str, Any]:
+    return {d: getattr(a, d) for d in dests if getattr(a, d, None) is not None}
+
+
+def _progress(a: argparse.Namespace) -> bool:
+    return a.progress if getattr(a, "progress", None) is not None else sys.stderr.isatty()
+
+
 # ------------------------------------------------------------------------------------------------ tokenizer
-def _add_corpus_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--text-field", help="JSONL/parquet field holding the text (default: text)")
-    p.add_argument("--doc-separator", choices=["file", "blank-line"],
-                   help="txt files: one document per file (default), or one sentence per line with blank lines between documents")
-
-
 def cmd_tokenizer_train(a: argparse.Namespace) -> int:
     from .corpus import iter_texts
+    from .files import atomic_dir
     from .tokenizer import save_tokenizer, train_tokenizer
 
     tok = train_tokenizer(
         iter_texts(a.input, a.text_field or "text", a.doc_separator or "file"),
         a.vocab_size, kind=a.model, lowercase=not a.cased, min_frequency=a.min_frequency, show_progress=sys.stderr.isatty(),
     )
-    from .checkpoint import atomic_dir
-
     with atomic_dir(a.out) as tmp:
         save_tokenizer(tok, tmp)
     log.info("wrote a %s vocabulary of %d tokens to %s", a.model, tok.get_vocab_size(), a.out)
@@ -73,74 +131,24 @@ def cmd_tokenizer_train(a: argparse.Namespace) -> int:
 
 
 # ------------------------------------------------------------------------------------------------ pretrain
-# flag -> (dest in the flat config, type); every flag defaults to None so that only explicit flags override
-_PRETRAIN_FLAGS: list[tuple[str, str, Any, str]] = [
-    ("--data", "data", "paths", "training corpus: .txt/.jsonl/.gz/.parquet files, directories, globs, hf:NAME"),
-    ("--eval-data", "eval_data", "paths", "held-out corpus (default: documents held out of --data)"),
-    ("--preset", "preset", str, "model size: tiny, mini, small, medium, base (default mini)"),
-    ("--model-config", "model_config", str, "a BERT config.json to build the model from"),
-    ("--init", "init", str, "continue from a BERT directory (ours or a transformers checkpoint)"),
-    ("--tokenizer", "tokenizer", str, "tokenizer or model directory, or vocab.txt (default: train one on --data)"),
-    ("--vocab-size", "vocab_size", int, "vocabulary size of a tokenizer trained on --data (default 30522)"),
-    ("--tokenizer-model", "tokenizer_model", str, "wordpiece (default) or wordlevel, for a trained tokenizer"),
-    ("--max-seq-length", "max_seq_length", int, "tokens per sequence (default 128)"),
-    ("--mask-prob", "mask_prob", float, "fraction of tokens masked (default 0.15)"),
-    ("--short-seq-prob", "short_seq_prob", float, "probability of a shorter target length (default 0.1)"),
-    ("--batch-size", "batch_size", int, "global batch size in sequences (default 32)"),
-    ("--grad-accum", "grad_accum", int, "gradient accumulation steps (default 1)"),
-    ("--lr", "lr", float, "peak learning rate (default 1e-4)"),
-    ("--warmup-steps", "warmup_steps", int, "warmup steps"),
-    ("--warmup-ratio", "warmup_ratio", float, "warmup as a fraction of the run (default 0.06)"),
-    ("--weight-decay", "weight_decay", float, "AdamW weight decay (default 0.01)"),
-    ("--max-grad-norm", "max_grad_norm", float, "gradient clipping norm (default 1.0)"),
-    ("--dropout", "dropout", float, "hidden and attention dropout (default: the model's, 0.1)"),
-    ("--max-steps", "max_steps", int, "optimizer steps"),
-    ("--max-time", "max_time", "duration", "time budget, e.g. 90s, 30m, 2h: the schedule ends on time"),
-    ("--eval-every", "eval_every", int, "evaluate every N steps (default 500; 0 = only at the end)"),
-    ("--save-every", "save_every", int, "checkpoint every N steps (default 1000; 0 = only at the end)"),
-    ("--keep-checkpoints", "keep_checkpoints", int, "how many checkpoints to keep (default 2)"),
-    ("--log-every", "log_every", int, "log training metrics every N steps (default 10)"),
-    ("--max-eval-instances", "max_eval_instances", int, "held-out sequences per evaluation (default 2048)"),
-    ("--seed", "seed", int, "random seed (default 0)"),
-    ("--device", "device", str, "auto (default), cpu, cuda, cuda:N"),
-    ("--precision", "precision", str, "auto (bf16 autocast on CUDA, fp32 on CPU), fp32, bf16"),
-    ("--threads", "threads", int, "CPU threads (default: all cores, shared among local processes)"),
-    ("--cache-dir", "cache_dir", str, "where tokenized corpora are cached (default ~/.cache/bertforge)"),
-]
-
-
 def _add_pretrain_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", help="output directory (a Hugging Face BERT directory, with metrics and checkpoints)")
+    from .config import PretrainConfig
+
     p.add_argument("--config", help="YAML or JSON file with the same settings as the flags (flags override it)")
     p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint in --out")
-    for flag, dest, typ, help_ in _PRETRAIN_FLAGS:
-        if typ == "paths":
-            p.add_argument(flag, dest=dest, nargs="+", metavar="PATH", help=help_)
-        elif typ == "duration":
-            p.add_argument(flag, dest=dest, metavar="DURATION", help=help_)
-        else:
-            p.add_argument(flag, dest=dest, type=typ, help=help_)
-    _add_corpus_args(p)
-    p.add_argument("--nsp", dest="nsp", action=argparse.BooleanOptionalAction, default=None,
-                   help="next sentence prediction (default on; --no-nsp trains MLM only)")
-    p.add_argument("--whole-word-mask", dest="whole_word_mask", action=argparse.BooleanOptionalAction, default=None,
-                   help="mask whole words (all WordPiece pieces of a word together)")
     p.add_argument("--cased", dest="cased", action="store_true", default=None, help="a cased vocabulary (trained tokenizer)")
-    p.add_argument("--compile", dest="compile", action=argparse.BooleanOptionalAction, default=None, help="torch.compile the model")
-    p.add_argument("--progress", dest="progress", action=argparse.BooleanOptionalAction, default=None, help="show a progress bar")
+    p.set_defaults(setting_flags=add_setting_flags(p, PretrainConfig(), exclude=("epochs",)))
 
 
 def pretrain_config_from_args(a: argparse.Namespace):
     """defaults <- saved config (on --resume) <- --config file <- explicit flags."""
     from .config import PretrainConfig, parse_duration, read_config_file
+    from .files import read_json_object
     from .pretrain import CONFIG_FILE
 
     cfg = PretrainConfig()
     if a.resume and a.out and os.path.isfile(os.path.join(a.out, CONFIG_FILE)):
-        import json
-
-        with open(os.path.join(a.out, CONFIG_FILE), encoding="utf-8") as f:
-            cfg = PretrainConfig.from_dict(json.load(f))
+        cfg = PretrainConfig.from_dict(read_json_object(os.path.join(a.out, CONFIG_FILE), CONFIG_FILE))
     if a.config:
         flat = read_config_file(a.config)
         if "max_time" in flat or "max-time" in flat:
@@ -149,22 +157,17 @@ def pretrain_config_from_args(a: argparse.Namespace):
         if "cased" in flat:
             flat["lowercase"] = not flat.pop("cased")
         cfg.update_flat(flat, where=f"config file {a.config}")
-    explicit = {dest: getattr(a, dest) for _, dest, _, _ in _PRETRAIN_FLAGS if getattr(a, dest) is not None}
-    for dest in ("nsp", "whole_word_mask", "compile", "progress", "text_field", "doc_separator"):
-        if getattr(a, dest) is not None:
-            explicit[dest] = getattr(a, dest)
+    explicit = explicit_flags(a, a.setting_flags)
     if a.cased:
         explicit["lowercase"] = False
     if "max_time" in explicit:
         explicit["max_time"] = parse_duration(explicit["max_time"])
-    if a.out:
-        explicit["out"] = a.out
     cfg.update_flat(explicit, where="flags")
     if cfg.train.eval_every == 0:
         cfg.train.eval_every = None
     if cfg.train.save_every == 0:
         cfg.train.save_every = None
-    if cfg.impl.progress and not sys.stderr.isatty() and a.progress is None:
+    if a.progress is None and not sys.stderr.isatty():
         cfg.impl.progress = False
     return cfg
 
@@ -175,98 +178,56 @@ def cmd_pretrain(a: argparse.Namespace) -> int:
     cfg = pretrain_config_from_args(a)
     metrics = run_pretraining(cfg, resume=a.resume)
     if metrics:
-        import json
-
-        print(json.dumps({k: metrics[k] for k in ("mlm_accuracy", "nsp_accuracy", "mlm_loss", "nsp_loss", "steps",
-                                                   "tokens_per_second") if k in metrics}))
+        _print_json({k: metrics[k] for k in ("mlm_accuracy", "nsp_accuracy", "mlm_loss", "nsp_loss", "steps",
+                                             "tokens_per_second") if k in metrics})
     return 0
 
 
 # ------------------------------------------------------------------------------------------------ finetune
-def _add_finetune_common(p: argparse.ArgumentParser, max_len: int, lr: float, epochs: int, batch: int) -> None:
-    p.add_argument("--model", required=True, help="a BERT directory: pretrained by bertforge, or a transformers checkpoint")
-    p.add_argument("--train", required=True, help="training file")
-    p.add_argument("--validation", required=True, help="validation file (evaluated after every epoch)")
-    p.add_argument("--out", required=True, help="output directory (the fine-tuned model, metrics, predictions, plots)")
-    p.add_argument("--epochs", type=int, default=epochs)
-    p.add_argument("--lr", type=float, default=lr)
-    p.add_argument("--batch-size", type=int, default=batch)
-    p.add_argument("--eval-batch-size", type=int, default=64)
-    p.add_argument("--max-seq-length", type=int, default=max_len)
-    p.add_argument("--warmup-ratio", type=float, default=0.1)
-    p.add_argument("--weight-decay", type=float, default=0.01)
-    p.add_argument("--max-train-examples", type=int, help="use only the first N training examples")
-    p.add_argument("--freeze-embeddings", action="store_true",
-                   help="keep the word embeddings as pretrained (helps when the labels cover few of the words)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="auto")
-    p.add_argument("--precision", default="auto")
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
+_FINETUNE_FLAGS = (
+    "model", "out", "freeze_embeddings", "train", "validation", "max_seq_length", "max_train_examples", "eval_batch_size",
+    "epochs", "lr", "batch_size", "warmup_ratio", "warmup_steps", "weight_decay", "max_grad_norm", "adam_beta1",
+    "adam_beta2", "adam_eps", "log_every", "seed", "device", "precision", "threads", "progress",
+)
 
 
-def _finetune_config(a: argparse.Namespace):
-    from .config import FinetuneConfig
+def _task_class(name: str):
+    from .tasks import TASKS
 
-    if os.path.exists(a.out):
-        raise UserError(f"--out {a.out} already exists; choose a new directory")
-    progress = a.progress if a.progress is not None else sys.stderr.isatty()
-    return FinetuneConfig(
-        model=a.model, train=a.train, validation=a.validation, out=a.out, epochs=a.epochs, lr=a.lr,
-        batch_size=a.batch_size, eval_batch_size=a.eval_batch_size, max_seq_length=a.max_seq_length,
-        warmup_ratio=a.warmup_ratio, weight_decay=a.weight_decay, max_train_examples=a.max_train_examples,
-        seed=a.seed, device=a.device, precision=a.precision, progress=progress, freeze_embeddings=a.freeze_embeddings,
-    )
+    return TASKS[name]
+
+
+def cmd_finetune(a: argparse.Namespace) -> int:
+    task_cls = _task_class(a.task)
+    cfg = task_cls.config(**explicit_flags(a, a.setting_flags))
+    cfg.impl.progress = _progress(a)
+    task = task_cls(a.task_settings(**explicit_flags(a, a.task_flags)))
+    from .finetune import run_finetuning
+
+    m = run_finetuning(task, cfg)
+    keys = {"classify": ("accuracy", "macro_f1", "loss"), "squad": ("exact_match", "f1", "precision", "recall")}[a.task]
+    _print_json({k: m[k] for k in (*keys, "best_epoch", "train_seconds")})
+    return 0
+
+
+def _add_finetune_parsers(sub) -> None:
+    from .config import ClassifyConfig, SquadConfig
+
+    ft = sub.add_parser("finetune", help="fine-tune a BERT for classification or SQuAD question answering")
+    fts = ft.add_subparsers(dest="task", metavar="TASK", parser_class=_Parser)
+    fts.required = True
+    for name, settings, help_ in (("classify", ClassifyConfig, "sentence or sentence-pair classification (TSV, CSV, JSONL)"),
+                                  ("squad", SquadConfig, "SQuAD v1.1 extractive question answering")):
+        p = fts.add_parser(name, help=help_)
+        flags = add_setting_flags(p, _task_class(name).config(), only=_FINETUNE_FLAGS)
+        p.set_defaults(func=cmd_finetune, setting_flags=flags, task_settings=settings,
+                       task_flags=add_setting_flags(p, settings()))
 
 
 def _print_json(d: dict) -> None:
     import json
 
     print(json.dumps(d))
-
-
-def cmd_finetune_classify(a: argparse.Namespace) -> int:
-    from .config import ClassifyConfig
-    from .tasks.classify import run_classification
-
-    m = run_classification(_finetune_config(a), ClassifyConfig(a.text_column, a.text_pair_column, a.label_column))
-    _print_json({k: m[k] for k in ("accuracy", "macro_f1", "loss", "best_epoch", "train_seconds")})
-    return 0
-
-
-def cmd_finetune_squad(a: argparse.Namespace) -> int:
-    from .config import SquadConfig
-    from .tasks.squad import run_squad
-
-    m = run_squad(_finetune_config(a), SquadConfig(a.doc_stride, a.max_query_length, a.n_best, a.max_answer_length))
-    _print_json({k: m[k] for k in ("exact_match", "f1", "precision", "recall", "best_epoch", "train_seconds")})
-    return 0
-
-
-def _add_classify_columns(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--text-column", help="default: sentence, text or sentence1, whichever exists")
-    p.add_argument("--text-pair-column", help="second sentence of a pair (e.g. sentence2)")
-    p.add_argument("--label-column", default="label")
-
-
-def _add_squad_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--doc-stride", type=int, default=128, help="tokens shared by consecutive windows of a long context")
-    p.add_argument("--max-query-length", type=int, default=64)
-    p.add_argument("--n-best", type=int, default=20)
-    p.add_argument("--max-answer-length", type=int, default=30)
-
-
-def _add_finetune_parsers(sub) -> None:
-    ft = sub.add_parser("finetune", help="fine-tune a BERT for classification or SQuAD question answering")
-    fts = ft.add_subparsers(dest="task", metavar="TASK", parser_class=_Parser)
-    fts.required = True
-    c = fts.add_parser("classify", help="sentence or sentence-pair classification (TSV, CSV, JSONL)")
-    _add_finetune_common(c, max_len=128, lr=5e-5, epochs=3, batch=32)
-    _add_classify_columns(c)
-    c.set_defaults(func=cmd_finetune_classify)
-    q = fts.add_parser("squad", help="SQuAD v1.1 extractive question answering")
-    _add_finetune_common(q, max_len=384, lr=5e-5, epochs=2, batch=16)
-    _add_squad_args(q)
-    q.set_defaults(func=cmd_finetune_squad)
 
 
 # ------------------------------------------------------------------------------------------------ evaluate
@@ -279,8 +240,8 @@ def cmd_evaluate_squad(a: argparse.Namespace) -> int:
     if a.predictions:
         res = squad.evaluate_predictions_file(a.data, a.predictions)
     elif a.model:
-        res = squad.evaluate_squad_model(a.model, a.data, SquadConfig(a.doc_stride, a.max_query_length, a.n_best, a.max_answer_length),
-                                         a.max_seq_length, a.batch_size, a.device, a.write_predictions)
+        res = squad.evaluate_squad_model(a.model, a.data, _task_settings(a, SquadConfig), a.max_seq_length, a.batch_size,
+                                         a.device, a.write_predictions)
     else:
         raise UserError("give --predictions FILE or --model DIR")
     _print_json(res)
@@ -291,13 +252,19 @@ def cmd_evaluate_classify(a: argparse.Namespace) -> int:
     from .config import ClassifyConfig
     from .tasks.classify import evaluate_classifier
 
-    res = evaluate_classifier(a.model, a.data, ClassifyConfig(a.text_column, a.text_pair_column, a.label_column),
-                              a.max_seq_length, a.batch_size, a.device)
+    res = evaluate_classifier(a.model, a.data, _task_settings(a, ClassifyConfig), a.max_seq_length, a.batch_size, a.device)
     _print_json(res)
     return 0
 
 
+def _task_settings(a: argparse.Namespace, kind: type):
+    """The task's settings dataclass from its flags (see :func:`add_setting_flags`)."""
+    return kind(**explicit_flags(a, [f.name for f in dataclasses.fields(kind)]))
+
+
 def _add_evaluate_parsers(sub) -> None:
+    from .config import ClassifyConfig, SquadConfig
+
     ev = sub.add_parser("evaluate", help="score predictions or a saved model")
     evs = ev.add_subparsers(dest="task", metavar="TASK", parser_class=_Parser)
     evs.required = True
@@ -309,7 +276,7 @@ def _add_evaluate_parsers(sub) -> None:
     q.add_argument("--max-seq-length", type=int, default=384)
     q.add_argument("--batch-size", type=int, default=64)
     q.add_argument("--device", default="auto")
-    _add_squad_args(q)
+    add_setting_flags(q, SquadConfig())
     q.set_defaults(func=cmd_evaluate_squad)
     c = evs.add_parser("classify", help="accuracy and macro-F1 of a classifier on a labelled file")
     c.add_argument("--model", required=True)
@@ -317,13 +284,13 @@ def _add_evaluate_parsers(sub) -> None:
     c.add_argument("--max-seq-length", type=int, default=128)
     c.add_argument("--batch-size", type=int, default=64)
     c.add_argument("--device", default="auto")
-    _add_classify_columns(c)
+    add_setting_flags(c, ClassifyConfig())
     c.set_defaults(func=cmd_evaluate_classify)
 
 
 # ------------------------------------------------------------------------------------------------ predict
 def _read_lines(path: str) -> list[str]:
-    from .textio import read_text
+    from .files import read_text
 
     lines = [line for line in read_text(path, "input file").splitlines() if line.strip()]
     if not lines:
@@ -389,7 +356,7 @@ def cmd_predict(a: argparse.Namespace) -> int:
     else:
         from .config import SquadConfig
 
-        cfg = SquadConfig(a.doc_stride, a.max_query_length, a.n_best, a.max_answer_length)
+        cfg = _task_settings(a, SquadConfig)
         if a.input:
             if a.question or a.context:
                 raise UserError("give --question/--context or --input, not both")
@@ -407,6 +374,8 @@ def cmd_predict(a: argparse.Namespace) -> int:
 
 
 def _add_predict_parsers(sub) -> None:
+    from .config import SquadConfig
+
     pr = sub.add_parser("predict", help="use a trained model: fill-mask, next-sentence, classify, qa")
     prs = pr.add_subparsers(dest="task", metavar="TASK", parser_class=_Parser)
     prs.required = True
@@ -438,11 +407,13 @@ def _add_predict_parsers(sub) -> None:
     q.add_argument("--context")
     q.add_argument("--input", help="a SQuAD v1.1 JSON file: predictions {id: answer}")
     q.add_argument("--max-seq-length", type=int, default=384)
-    _add_squad_args(q)
+    add_setting_flags(q, SquadConfig())
 
 
 # ------------------------------------------------------------------------------------------------ parser
 def build_parser() -> argparse.ArgumentParser:
+    from .config import TOKENIZER_MODELS, PretrainDataConfig
+
     p = _Parser(prog="bertforge", description="Pretrain BERT from scratch and fine-tune it.")
     p.add_argument("--quiet", action="store_true", help="only warnings and errors on stderr")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
@@ -456,9 +427,9 @@ def build_parser() -> argparse.ArgumentParser:
     tt.add_argument("--vocab-size", type=int, required=True)
     tt.add_argument("--out", required=True)
     tt.add_argument("--cased", action="store_true", help="keep case (default: lower-case, as bert-base-uncased)")
-    tt.add_argument("--model", choices=["wordpiece", "wordlevel"], default="wordpiece")
+    tt.add_argument("--model", choices=TOKENIZER_MODELS, default=TOKENIZER_MODELS[0])
     tt.add_argument("--min-frequency", type=int, default=2)
-    _add_corpus_args(tt)
+    add_setting_flags(tt, PretrainDataConfig(), only=("text_field", "doc_separator"))
     tt.set_defaults(func=cmd_tokenizer_train)
 
     pt = sub.add_parser("pretrain", help="pretrain BERT with masked LM (+ next sentence prediction)")
@@ -511,8 +482,6 @@ def cmd_bench(a: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from .engine import TrainingError
-
     parser = build_parser()
     try:
         a = parser.parse_args(argv)

@@ -27,6 +27,8 @@ PRESETS: dict[str, tuple[int, int, int]] = {
 }
 
 SUPPORTED_ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
+TOKENIZER_MODELS = ("wordpiece", "wordlevel")
+DOC_SEPARATORS = ("file", "blank-line")
 
 
 @dataclass
@@ -78,9 +80,7 @@ class BertConfig:
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> BertConfig:
         """A named size: tiny (2 layers/128), mini (4/256), small (4/512), medium (8/512), base (12/768)."""
-        if name not in PRESETS:
-            raise UserError(f"unknown preset {name!r}; expected one of {', '.join(PRESETS)}")
-        layers, hidden, heads = PRESETS[name]
+        layers, hidden, heads = check_preset(name)
         kw: dict[str, Any] = dict(
             num_hidden_layers=layers,
             hidden_size=hidden,
@@ -140,7 +140,7 @@ class BertConfig:
             path = os.path.join(path, "config.json")
         if not os.path.isfile(path):
             raise UserError(f"no config.json at {path}")
-        from .textio import read_json_object
+        from .files import read_json_object
 
         return cls.from_dict(read_json_object(path, "config.json"))
 
@@ -154,75 +154,161 @@ def dataclass_from_dict(cls: type, d: dict[str, Any], where: str = "config") -> 
     return cls(**d)
 
 
-# ================================================================================================ pretraining
-@dataclass
-class PretrainDataConfig:
-    """What to train on and how instances are built."""
-
-    data: list[str] = field(default_factory=list)
-    eval_data: list[str] | None = None
-    text_field: str = "text"
-    doc_separator: str = "file"  # or "blank-line" (Google's one-sentence-per-line format)
-    tokenizer: str | None = None  # a tokenizer or model directory, or a vocab.txt; None: train one
-    vocab_size: int = 30522  # for a tokenizer trained on the data
-    tokenizer_model: str = "wordpiece"  # or "wordlevel"
-    lowercase: bool = True
-    max_seq_length: int = 128
-    mask_prob: float = 0.15
-    short_seq_prob: float = 0.1
-    whole_word_mask: bool = False
-    nsp: bool = True
-    max_eval_instances: int = 2048
-    cache_dir: str | None = None
+def setting(default: Any = None, help: str = "", factory=None, flag: bool = True,  # noqa: A002
+            choices: tuple[str, ...] | None = None) -> Any:
+    """A configuration field with its help text, from which the command line's flag and help are made
+    (each default is written once, here; ``flag=False`` keeps it out of the command line)."""
+    meta = {"help": help, "flag": flag, "choices": choices}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
 
 
-@dataclass
-class PretrainModelConfig:
-    """Which model: a preset, a config.json, or a BERT directory to continue from (``init``)."""
-
-    preset: str = "mini"
-    model_config: str | None = None
-    init: str | None = None
-    dropout: float | None = None  # overrides hidden and attention dropout when given
+def check_preset(name: str) -> tuple[int, int, int]:
+    if name not in PRESETS:
+        raise UserError(f"unknown preset {name!r}; expected one of {', '.join(PRESETS)}")
+    return PRESETS[name]
 
 
+# ================================================================================================ shared
 @dataclass
 class TrainConfig:
-    """Optimisation and the training loop; shared by pretraining and fine-tuning."""
+    """Optimisation and the training loop; shared by pretraining and fine-tuning (whose defaults differ:
+    :data:`FINETUNE_TRAIN_DEFAULTS` and each task's own)."""
 
-    batch_size: int = 32  # global: all ranks and accumulation steps together
-    grad_accum: int = 1
-    lr: float = 1e-4
-    warmup_steps: int | None = None
-    warmup_ratio: float = 0.06
-    weight_decay: float = 0.01
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    adam_eps: float = 1e-6
-    max_grad_norm: float = 1.0
-    max_steps: int | None = None
-    max_time: float | None = None  # seconds
-    eval_every: int | None = 500
-    save_every: int | None = 1000
-    keep_checkpoints: int = 2
-    log_every: int = 10
-    seed: int = 0
+    batch_size: int = setting(32, "global batch size in sequences (all processes and accumulation steps)")
+    grad_accum: int = setting(1, "gradient accumulation steps per optimizer step")
+    lr: float = setting(1e-4, "peak learning rate")
+    warmup_steps: int | None = setting(None, "warmup steps (default: --warmup-ratio of the run)")
+    warmup_ratio: float = setting(0.06, "warmup as a fraction of the run")
+    weight_decay: float = setting(0.01, "AdamW weight decay (none on biases and LayerNorm weights)")
+    adam_beta1: float = setting(0.9, "AdamW beta1")
+    adam_beta2: float = setting(0.999, "AdamW beta2")
+    adam_eps: float = setting(1e-6, "AdamW epsilon")
+    max_grad_norm: float = setting(1.0, "gradient clipping norm")
+    max_steps: int | None = setting(None, "optimizer steps")
+    max_time: float | None = setting(None, "time budget, e.g. 90s, 30m, 2h: the schedule ends on time")
+    epochs: int | None = setting(None, "passes over the training data")
+    eval_every: int | None = setting(500, "evaluate every N steps (0 = only at the end)")
+    save_every: int | None = setting(1000, "checkpoint every N steps (0 = only at the end)")
+    keep_checkpoints: int = setting(2, "how many checkpoints to keep")
+    log_every: int = setting(10, "log training metrics every N steps")
+    seed: int = setting(0, "random seed")
+
+    def validate(self) -> None:
+        if self.batch_size < 1 or self.grad_accum < 1 or self.batch_size % self.grad_accum:
+            raise UserError(f"--batch-size {self.batch_size} must be a positive multiple of --grad-accum {self.grad_accum}")
+        if self.max_steps is None and self.max_time is None and self.epochs is None:
+            raise UserError("give --max-steps or --max-time")
 
 
 @dataclass
 class ImplConfig:
     """How to run (no effect on the results on a given machine): device, precision, compilation."""
 
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
-    precision: str = "auto"  # auto (bf16 autocast on CUDA, fp32 on CPU) | fp32 | bf16
-    compile: bool = False
-    threads: int | None = None
-    progress: bool = True
+    device: str = setting("auto", "auto, cpu, cuda or cuda:N")
+    precision: str = setting("auto", "auto (bf16 autocast on CUDA, fp32 on the CPU), fp32 or bf16")
+    compile: bool = setting(False, "torch.compile the model")
+    threads: int | None = setting(None, "CPU threads (default: all cores, shared among local processes)")
+    progress: bool = setting(True, "show a progress bar (default: when stderr is a terminal)")
+
+
+class Sections:
+    """A run's configuration: a few top-level fields and sections (dataclasses), readable by flat names."""
+
+    SECTIONS: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]):
+        d = dict(d)
+        kw: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            if f.name in cls.SECTIONS:
+                kind = type(f.default_factory())
+                kw[f.name] = dataclass_from_dict(kind, d.pop(f.name, {}) or {}, where=f"config section {f.name!r}")
+            elif f.name in d:
+                kw[f.name] = d.pop(f.name)
+        if d:
+            raise UserError(f"unknown key(s) in config: {', '.join(sorted(d))}")
+        return cls(**kw)
+
+    def flat_fields(self) -> dict[str, tuple[Any, dataclasses.Field]]:
+        """{flat name: (the object holding it, its field)} over the top level and every section."""
+        out = {f.name: (self, f) for f in dataclasses.fields(self) if f.name not in self.SECTIONS}
+        for name in self.SECTIONS:
+            sec = getattr(self, name)
+            out.update({g.name: (sec, g) for g in dataclasses.fields(sec)})
+        return out
+
+    def get_flat(self, name: str) -> Any:
+        holder, f = self.flat_fields()[name]
+        return getattr(holder, f.name)
+
+    def update_flat(self, flat: dict[str, Any], where: str = "config") -> None:
+        """Set fields by their flat names (the command-line flags' names, '-' or '_')."""
+        index = self.flat_fields()
+        unknown = []
+        for k, v in flat.items():
+            key = k.replace("-", "_")
+            if key not in index:
+                unknown.append(k)
+            else:
+                holder, f = index[key]
+                setattr(holder, f.name, v)
+        if unknown:
+            raise UserError(f"unknown key(s) in {where}: {', '.join(sorted(unknown))}")
+
+
+# ================================================================================================ pretraining
+@dataclass
+class PretrainDataConfig:
+    """What to train on and how instances are built."""
+
+    data: list[str] = setting(help="training corpus: .txt/.jsonl/.gz/.parquet files, directories, globs, hf:NAME", factory=list)
+    eval_data: list[str] | None = setting(None, "held-out corpus (default: documents held out of --data)")
+    text_field: str = setting("text", "JSONL/parquet field holding the text")
+    doc_separator: str = setting("file", "txt files: one document per file, or blank-line (one sentence per line, "
+                                         "a blank line between documents)", choices=DOC_SEPARATORS)
+    tokenizer: str | None = setting(None, "tokenizer or model directory, or vocab.txt (default: train one on --data)")
+    vocab_size: int = setting(30522, "vocabulary size of a tokenizer trained on --data")
+    tokenizer_model: str = setting("wordpiece", "the kind of a tokenizer trained on --data", choices=TOKENIZER_MODELS)
+    lowercase: bool = setting(True, "lower-case a trained tokenizer's input (--cased: keep case)", flag=False)
+    max_seq_length: int = setting(128, "tokens per sequence")
+    mask_prob: float = setting(0.15, "fraction of tokens masked")
+    short_seq_prob: float = setting(0.1, "probability of a shorter target length")
+    whole_word_mask: bool = setting(False, "mask whole words (all WordPiece pieces of a word together)")
+    nsp: bool = setting(True, "next sentence prediction (--no-nsp: masked LM only)")
+    max_eval_instances: int = setting(2048, "held-out sequences per evaluation")
+    cache_dir: str | None = setting(None, "where tokenized corpora are cached (default ~/.cache/bertforge)")
+
+    def validate(self) -> None:
+        if not 0 < self.mask_prob < 1:
+            raise UserError(f"--mask-prob must lie in (0, 1), not {self.mask_prob}")
+        if self.tokenizer_model not in TOKENIZER_MODELS:
+            raise UserError(f"unknown tokenizer model {self.tokenizer_model!r}; expected one of {', '.join(TOKENIZER_MODELS)}")
+        if self.doc_separator not in DOC_SEPARATORS:
+            raise UserError(f"unknown document separator {self.doc_separator!r}; expected one of {', '.join(DOC_SEPARATORS)}")
 
 
 @dataclass
-class PretrainConfig:
-    out: str = ""
+class PretrainModelConfig:
+    """Which model: a preset, a config.json, or a BERT directory to continue from (``init``)."""
+
+    preset: str = setting("mini", "model size: " + ", ".join(PRESETS))
+    model_config: str | None = setting(None, "a BERT config.json to build the model from")
+    init: str | None = setting(None, "continue from a BERT directory (ours or a transformers checkpoint)")
+    dropout: float | None = setting(None, "hidden and attention dropout (default: the model's, 0.1)")
+
+    def validate(self) -> None:
+        check_preset(self.preset)
+
+
+@dataclass
+class PretrainConfig(Sections):
+    out: str = setting("", "output directory (a Hugging Face BERT directory, with metrics and checkpoints)")
     model: PretrainModelConfig = field(default_factory=PretrainModelConfig)
     data: PretrainDataConfig = field(default_factory=PretrainDataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -230,36 +316,14 @@ class PretrainConfig:
 
     SECTIONS = ("model", "data", "train", "impl")
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> PretrainConfig:
-        d = dict(d)
-        kinds = {"model": PretrainModelConfig, "data": PretrainDataConfig, "train": TrainConfig, "impl": ImplConfig}
-        kw: dict[str, Any] = {}
-        for name, kind in kinds.items():
-            kw[name] = dataclass_from_dict(kind, d.pop(name, {}) or {}, where=f"config section {name!r}")
-        out = d.pop("out", "")
-        if d:
-            raise UserError(f"unknown key(s) in config: {', '.join(sorted(d))}")
-        return cls(out=out, **kw)
-
-    def update_flat(self, flat: dict[str, Any], where: str = "config") -> None:
-        """Set fields by their flat names (the command-line flags' names, '-' or '_')."""
-        index = {f.name: sec for sec in self.SECTIONS for f in dataclasses.fields(getattr(self, sec))}
-        index["out"] = None
-        unknown = []
-        for k, v in flat.items():
-            key = k.replace("-", "_")
-            if key not in index:
-                unknown.append(k)
-            elif index[key] is None:
-                self.out = v
-            else:
-                setattr(getattr(self, index[key]), key, v)
-        if unknown:
-            raise UserError(f"unknown key(s) in {where}: {', '.join(sorted(unknown))}")
+    def validate(self, resume: bool = False) -> None:
+        """Every check of values alone (no file system), before anything is read or written."""
+        if not self.data.data and not resume:
+            raise UserError("--data is required")
+        if self.train.epochs is not None:
+            raise UserError("pretraining runs by --max-steps or --max-time, not epochs")
+        for sec in (self.model, self.data, self.train):
+            sec.validate()
 
 
 def parse_duration(text: str | float | int | None) -> float | None:
@@ -280,7 +344,7 @@ def parse_duration(text: str | float | int | None) -> float | None:
 
 def read_config_file(path: str) -> dict[str, Any]:
     """A YAML or JSON mapping from a file; bad input is a UserError."""
-    from .textio import read_text
+    from .files import read_text
 
     text = read_text(path, "config file")
     try:
@@ -300,41 +364,57 @@ def read_config_file(path: str) -> dict[str, Any]:
 
 
 # ================================================================================================ fine-tuning
-@dataclass
-class FinetuneConfig:
-    """What every fine-tuning run shares (the task's own settings are in its own dataclass)."""
+# What fine-tuning changes in TrainConfig's defaults (BERT's fine-tuning recipe); tasks may change more.
+FINETUNE_TRAIN_DEFAULTS: dict[str, Any] = dict(
+    lr=5e-5, batch_size=32, warmup_ratio=0.1, epochs=3, log_every=20, eval_every=None, save_every=None,
+)
 
-    model: str = ""
-    train: str = ""
-    validation: str = ""
-    out: str = ""
-    epochs: int = 3
-    lr: float = 5e-5
-    batch_size: int = 32
-    eval_batch_size: int = 64
-    max_seq_length: int = 128
-    warmup_ratio: float = 0.1
-    weight_decay: float = 0.01
-    max_grad_norm: float = 1.0
-    max_train_examples: int | None = None  # a prefix of the training file, for quick runs
-    freeze_embeddings: bool = False  # keep the word embeddings as pretrained (few labels, large vocabulary)
-    seed: int = 0
-    log_every: int = 20
-    device: str = "auto"
-    precision: str = "auto"
-    progress: bool = True
+
+@dataclass
+class FinetuneDataConfig:
+    """The labelled files and how examples become model inputs."""
+
+    train: str = setting("", "training file")
+    validation: str = setting("", "validation file (evaluated after every epoch)")
+    max_seq_length: int = setting(128, "tokens per example (longer ones are truncated or windowed)")
+    max_train_examples: int | None = setting(None, "use only the first N training examples")
+    eval_batch_size: int = setting(64, "batch size for evaluation")
+
+
+@dataclass
+class FinetuneConfig(Sections):
+    """A fine-tuning run: the base model, the data, and the same train/impl settings as pretraining."""
+
+    model: str = setting("", "a BERT directory: pretrained by bertforge, or a transformers checkpoint")
+    out: str = setting("", "output directory (the fine-tuned model, metrics, predictions, plots)")
+    freeze_embeddings: bool = setting(False, "keep the word embeddings as pretrained (few labels, large vocabulary)")
+    data: FinetuneDataConfig = field(default_factory=FinetuneDataConfig)
+    train: TrainConfig = field(default_factory=lambda: TrainConfig(**FINETUNE_TRAIN_DEFAULTS))
+    impl: ImplConfig = field(default_factory=ImplConfig)
+
+    SECTIONS = ("data", "train", "impl")
+
+    def validate(self) -> None:
+        for name in ("model", "out"):
+            if not getattr(self, name):
+                raise UserError(f"--{name} is required")
+        if not self.data.train or not self.data.validation:
+            raise UserError("--train and --validation are required")
+        if not self.train.epochs or self.train.epochs < 1:
+            raise UserError(f"--epochs must be at least 1, not {self.train.epochs}")
+        self.train.validate()
 
 
 @dataclass
 class ClassifyConfig:
-    text_column: str | None = None  # default: sentence, text or sentence1
-    text_pair_column: str | None = None
-    label_column: str = "label"
+    text_column: str | None = setting(None, "text column (default: sentence, text or sentence1, whichever exists)")
+    text_pair_column: str | None = setting(None, "second sentence of a pair (e.g. sentence2)")
+    label_column: str = setting("label", "label column")
 
 
 @dataclass
 class SquadConfig:
-    doc_stride: int = 128  # tokens of overlap between windows (transformers' convention)
-    max_query_length: int = 64
-    n_best: int = 20
-    max_answer_length: int = 30
+    doc_stride: int = setting(128, "tokens shared by consecutive windows of a long context (transformers' convention)")
+    max_query_length: int = setting(64, "question tokens kept")
+    n_best: int = setting(20, "start and end candidates per window")
+    max_answer_length: int = setting(30, "longest answer in tokens")

@@ -28,7 +28,7 @@ import re
 from collections.abc import Iterator
 
 from .errors import UserError
-from .textio import json_lines, read_text
+from .files import json_lines, read_text
 
 TEXT_SUFFIXES = (".txt", ".jsonl", ".txt.gz", ".jsonl.gz", ".parquet")
 

@@ -20,14 +20,15 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import BertConfig, ClassifyConfig, FinetuneConfig, PretrainConfig
+from .config import BertConfig, ClassifyConfig, PretrainConfig
 from .corpus import iter_texts
 from .demo_corpus import generate_stories, write_sentiment, write_story_corpus
 from .errors import UserError
+from .finetune import run_classification
 from .model import BertForPreTraining
 from .predict import pipeline
 from .pretrain import run_pretraining
-from .tasks.classify import evaluate_classifier, run_classification
+from .tasks.classify import ClassificationTask, evaluate_classifier
 from .tokenizer import save_tokenizer, train_tokenizer
 
 log = logging.getLogger("bertforge")
@@ -100,11 +101,11 @@ def run_demo(out: str = "demo-output", quick: bool = False, wordpiece: bool = Fa
     BertForPreTraining(BertConfig.load(cfg.out)).save_pretrained(scratch_init, tokenizer=tok)
     results = {}
     for name, init in (("pretrained", cfg.out), ("scratch", scratch_init)):
-        ft = FinetuneConfig(model=init, train=senti["train"], validation=senti["validation"],
-                            out=os.path.join(out, f"sentiment-{name}"), epochs=s.finetune_epochs, lr=s.finetune_lr,
-                            batch_size=16, max_seq_length=64, seed=s.seed, progress=progress,
-                            # 200 labels name 12 adjectives; the other 36 must keep what pretraining taught them
-                            freeze_embeddings=True)
+        ft = ClassificationTask.config(
+            model=init, train=senti["train"], validation=senti["validation"], out=os.path.join(out, f"sentiment-{name}"),
+            epochs=s.finetune_epochs, lr=s.finetune_lr, batch_size=16, max_seq_length=64, seed=s.seed, progress=progress,
+            # 200 labels name 12 adjectives; the other 36 must keep what pretraining taught them
+            freeze_embeddings=True)
         run_classification(ft, ClassifyConfig())
         results[name] = evaluate_classifier(ft.out, senti["test"], ClassifyConfig(), max_seq_length=64)
     shutil.rmtree(scratch_init, ignore_errors=True)

@@ -1,5 +1,6 @@
-"""The training engine: device and precision, distributed set-up, optimizer, learning-rate schedule,
-one optimisation step, and the state that makes a resumed run reproduce an uninterrupted one.
+"""The training engine: optimizer, learning-rate schedule,
+the one optimisation step that pretraining and fine-tuning share (:class:`Engine`), and the training state
+that checkpoints save so that a resumed run reproduces an uninterrupted one (:class:`TrainState`).
 
 Loops (pretraining, fine-tuning) stay short because the engine owns the step, as in cramming.
 """
@@ -8,99 +9,27 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
-from dataclasses import dataclass
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
-import torch.distributed as dist
 
 from .config import ImplConfig, TrainConfig
-from .errors import UserError
+from .devices import Dist, autocast_context
+from .errors import TrainingError
 
 log = logging.getLogger("bertforge")
 
 
-class TrainingError(Exception):
-    """A run that cannot go on (e.g. a non-finite loss): ``error: ...`` and exit status 1."""
+class NonFiniteLoss(TrainingError):
+    """A step whose loss or gradient norm is not finite; the optimizer did not apply it."""
 
-
-# ------------------------------------------------------------------------------------------------ devices
-@dataclass
-class Dist:
-    rank: int = 0
-    world: int = 1
-    local_rank: int = 0
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    @property
-    def enabled(self) -> bool:
-        return self.world > 1
-
-    def barrier(self) -> None:
-        if self.enabled:
-            dist.barrier()
-
-    def all_sum(self, values: list[float], device) -> list[float]:
-        """Sum a few numbers over all ranks (identity in one process)."""
-        if not self.enabled:
-            return values
-        t = torch.tensor(values, dtype=torch.float64, device=device)
-        dist.all_reduce(t)
-        return t.tolist()
-
-
-def init_distributed(device_kind: str) -> Dist:
-    """Join the process group that ``torchrun`` describes in the environment (no-op without torchrun)."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1:
-        return Dist()
-    rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
-    if not dist.is_initialized():
-        backend = "nccl" if device_kind == "cuda" else "gloo"
-        if backend == "nccl":
-            torch.cuda.set_device(local_rank)
-        dist.init_process_group(backend=backend)
-    return Dist(rank, world, local_rank)
-
-
-def resolve_device(impl: ImplConfig, d: Dist | None = None) -> torch.device:
-    name = impl.device
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise UserError("--device cuda was asked for, but no CUDA GPU is available")
-        if name == "cuda":
-            name = f"cuda:{d.local_rank if d else 0}"
-    elif name != "cpu":
-        raise UserError(f"unknown device {impl.device!r}; expected auto, cpu, cuda or cuda:N")
-    return torch.device(name)
-
-
-def setup_backend(device: torch.device, impl: ImplConfig, d: Dist | None = None) -> None:
-    """Threads on the CPU (all cores, shared among local ranks); TF32 matmuls on CUDA."""
-    if device.type == "cpu":
-        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", d.world if d else 1))
-        threads = impl.threads or max(1, (os.cpu_count() or 1) // max(1, local_world))
-        torch.set_num_threads(threads)
-    else:
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-
-
-def autocast_context(device: torch.device, impl: ImplConfig):
-    """bf16 autocast on CUDA (default there); fp32 on the CPU, where bf16 matmuls are ~500x slower here."""
-    precision = impl.precision
-    if precision == "auto":
-        precision = "bf16" if device.type == "cuda" else "fp32"
-    if precision == "bf16":
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    if precision != "fp32":
-        raise UserError(f"unknown precision {impl.precision!r}; expected auto, fp32 or bf16")
-    return contextlib.nullcontext()
+    def __init__(self, step: int, lr: float | None):
+        at = f" (lr {lr:.3g})" if lr is not None else ""
+        super().__init__(f"the loss is not finite at step {step}{at}")
+        self.step, self.lr = step, lr
 
 
 # ------------------------------------------------------------------------------------------------ optimizer
@@ -136,8 +65,7 @@ class LinearSchedule:
 
     def __init__(self, base_lr: float, max_steps: int | None, max_time: float | None,
                  warmup_steps: int | None, warmup_ratio: float):
-        if max_steps is None and max_time is None:
-            raise UserError("give --max-steps or --max-time")
+        assert max_steps or max_time, "the configuration's validation asks for one of them"
         self.base_lr, self.max_steps, self.max_time = base_lr, max_steps, max_time
         self.warmup_steps, self.warmup_ratio = warmup_steps, warmup_ratio
 
@@ -198,3 +126,109 @@ def maybe_compile(model: torch.nn.Module, impl: ImplConfig) -> torch.nn.Module:
     except Exception as e:  # compile is an optimisation; never a reason to fail a run
         log.warning("torch.compile unavailable (%s); running eagerly", e)
         return model
+
+
+# ------------------------------------------------------------------------------------------------ state
+@dataclass
+class TrainState:
+    """What a run knows besides weights, optimizer and data position: saved in every checkpoint."""
+
+    step: int = 0  # optimizer steps taken
+    elapsed: float = 0.0  # wall-clock seconds of the run, across resumptions
+    tokens_seen: int = 0
+    meters: dict[str, float] = field(default_factory=dict)  # sums since the last log line
+
+    def add(self, **values: float) -> None:
+        for k, v in values.items():
+            self.meters[k] = self.meters.get(k, 0.0) + v
+
+    def take_meters(self) -> dict[str, float]:
+        """The sums since the last call; the meters start again from zero."""
+        m, self.meters = self.meters, {}
+        return m
+
+    def state_dict(self) -> dict:
+        return {"step": self.step, "elapsed": self.elapsed, "tokens_seen": self.tokens_seen, "meters": dict(self.meters)}
+
+    def load_state_dict(self, d: dict) -> None:
+        self.step, self.elapsed, self.tokens_seen = int(d["step"]), float(d["elapsed"]), int(d["tokens_seen"])
+        self.meters = {k: float(v) for k, v in d.get("meters", d.get("acc", {})).items()}  # "acc": before 0.2
+
+
+# ------------------------------------------------------------------------------------------------ the step
+LossFn = Callable[[torch.nn.Module, dict], tuple[torch.Tensor, dict[str, torch.Tensor | float]]]
+
+
+class Engine:
+    """Owns the optimisation step of every run: the optimizer, the learning-rate schedule, autocast, DDP and
+    ``torch.compile`` wrapping, gradient accumulation, clipping, the non-finite check, and the clock.
+
+    ``objective`` is the module that the loss function calls (the model itself, or a module around its
+    loss); ``model`` is what the optimizer trains.
+    """
+
+    def __init__(self, model: torch.nn.Module, cfg: TrainConfig, impl: ImplConfig, device: torch.device,
+                 d: Dist | None = None, objective: torch.nn.Module | None = None,
+                 schedule: LinearSchedule | None = None):
+        self.model, self.device, self.dist = model, device, d or Dist()
+        self.optimizer = build_optimizer(model, cfg, device)
+        self.schedule = schedule
+        self.max_grad_norm = cfg.max_grad_norm
+        self.autocast = autocast_context(device, impl)
+        module = objective if objective is not None else model
+        self.ddp = None
+        if self.dist.enabled:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            module = self.ddp = DDP(module, device_ids=[device.index] if device.type == "cuda" else None)
+        self.module = maybe_compile(module, impl)
+        self.state = TrainState()
+        self._params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        self.start_clock()
+
+    # the clock: elapsed wall-clock time of the run, carried across resumptions
+    def start_clock(self) -> None:
+        self._t0 = time.perf_counter() - self.state.elapsed
+
+    def tick(self) -> float:
+        self.state.elapsed = time.perf_counter() - self._t0
+        return self.state.elapsed
+
+    def done(self) -> bool:
+        return self.schedule is not None and self.schedule.done(self.state.step, self.state.elapsed)
+
+    def lr(self) -> float | None:
+        """The learning rate of the next step (None without a schedule: the optimizer's own)."""
+        return self.schedule.lr(self.state.step, self.state.elapsed) if self.schedule is not None else None
+
+    def step(self, batches: list[dict], loss_fn: LossFn) -> dict[str, float]:
+        """One optimizer step over the micro-batches of this process.
+
+        ``loss_fn(module, batch)`` returns the loss to differentiate, already normalised over the global
+        batch (so that N processes with accumulation compute exactly the gradient of one process with the
+        whole batch), and named parts to report.  Returns the parts summed over micro-batches and processes,
+        with ``grad_norm`` and ``lr``.  A non-finite part or gradient norm raises :class:`NonFiniteLoss`
+        before the optimizer applies anything.
+        """
+        lr = self.lr()
+        if lr is not None:
+            set_lr(self.optimizer, lr)
+        sums: dict[str, float] = {}
+        for i, b in enumerate(batches):
+            # gradients are all-reduced once per step, after the last micro-batch
+            last = self.ddp is None or i == len(batches) - 1
+            with contextlib.nullcontext() if last else self.ddp.no_sync():
+                with self.autocast:
+                    loss, parts = loss_fn(self.module, b)
+                (loss * self.dist.world).backward()  # DDP averages over processes; the loss is a global mean
+            for k, v in parts.items():
+                sums[k] = sums.get(k, 0.0) + float(v)
+        totals = dict(zip(sums, self.dist.all_sum(list(sums.values()), self.device)))
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self._params, self.max_grad_norm, foreach=True))
+        if not all(math.isfinite(v) for v in (grad_norm, *totals.values())):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise NonFiniteLoss(self.state.step + 1, lr)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.state.step += 1
+        return {**totals, "grad_norm": grad_norm, "lr": lr if lr is not None else self.optimizer.param_groups[0]["lr"]}

@@ -1,8 +1,9 @@
-"""One exception type for bad input.
+"""The two ways a command fails.
 
 Anything a user can get wrong (a missing file, malformed JSON, an unknown label, a vocabulary that does
-not fit the model) raises :class:`UserError`.  The command line turns it into one line
-``error: ...`` on stderr and exit status 2; library users catch it like any other exception.
+not fit the model) raises :class:`UserError`; a run that cannot go on (a non-finite loss, an interruption)
+raises :class:`TrainingError`.  The command line turns them into one line ``error: ...`` on stderr and exit
+status 2 or 1; library users catch them like any other exception.
 """
 
 from __future__ import annotations
@@ -12,6 +13,10 @@ import os
 
 class UserError(Exception):
     """Bad input from the user: reported as ``error: <message>``, exit status 2, no traceback."""
+
+
+class TrainingError(Exception):
+    """A run that cannot go on (e.g. a non-finite loss): ``error: <message>`` and exit status 1."""
 
 
 def require_file(path: str | os.PathLike, what: str = "file") -> str:

@@ -16,6 +16,8 @@ from collections.abc import Iterable
 import numpy as np
 import torch
 
+from .batching import to_device
+
 
 @contextlib.contextmanager
 def eval_mode(model: torch.nn.Module):
@@ -26,10 +28,6 @@ def eval_mode(model: torch.nn.Module):
             yield
     finally:
         model.train(was)
-
-
-def to_device(batch: dict, device) -> dict:
-    return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
 
 # ------------------------------------------------------------------------------------------------ pretraining

@@ -20,12 +20,12 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
+from .batching import length_sorted_batches, pad_batch, to_device
 from .checkpoint import checkpoint_keys
 from .config import BertConfig, ImplConfig, SquadConfig
-from .engine import resolve_device
+from .devices import resolve_device
 from .errors import UserError
-from .evaluation import eval_mode, to_device
-from .finetune import length_sorted_batches, pad_batch
+from .evaluation import eval_mode
 from .model import (
     BertForMaskedLM,
     BertForPreTraining,

@@ -32,7 +32,7 @@ from tokenizers import (
 from tokenizers.models import WordLevel, WordPiece
 
 from .errors import UserError
-from .textio import read_json_object, read_text
+from .files import read_json_object, read_text
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = [PAD, UNK, CLS, SEP, MASK]

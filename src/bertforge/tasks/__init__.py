@@ -1,1 +1,13 @@
-"""Fine-tuning tasks: sentence (pair) classification and SQuAD v1.1 extractive question answering."""
+"""Fine-tuning tasks: sentence (pair) classification and SQuAD v1.1 extractive question answering.
+
+Each is a :class:`~bertforge.tasks.base.FinetuneTask` that the one runner (:mod:`bertforge.finetune`)
+trains; their data handling is also what evaluation and prediction use.
+"""
+
+from .base import FinetuneTask
+from .classify import ClassificationTask
+from .squad import SquadTask
+
+TASKS: dict[str, type[FinetuneTask]] = {t.name: t for t in (ClassificationTask, SquadTask)}
+
+__all__ = ["TASKS", "ClassificationTask", "FinetuneTask", "SquadTask"]

@@ -9,26 +9,18 @@ import io
 import json
 import logging
 import os
-import time
 
 import numpy as np
-import torch
 from tokenizers import Tokenizer
 
-from ..checkpoint import atomic_dir, save_pretrained
+from ..batching import length_sorted_batches, pad_batch, to_device
 from ..config import BertConfig, ClassifyConfig, FinetuneConfig
 from ..errors import UserError
-from ..evaluation import classification_metrics, eval_mode, to_device
-from ..finetune import (
-    device_of,
-    finish_outputs,
-    length_sorted_batches,
-    pad_batch,
-    train_task,
-)
+from ..evaluation import classification_metrics, eval_mode
+from ..files import json_lines, read_text
 from ..model import BertForSequenceClassification
-from ..textio import json_lines, read_text
 from ..tokenizer import load_tokenizer, special_ids
+from .base import FinetuneTask
 
 log = logging.getLogger("bertforge")
 
@@ -126,78 +118,71 @@ def _labels_to_ids(rows, label_col, label2id, path) -> np.ndarray:
     return np.asarray(ids, dtype=np.int64)
 
 
-# ------------------------------------------------------------------------------------------------ commands
-def run_classification(cfg: FinetuneConfig, task: ClassifyConfig) -> dict:
-    """``bertforge finetune classify``: returns the best epoch's metrics (also in OUT/metrics.json)."""
-    if not os.path.isdir(cfg.model):
-        raise UserError(f"model directory not found: {cfg.model}")
-    train_rows = read_table(cfg.train)
-    val_rows = read_table(cfg.validation)
-    text, pair, label_col = resolve_columns(train_rows, task, cfg.train)
-    resolve_columns(val_rows, dataclasses.replace(task, text_column=text), cfg.validation)
-    if cfg.max_train_examples:
-        train_rows = train_rows[: cfg.max_train_examples]
-    labels = label_set([r[label_col] for r in train_rows])
-    if len(labels) < 2:
-        raise UserError(f"{cfg.train}: only one label ({labels[0]!r}); classification needs at least two")
-    label2id = {lab: i for i, lab in enumerate(labels)}
-    y_train = _labels_to_ids(train_rows, label_col, label2id, cfg.train)
-    y_val = _labels_to_ids(val_rows, label_col, label2id, cfg.validation)
+# ------------------------------------------------------------------------------------------------ fine-tuning
+class ClassificationTask(FinetuneTask):
+    """Sentence (pair) classification: labels from the training file, accuracy picks the best epoch."""
 
-    tok = load_tokenizer(cfg.model)
-    config = BertConfig.load(cfg.model)
-    if tok.get_vocab_size(with_added_tokens=True) > config.vocab_size:
-        raise UserError(f"the tokenizer in {cfg.model} does not fit its model's vocabulary")
-    if cfg.max_seq_length > config.max_position_embeddings:
-        raise UserError(f"--max-seq-length {cfg.max_seq_length} exceeds the model's {config.max_position_embeddings} positions")
-    same_labels = config.id2label and [config.id2label[i] for i in sorted(config.id2label)] == labels
-    config.id2label, config.label2id = {i: lab for i, lab in enumerate(labels)}, None
-    config.__post_init__()
-    device = device_of(cfg)
-    torch.manual_seed(cfg.seed)
-    model = BertForSequenceClassification.from_pretrained(cfg.model, config=config, reinit_head=not same_labels).to(device)
+    name = "classify"
+    model_class = BertForSequenceClassification
+    select = "accuracy"
+    plotted = [("accuracy", "accuracy"), ("macro_f1", "macro-F1")]
+    defaults = {}
 
-    pad = special_ids(tok).pad
-    f_train, n_trunc = encode_rows(tok, train_rows, text, pair, cfg.max_seq_length)
-    f_val, v_trunc = encode_rows(tok, val_rows, text, pair, cfg.max_seq_length)
-    if n_trunc or v_trunc:
-        log.warning("truncated to %d tokens: %d training and %d validation examples", cfg.max_seq_length, n_trunc, v_trunc)
-    for f, y in zip(f_train, y_train):
-        f["labels"] = int(y)
-    log.info("fine-tuning %s on %d examples (%d labels: %s), validating on %d", cfg.model, len(f_train), len(labels),
-             ", ".join(labels), len(f_val))
+    def read(self, cfg: FinetuneConfig) -> None:
+        self.train_rows = read_table(cfg.data.train)
+        self.val_rows = read_table(cfg.data.validation)
+        self.text, self.pair, self.label_col = resolve_columns(self.train_rows, self.settings, cfg.data.train)
+        resolve_columns(self.val_rows, dataclasses.replace(self.settings, text_column=self.text), cfg.data.validation)
+        if cfg.data.max_train_examples:
+            self.train_rows = self.train_rows[: cfg.data.max_train_examples]
+        self.labels = label_set([r[self.label_col] for r in self.train_rows])
+        if len(self.labels) < 2:
+            raise UserError(f"{cfg.data.train}: only one label ({self.labels[0]!r}); classification needs at least two")
+        label2id = {lab: i for i, lab in enumerate(self.labels)}
+        self.y_train = _labels_to_ids(self.train_rows, self.label_col, label2id, cfg.data.train)
+        self.y_val = _labels_to_ids(self.val_rows, self.label_col, label2id, cfg.data.validation)
 
-    with atomic_dir(cfg.out) as tmp:
-        t0 = time.perf_counter()
-        best, history = train_task(
-            model, f_train, lambda fs: pad_batch(fs, pad, ("labels",)),
-            lambda m: score(m, f_val, y_val, pad, device, cfg.eval_batch_size),
-            "accuracy", cfg, tmp, device,
-        )
-        train_seconds = time.perf_counter() - t0
-        save_pretrained(model, tmp, tokenizer=tok)
-        probs = best.artifacts
-        with open(os.path.join(tmp, "predictions.jsonl"), "w", encoding="utf-8") as f:
-            for r, p in zip(val_rows, probs):
-                row = {"text": r[text]}
-                if pair:
-                    row["text_pair"] = r[pair]
-                row.update(label=r[label_col], prediction=labels[int(p.argmax())],
-                           probabilities={lab: round(float(q), 6) for lab, q in zip(labels, p)})
+    def configure(self, config: BertConfig) -> bool:
+        same_labels = config.id2label and [config.id2label[i] for i in sorted(config.id2label)] == self.labels
+        config.id2label, config.label2id = {i: lab for i, lab in enumerate(self.labels)}, None
+        config.__post_init__()
+        return not same_labels
+
+    def encode(self, tok: Tokenizer, cfg: FinetuneConfig):
+        n = cfg.data.max_seq_length
+        self.pad, self.eval_batch_size = special_ids(tok).pad, cfg.data.eval_batch_size
+        f_train, n_trunc = encode_rows(tok, self.train_rows, self.text, self.pair, n)
+        self.f_val, v_trunc = encode_rows(tok, self.val_rows, self.text, self.pair, n)
+        if n_trunc or v_trunc:
+            log.warning("truncated to %d tokens: %d training and %d validation examples", n, n_trunc, v_trunc)
+        for f, y in zip(f_train, self.y_train):
+            f["labels"] = int(y)
+        log.info("fine-tuning %s on %d examples (%d labels: %s), validating on %d", cfg.model, len(f_train),
+                 len(self.labels), ", ".join(self.labels), len(self.f_val))
+        return f_train, lambda fs: pad_batch(fs, self.pad, ("labels",))
+
+    def evaluate(self, model, device):
+        return score(model, self.f_val, self.y_val, self.pad, device, self.eval_batch_size)
+
+    def write_outputs(self, folder: str, probs) -> dict:
+        with open(os.path.join(folder, "predictions.jsonl"), "w", encoding="utf-8") as f:
+            for r, p in zip(self.val_rows, probs):
+                row = {"text": r[self.text]}
+                if self.pair:
+                    row["text_pair"] = r[self.pair]
+                row.update(label=r[self.label_col], prediction=self.labels[int(p.argmax())],
+                           probabilities={lab: round(float(q), 6) for lab, q in zip(self.labels, p)})
                 f.write(json.dumps(row) + "\n")
-        majority = float(np.mean(y_val == np.bincount(y_train).argmax()))
-        metrics = finish_outputs(tmp, cfg, task, best, history, train_seconds,
-                                 {"majority_baseline_accuracy": majority, "train_examples": len(f_train),
-                                  "validation_examples": len(f_val)},
-                                 [("accuracy", "accuracy"), ("macro_f1", "macro-F1")])
-    return metrics
+        majority = float(np.mean(self.y_val == np.bincount(self.y_train).argmax()))
+        return {"majority_baseline_accuracy": majority, "train_examples": len(self.y_train),
+                "validation_examples": len(self.y_val)}
 
 
 def evaluate_classifier(model_dir: str, data: str, task: ClassifyConfig, max_seq_length: int = 128,
                         batch_size: int = 64, device: str = "auto") -> dict:
     """``bertforge evaluate classify``: accuracy, macro-F1 and loss of a saved classifier on a labelled file."""
     from ..config import ImplConfig
-    from ..engine import resolve_device
+    from ..devices import resolve_device
 
     if not os.path.isdir(model_dir):
         raise UserError(f"model directory not found: {model_dir}")

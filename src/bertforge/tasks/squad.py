@@ -15,27 +15,19 @@ from __future__ import annotations
 import json
 import logging
 import os
-import time
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 from tokenizers import Tokenizer
 
-from ..checkpoint import atomic_dir, save_pretrained
-from ..config import BertConfig, FinetuneConfig, SquadConfig
+from ..batching import length_sorted_batches, pad_batch, to_device
+from ..config import FinetuneConfig, SquadConfig
 from ..errors import UserError
-from ..evaluation import eval_mode, squad_evaluate, to_device
-from ..finetune import (
-    device_of,
-    finish_outputs,
-    length_sorted_batches,
-    pad_batch,
-    train_task,
-)
+from ..evaluation import eval_mode, squad_evaluate
+from ..files import read_json
 from ..model import BertForQuestionAnswering
-from ..textio import read_json
 from ..tokenizer import load_tokenizer, special_ids
+from .base import FinetuneTask
 
 log = logging.getLogger("bertforge")
 
@@ -195,59 +187,52 @@ def predict_answers(model, tok: Tokenizer, examples: list[Example], cfg: SquadCo
     return postprocess(examples, feats, s, e, cfg.n_best, cfg.max_answer_length)
 
 
-def run_squad(cfg: FinetuneConfig, task: SquadConfig) -> dict:
-    """``bertforge finetune squad``: returns the best epoch's metrics (also in OUT/metrics.json)."""
-    if not os.path.isdir(cfg.model):
-        raise UserError(f"model directory not found: {cfg.model}")
-    train_ex, _ = read_examples(cfg.train)
-    val_ex, val_data = read_examples(cfg.validation)
-    if cfg.max_train_examples:
-        train_ex = train_ex[: cfg.max_train_examples]
-    tok = load_tokenizer(cfg.model)
-    config = BertConfig.load(cfg.model)
-    if cfg.max_seq_length > config.max_position_embeddings:
-        raise UserError(f"--max-seq-length {cfg.max_seq_length} exceeds the model's {config.max_position_embeddings} positions")
-    feats, skipped = build_features(tok, train_ex, cfg.max_seq_length, task.doc_stride, task.max_query_length, training=True)
-    if skipped:
-        log.warning("%d of %d training questions skipped: the answer text is not at answer_start in the context",
-                    skipped, len(train_ex))
-    if not feats:
-        raise UserError(f"{cfg.train}: no training question has an answer that matches its context")
-    val_feats, _ = build_features(tok, val_ex, cfg.max_seq_length, task.doc_stride, task.max_query_length, training=False)
-    device = device_of(cfg)
-    torch.manual_seed(cfg.seed)
-    model = BertForQuestionAnswering.from_pretrained(cfg.model, config=config).to(device)
-    pad = special_ids(tok).pad
-    log.info("fine-tuning %s on %d questions (%d windows), validating on %d questions (%d windows)",
-             cfg.model, len(train_ex) - skipped, len(feats), len(val_ex), len(val_feats))
+class SquadTask(FinetuneTask):
+    """SQuAD v1.1: windows of long contexts, the official F1 picks the best epoch."""
 
-    def evaluate(m):
-        s, e = qa_logits(m, val_feats, pad, device, cfg.eval_batch_size)
-        preds, _ = postprocess(val_ex, val_feats, s, e, task.n_best, task.max_answer_length)
-        return squad_evaluate(val_data, preds), preds
+    name = "squad"
+    model_class = BertForQuestionAnswering
+    select = "f1"
+    plotted = [("exact_match", "exact match"), ("f1", "F1")]
+    defaults = {"max_seq_length": 384, "epochs": 2, "batch_size": 16}
 
-    def collate(fs):
-        return pad_batch(fs, pad, ("start_positions", "end_positions"))
+    def read(self, cfg: FinetuneConfig) -> None:
+        self.train_ex, _ = read_examples(cfg.data.train)
+        self.val_ex, self.val_data = read_examples(cfg.data.validation)
+        if cfg.data.max_train_examples:
+            self.train_ex = self.train_ex[: cfg.data.max_train_examples]
 
-    with atomic_dir(cfg.out) as tmp:
-        t0 = time.perf_counter()
-        best, history = train_task(model, feats, collate, evaluate, "f1", cfg, tmp, device)
-        train_seconds = time.perf_counter() - t0
-        save_pretrained(model, tmp, tokenizer=tok)
-        with open(os.path.join(tmp, "predictions.json"), "w", encoding="utf-8") as f:
-            json.dump(best.artifacts, f, indent=1, ensure_ascii=False)
-        metrics = finish_outputs(tmp, cfg, task, best, history, train_seconds,
-                                 {"train_questions": len(train_ex) - skipped, "skipped_train_questions": skipped,
-                                  "train_windows": len(feats)},
-                                 [("exact_match", "exact match"), ("f1", "F1")])
-    return metrics
+    def encode(self, tok: Tokenizer, cfg: FinetuneConfig):
+        st, n = self.settings, cfg.data.max_seq_length
+        feats, self.skipped = build_features(tok, self.train_ex, n, st.doc_stride, st.max_query_length, training=True)
+        if self.skipped:
+            log.warning("%d of %d training questions skipped: the answer text is not at answer_start in the context",
+                        self.skipped, len(self.train_ex))
+        if not feats:
+            raise UserError(f"{cfg.data.train}: no training question has an answer that matches its context")
+        self.val_feats, _ = build_features(tok, self.val_ex, n, st.doc_stride, st.max_query_length, training=False)
+        self.pad, self.eval_batch_size, self.n_windows = special_ids(tok).pad, cfg.data.eval_batch_size, len(feats)
+        log.info("fine-tuning %s on %d questions (%d windows), validating on %d questions (%d windows)",
+                 cfg.model, len(self.train_ex) - self.skipped, len(feats), len(self.val_ex), len(self.val_feats))
+        return feats, lambda fs: pad_batch(fs, self.pad, ("start_positions", "end_positions"))
+
+    def evaluate(self, model, device):
+        s, e = qa_logits(model, self.val_feats, self.pad, device, self.eval_batch_size)
+        preds, _ = postprocess(self.val_ex, self.val_feats, s, e, self.settings.n_best, self.settings.max_answer_length)
+        return squad_evaluate(self.val_data, preds), preds
+
+    def write_outputs(self, folder: str, preds) -> dict:
+        with open(os.path.join(folder, "predictions.json"), "w", encoding="utf-8") as f:
+            json.dump(preds, f, indent=1, ensure_ascii=False)
+        return {"train_questions": len(self.train_ex) - self.skipped, "skipped_train_questions": self.skipped,
+                "train_windows": self.n_windows}
 
 
 def evaluate_squad_model(model_dir: str, data: str, task: SquadConfig, max_seq_length: int = 384,
                          batch_size: int = 64, device: str = "auto", predictions_out: str | None = None) -> dict:
     """``bertforge evaluate squad --model``: official EM/F1 of a saved QA model on a SQuAD file."""
     from ..config import ImplConfig
-    from ..engine import resolve_device
+    from ..devices import resolve_device
 
     if not os.path.isdir(model_dir):
         raise UserError(f"model directory not found: {model_dir}")

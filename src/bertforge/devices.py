@@ -1,0 +1,94 @@
+"""Where a run computes: the device, its precision (autocast), CPU threads, and the process group that
+``torchrun`` describes.  Used by training and by inference alike."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from .config import ImplConfig
+from .errors import UserError
+
+
+@dataclass
+class Dist:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world > 1
+
+    def barrier(self) -> None:
+        if self.enabled:
+            dist.barrier()
+
+    def all_sum(self, values: list[float], device) -> list[float]:
+        """Sum a few numbers over all ranks (identity in one process)."""
+        if not self.enabled:
+            return values
+        t = torch.tensor(values, dtype=torch.float64, device=device)
+        dist.all_reduce(t)
+        return t.tolist()
+
+
+def init_distributed(device_kind: str) -> Dist:
+    """Join the process group that ``torchrun`` describes in the environment (no-op without torchrun)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return Dist()
+    rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    if not dist.is_initialized():
+        backend = "nccl" if device_kind == "cuda" else "gloo"
+        if backend == "nccl":
+            torch.cuda.set_device(local_rank)
+        dist.init_process_group(backend=backend)
+    return Dist(rank, world, local_rank)
+
+
+def resolve_device(impl: ImplConfig, d: Dist | None = None) -> torch.device:
+    name = impl.device
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise UserError("--device cuda was asked for, but no CUDA GPU is available")
+        if name == "cuda":
+            name = f"cuda:{d.local_rank if d else 0}"
+    elif name != "cpu":
+        raise UserError(f"unknown device {impl.device!r}; expected auto, cpu, cuda or cuda:N")
+    return torch.device(name)
+
+
+def setup_backend(device: torch.device, impl: ImplConfig, d: Dist | None = None) -> None:
+    """Threads on the CPU (all cores, shared among local ranks); TF32 matmuls on CUDA."""
+    if device.type == "cpu":
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", d.world if d else 1))
+        threads = impl.threads or max(1, (os.cpu_count() or 1) // max(1, local_world))
+        torch.set_num_threads(threads)
+    else:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+
+
+def autocast_context(device: torch.device, impl: ImplConfig):
+    """bf16 autocast on CUDA (default there); fp32 on the CPU, where bf16 matmuls are ~500x slower here."""
+    precision = impl.precision
+    if precision == "auto":
+        precision = "bf16" if device.type == "cuda" else "fp32"
+    if precision == "bf16":
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    if precision != "fp32":
+        raise UserError(f"unknown precision {impl.precision!r}; expected auto, fp32 or bf16")
+    return contextlib.nullcontext()
+
+

@@ -1,0 +1,77 @@
+"""What a run records as it goes: ``metrics.jsonl`` (one JSON line per logging step and per evaluation,
+and TensorBoard scalars when it is installed) and ``train.log`` (a copy of the log)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+
+from .files import atomic_write_text
+
+log = logging.getLogger("bertforge")
+
+
+class MetricsLog:
+    """``metrics.jsonl`` in ``out`` (and TensorBoard, when asked and installed); silent when not ``enabled``
+    (the processes other than rank 0)."""
+
+    def __init__(self, out: str, enabled: bool = True, tensorboard: bool = True):
+        self.path = os.path.join(out, "metrics.jsonl")
+        self.enabled = enabled
+        self.tb = None
+        if enabled and tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.tb = SummaryWriter(os.path.join(out, "tensorboard"))
+            except Exception:  # tensorboard not installed
+                self.tb = None
+
+    def truncate_after(self, step: int) -> None:
+        """Drop lines written after ``step`` (by a run that was interrupted before its next checkpoint)."""
+        if not self.enabled or not os.path.isfile(self.path):
+            return
+        with open(self.path, encoding="utf-8") as f:
+            keep = [line for line in f if line.strip() and json.loads(line).get("step", 0) <= step]
+        atomic_write_text(self.path, "".join(keep))
+
+    def write(self, row: dict) -> None:
+        if not self.enabled:
+            return
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(row) + "\n")
+        if self.tb is not None:
+            for k, v in row.items():
+                if isinstance(v, (int, float)) and k not in ("step", "type"):
+                    self.tb.add_scalar(f"{row.get('type', 'train')}/{k}", v, row["step"])
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
+
+
+def rounded(d: dict, digits: int = 4) -> str:
+    """A metrics dict as one JSON line, floats rounded, for the log."""
+    return json.dumps({k: round(v, digits) if isinstance(v, float) else v for k, v in d.items()})
+
+
+@contextlib.contextmanager
+def file_log(out: str, enabled: bool = True):
+    """Copy the log to ``out/train.log`` for the duration of the run."""
+    if not enabled:
+        yield
+        return
+    h = logging.FileHandler(os.path.join(out, "train.log"), encoding="utf-8")
+    h.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+    h.setLevel(logging.INFO)
+    old_level = log.level
+    log.addHandler(h)
+    log.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        log.removeHandler(h)
+        h.close()
+        log.setLevel(old_level)

@@ -1,0 +1,115 @@
+"""Multi-head self-attention kernels, and the one place that picks among them.
+
+The maths is the paper's ``softmax(Q K^T / sqrt(hs)) V`` with dropout on the probabilities.  Which code
+computes it (:func:`attend`):
+
+* ``F.scaled_dot_product_attention`` (flash / memory-efficient / math kernels) wherever it can, including
+  variable-length attention over nested jagged tensors when a padded batch runs on CUDA
+  (:class:`~bertforge.ops.padding.Padding` says when);
+* our own maths on the CPU in training with dropout, since SDPA's CPU kernels have no dropout: the key
+  mask applied in place, the softmax scale folded into the query projection, the dropout multiplier
+  carrying 1/(1-p) (every pass over the (B, nh, T, T) scores costs more than the matmuls there).
+
+:func:`self_attention` runs the projections and the attention for every token; :func:`row_attention` only
+for some query rows (the rows-only last layer of pretraining), every token still a key and a value.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from .dropout import dropout_mask
+from .linear import linear
+from .padding import Padding, gather_rows
+
+
+def own_kernel(device: torch.device, p: float) -> bool:
+    """True where attention runs our own maths: on the CPU with dropout, which SDPA's CPU kernels lack."""
+    return p > 0.0 and device.type == "cpu"
+
+
+def attention_with_dropout(q, k, v, key_mask, p: float) -> torch.Tensor:
+    """softmax(q k^T) with dropout ``p`` on the probabilities, times v: (B, nh, T, hs).  ``q`` comes already
+    scaled by 1/sqrt(hs)."""
+    att = q @ k.transpose(-2, -1)  # (B, nh, Tq, Tk)
+    if key_mask is not None:
+        att.masked_fill_(~key_mask, float("-inf"))
+    att = att.softmax(-1)
+    if p == 0.0:
+        return att @ v
+    return (att * dropout_mask(att.shape, p, att.device, att.dtype)) @ v
+
+
+def attend(q, k, v, key_mask, p: float) -> torch.Tensor:
+    """Attention of (B, nh, Tq, hs) queries over (B, nh, Tk, hs) keys and values (nested or dense); ``q``
+    comes pre-scaled exactly when :func:`own_kernel` is true for it."""
+    if own_kernel(q.device, p):
+        return attention_with_dropout(q, k, v, key_mask, p)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, dropout_p=p)
+
+
+def _scaled_query(wq, bq, hs: int, own: bool):
+    if not own:
+        return wq, bq
+    s = 1.0 / math.sqrt(hs)  # folded into the projection: no pass over the scores
+    return wq * s, bq * s
+
+
+def self_attention(x, q_proj, k_proj, v_proj, n_head: int, padding: Padding, p: float) -> torch.Tensor:
+    """Attention output for every row of ``x``: (N, C) real tokens, or (B, T, C) without padding.
+
+    ``*_proj`` are the (weight, bias) of the query, key and value projections, run as one matmul.
+    """
+    C = x.shape[-1]
+    hs = C // n_head
+    own = own_kernel(x.device, p)
+    wq, bq = _scaled_query(*q_proj, hs, own)
+    w = torch.cat([wq, k_proj[0], v_proj[0]])  # (3C, C)
+    b = torch.cat([bq, k_proj[1], v_proj[1]])  # (3C,)
+    if padding.offsets is not None and not own:  # variable-length: only real tokens, no (B, T) layout
+        qkv = linear(x, w, b).view(-1, 3, n_head, hs)  # (N, 3, nh, hs)
+        q, k, v = (padding.jagged(t.contiguous()) for t in qkv.unbind(1))  # nested (B, nh, j, hs)
+        y = attend(q, k, v, None, p)  # nested (B, nh, j, hs)
+        return y.transpose(1, 2).values().reshape(-1, C)  # (N, C)
+    qkv = padding.pad(linear(x, w, b))  # (B, T, 3C)
+    B, T = qkv.shape[:2]
+    qkv = qkv.view(B, T, 3, n_head, hs).permute(2, 0, 3, 1, 4)  # (3, B, nh, T, hs)
+    q, k, v = qkv.contiguous() if own else qkv  # one copy, so that the batched matmuls need none
+    y = attend(q, k, v, padding.attn_mask, p)  # (B, nh, T, hs)
+    return padding.unpad(y.transpose(1, 2).reshape(B, T, C))
+
+
+def row_attention(x, x_rows, rows, q_proj, k_proj, v_proj, n_head: int, padding: Padding, p: float) -> torch.Tensor:
+    """Attention output (M, C) for ``rows`` only (indices into the flat rows ``x`` (N, C), ``x_rows`` those
+    rows): they are the only queries, every token is still a key and a value."""
+    C = x.shape[-1]
+    hs = C // n_head
+    own = own_kernel(x.device, p)
+    w = torch.cat([k_proj[0], v_proj[0]])  # (2C, C)
+    b = torch.cat([k_proj[1], v_proj[1]])  # (2C,)
+    kv = padding.pad(linear(x, w, b))  # (B, T, 2C)
+    B, T = kv.shape[:2]
+    kv = kv.view(B, T, 2, n_head, hs).permute(2, 0, 3, 1, 4)  # (2, B, nh, T, hs)
+    k, v = kv.contiguous() if own else kv
+    slots, R = query_slots(rows, padding)  # queries grouped by sequence in a (B, R) grid
+    q = linear(x_rows, *_scaled_query(*q_proj, hs, own))  # (M, C)
+    q = q.new_zeros(B * R, C).index_copy(0, slots, q).view(B, R, n_head, hs).transpose(1, 2)  # (B, nh, R, hs)
+    y = attend(q.contiguous() if own else q, k, v, padding.attn_mask, p)  # (B, nh, R, hs)
+    return gather_rows(y.transpose(1, 2).reshape(B * R, C), slots)  # (M, C)
+
+
+def query_slots(rows: torch.Tensor, padding: Padding) -> tuple[torch.Tensor, int]:
+    """Where each of ``rows`` (indices of real tokens) goes in a (B, R) grid of queries grouped by sequence,
+    R being the most rows any one sequence has: (M,) flat slots b * R + rank, and R."""
+    pos = padding.positions_of(rows)  # (M,) flat positions in (B*T)
+    b = torch.div(pos, padding.T, rounding_mode="floor")  # (M,) sequence of each row
+    counts = torch.bincount(b, minlength=padding.B)  # (B,)
+    R = max(int(counts.max()), 1) if len(counts) else 1
+    order = torch.argsort(b, stable=True)
+    starts = torch.cumsum(counts, 0) - counts  # (B,) first index of each sequence in sorted order
+    rank = torch.empty_like(b)
+    rank[order] = torch.arange(len(b), device=b.device) - starts[b[order]]
+    return b * R + rank, R
