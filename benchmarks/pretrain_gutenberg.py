@@ -14,16 +14,20 @@ import sys
 from bertforge.cli import main as bertforge
 
 
-def slice_books(src: str, dst: str, megabytes: float) -> int:
-    """Copy whole books from ``src`` (JSONL) to ``dst`` until ``megabytes`` of text; returns the count."""
+def slice_books(src: str, dst: str, megabytes: float, max_chars: int | None = None) -> int:
+    """Copy books from ``src`` (JSONL) to ``dst`` until ``megabytes`` of text; returns the count.  Books are
+    whole, or with ``max_chars`` cut to their first ``max_chars`` characters (at a paragraph break)."""
     n, size = 0, 0
     with open(src, encoding="utf-8") as f, open(dst, "w", encoding="utf-8") as g:
         for line in f:
             if size >= megabytes * 1e6:
                 break
-            book = json.loads(line)
-            g.write(json.dumps({"text": book["text"]}) + "\n")
-            size += len(book["text"].encode("utf-8"))
+            text = json.loads(line)["text"]
+            if max_chars and len(text) > max_chars:
+                cut = text.rfind("\n\n", 0, max_chars)
+                text = text[: cut if cut > 0 else max_chars]
+            g.write(json.dumps({"text": text}) + "\n")
+            size += len(text.encode("utf-8"))
             n += 1
     return n
 

@@ -102,6 +102,50 @@ def test_sigkill_and_resume_reproduce_the_uninterrupted_run(small_text_corpus, s
     assert _metric_rows(straight) == _metric_rows(killed)
 
 
+FAULT_RUN = ["--max-steps", "6", "--save-every", "2", "--eval-every", "0", "--log-every", "1"]
+
+
+@pytest.fixture(scope="module")
+def straight_run(small_text_corpus, story_tok_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("straight") / "run"
+    assert main(["--quiet", *_args(small_text_corpus, story_tok_dir, out, *FAULT_RUN)]) == 0
+    return out
+
+
+# The second save (step 4), with the run's earlier writes counted: setup writes the model files (1 write, 2
+# renames) and pretrain_config.json (1 write, 1 rename); the step-2 save 5 writes and 3 renames.  Of the
+# step-4 save: checkpoint files 8-11, the model directory's files 12; the checkpoint folder's rename 7,
+# the model files' renames 8-9.
+FAULTS = [f"write:{n}" for n in range(8, 13)] + [f"rename:{n}" for n in range(7, 10)]
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_a_kill_at_any_instant_of_a_save_resumes_to_the_uninterrupted_run(fault, small_text_corpus, story_tok_dir,
+                                                                           straight_run, tmp_path):
+    killed = tmp_path / "killed"
+    env = dict(os.environ, BERTFORGE_FAULT=fault)
+    proc = subprocess.run([sys.executable, "-m", "bertforge", "--quiet", *_args(small_text_corpus, story_tok_dir, killed, *FAULT_RUN)],
+                          env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=300)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
+    assert [s for s, _ in list_checkpoints(str(killed))][0] == 2
+    if fault == "rename:7":  # the newest checkpoint, complete at the kill, is then damaged; a torn metrics line too
+        newest = list_checkpoints(str(killed))[-1][1]
+        assert newest.endswith("step-00000004")
+        with open(os.path.join(newest, "optimizer.pt"), "r+b") as f:
+            f.truncate(100)
+        with open(killed / "metrics.jsonl", "a") as f:
+            f.write('{"type": "train", "st')
+    assert main(["--quiet", "pretrain", "--out", str(killed), "--resume", "--no-progress"]) == 0
+    a, b = _weights(straight_run), _weights(killed)
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    assert _metric_rows(straight_run) == _metric_rows(killed)
+    leftovers = [n for n in os.listdir(killed / "checkpoints") if n.startswith(".") and not n.startswith(".damaged-")]
+    assert not leftovers and not [n for n in os.listdir(killed) if n.startswith((".tmp-", ".save-tmp-"))]
+    if fault == "rename:7":
+        assert [n for n in os.listdir(killed / "checkpoints") if n.startswith(".damaged-step-00000004")]
+
+
 def test_a_save_killed_midway_leaves_the_previous_checkpoint(small_text_corpus, story_tok_dir, tmp_path, monkeypatch):
     out = tmp_path / "run"
     assert main(["--quiet", *_args(small_text_corpus, story_tok_dir, out, "--max-steps", "10", "--save-every", "5", "--eval-every", "0")]) == 0
@@ -132,9 +176,14 @@ def test_a_save_killed_midway_leaves_the_previous_checkpoint(small_text_corpus, 
 
 
 def test_ddp_torchrun_matches_one_process(small_text_corpus, story_tok_dir, tmp_path):
-    args = ["--max-steps", "6", "--eval-every", "0", "--save-every", "0", "--dropout", "0", "--log-every", "1"]
-    one, two = tmp_path / "one", tmp_path / "two"
+    """With the default dropout (0.1): each sequence's masks are keyed by (seed, step, sequence), so two
+    processes, or one process accumulating two micro-batches, compute the one-process run."""
+    args = ["--max-steps", "6", "--eval-every", "0", "--save-every", "0", "--log-every", "1"]
+    one, two, accum = tmp_path / "one", tmp_path / "two", tmp_path / "accum"
     assert main(["--quiet", *_args(small_text_corpus, story_tok_dir, one, *args)]) == 0
+    assert main(["--quiet", *_args(small_text_corpus, story_tok_dir, accum, *args, "--grad-accum", "2")]) == 0
+    a, c = _weights(one), _weights(accum)
+    assert max(float((a[k] - c[k]).abs().max()) for k in a) < 1e-5
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     r = subprocess.run([torchrun, "--nproc_per_node=2", "--master_port", "29533", "-m", "bertforge", "--quiet",
                         *_args(small_text_corpus, story_tok_dir, two, *args)], capture_output=True, text=True, timeout=300)

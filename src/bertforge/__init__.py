@@ -11,7 +11,7 @@ from .model import (
 )
 from .tokenizer import load_tokenizer
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 
 def pipeline(task: str, model: str, **kw):

@@ -1,10 +1,14 @@
 """``bertforge bench``: bertforge against transformers on the same config, batch and machine, in one process.
 
 Training: a full pretraining step exactly as ``bertforge pretrain`` runs it (:meth:`bertforge.engine.Engine.step`
-with :func:`bertforge.pretrain.pretraining_loss_fn`: forward, backward, clipping, AdamW) against ``transformers.BertForPreTraining`` (SDPA attention, AdamW,
-clipping) on the same masked batch held in memory.  The two alternate round by round so that drift on a
-shared machine hits both alike; the medians are compared.  Model FLOP utilisation is reported against an
-fp32 matmul peak measured here.
+with :func:`bertforge.pretrain.pretraining_loss_fn`: forward with dropout masks keyed by sequence on the CPU,
+backward, clipping, fused AdamW) against ``transformers.BertForPreTraining`` (SDPA attention, AdamW, clipping)
+on the same masked batch held in memory: random tokens, or with ``text`` and ``tokenizer`` a batch of real
+text built as ``bertforge pretrain`` builds it.  transformers' AdamW is torch's default (foreach) on the CPU,
+as its Trainer's ``adamw_torch``, and fused on CUDA.  Both run under the same precision (bf16 autocast on CUDA
+by default), neither compiled.  The two alternate round by round so that drift on a shared machine hits both
+alike; the medians are compared.  Model FLOP utilisation is reported against a matmul peak measured here in
+the precision of the run (fp32 on the CPU, bf16 under autocast).
 
 Inference: the encoder's forward pass over variable-length batches (SST-2 sentences when the data is at
 hand, else the demo corpus' sentences), each batch padded to its longest sentence for both (transformers'
@@ -24,18 +28,23 @@ import torch
 
 from .config import BertConfig, ImplConfig, TrainConfig
 from .devices import autocast_context, resolve_device, setup_backend
-from .engine import Engine
+from .engine import Engine, build_optimizer
 from .errors import UserError
 from .model import BertForPreTraining, BertModel, flops_per_token
 from .pretrain import PretrainingObjective, pretraining_loss_fn
 
 
-def matmul_peak(device: torch.device, seconds: float = 0.5, sizes: tuple[int, ...] = (1024, 2048, 4096)) -> float:
-    """fp32 matmul throughput (FLOP/s): the best of square matmuls of a few sizes, ``seconds`` each."""
+def matmul_peak(device: torch.device, seconds: float = 0.5, sizes: tuple[int, ...] = (1024, 2048, 4096),
+                dtype: torch.dtype = torch.float32) -> float:
+    """Matmul throughput (FLOP/s) in ``dtype``: the best of square matmuls of a few sizes, ``seconds`` each."""
     best = 0.0
-    for n in sizes if device.type == "cpu" else (8192,):
-        a = torch.randn(n, n, device=device)
-        b = torch.randn(n, n, device=device)
+    if device.type != "cpu":
+        sizes = (8192,)
+    elif dtype != torch.float32:
+        sizes = sizes[:1]  # bf16 matmuls crawl on CPUs without AMX
+    for n in sizes:
+        a = torch.randn(n, n, device=device, dtype=dtype)
+        b = torch.randn(n, n, device=device, dtype=dtype)
         a @ b
         _sync(device)
         k, t0 = 0, time.perf_counter()
@@ -71,6 +80,21 @@ def pretraining_batch(B: int, T: int, vocab: int, mask_prob: float = 0.15, seed:
             "labels": labels, "next_sentence_label": torch.randint(0, 2, (B,), generator=g)}
 
 
+def text_batch(text: str, tokenizer: str, B: int, T: int, seed: int = 0) -> tuple[dict, int]:
+    """A masked batch of real text, built as ``bertforge pretrain`` builds its batches (sentence pairs, NSP
+    labels, 80/10/10 masking; full-length targets), and the tokenizer's vocabulary size."""
+    import numpy as np
+
+    from .data import Masker, MaskingConfig, PretrainingLoader, build_corpus
+    from .tokenizer import load_tokenizer
+
+    tok = load_tokenizer(tokenizer)
+    corpus = build_corpus([text], tok)
+    masker = Masker(tok, MaskingConfig(T, short_seq_prob=0.0))
+    loader = PretrainingLoader(corpus, np.arange(corpus.n_documents), masker, B, seed)
+    return loader.next_batch(), tok.get_vocab_size(with_added_tokens=True)
+
+
 def _inference_batches(B: int, vocab: int, data_dir: str | None, n_batches: int) -> tuple[list[dict], str]:
     """Variable-length batches in file order, each padded to its longest sequence."""
     sentences, source = None, "demo corpus sentences"
@@ -101,23 +125,38 @@ def _inference_batches(B: int, vocab: int, data_dir: str | None, n_batches: int)
 
 
 def run_bench(preset: str = "mini", batch_size: int = 32, seq_len: int = 128, steps: int = 3, rounds: int = 7,
-              vocab_size: int = 30522, device: str = "auto", data_dir: str | None = None, inference: bool = True,
-              threads: int | None = None, out=print) -> dict:
+              vocab_size: int | None = None, device: str = "auto", data_dir: str | None = None, inference: bool = True,
+              threads: int | None = None, out=print, text: str | None = None, tokenizer: str | None = None,
+              precision: str = "auto") -> dict:
     """Alternate bertforge and transformers; print per-round figures and return the medians."""
+    if (text is None) != (tokenizer is None):
+        raise UserError("--text and --tokenizer go together")
     try:
         import transformers
     except ImportError:
         raise UserError("bertforge bench compares against transformers: pip install 'bertforge[test]'") from None
-    impl = ImplConfig(device=device, threads=threads)
+    impl = ImplConfig(device=device, threads=threads, precision=precision)
     dev = resolve_device(impl)
     setup_backend(dev, impl)
-    cfg = BertConfig.preset(preset, vocab_size=vocab_size)
     autocast = autocast_context(dev, impl)
-    peak = matmul_peak(dev)
+    if text:
+        batch, n_vocab = text_batch(text, tokenizer, batch_size, seq_len)
+        if vocab_size is not None and vocab_size != n_vocab:
+            raise UserError(f"--vocab-size {vocab_size} is not the tokenizer's {n_vocab} tokens")
+        vocab_size, source = n_vocab, f"text of {os.path.basename(text)}"
+    else:
+        vocab_size = vocab_size or 30522
+        batch, source = pretraining_batch(batch_size, seq_len, vocab_size), "random tokens"
+    batch["sequence_ids"] = torch.arange(batch_size)  # the keys of keyed dropout, as in pretraining
+    cfg = BertConfig.preset(preset, vocab_size=vocab_size)
+    peak_dtype = getattr(autocast, "fast_dtype", torch.float32)
+    peak_name = {torch.float32: "tf32" if dev.type == "cuda" and torch.backends.cuda.matmul.allow_tf32 else "fp32",
+                 torch.bfloat16: "bf16", torch.float16: "fp16"}[peak_dtype]
+    peak = matmul_peak(dev, dtype=peak_dtype)
     fpt = flops_per_token(cfg, seq_len, 0.15)
     out(f"device {dev}, {torch.get_num_threads()} threads, torch {torch.__version__}, transformers {transformers.__version__}")
     out(f"config {preset}: {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, vocabulary {vocab_size}; "
-        f"batch {batch_size} x {seq_len}; {fpt / 1e6:.1f} MFLOP/token; fp32 matmul peak {peak / 1e9:.0f} GFLOP/s")
+        f"batch {batch_size} x {seq_len} of {source}; {fpt / 1e6:.1f} MFLOP/token; {peak_name} matmul peak {peak / 1e9:.0f} GFLOP/s")
 
     torch.manual_seed(0)
     ours = BertForPreTraining(cfg).to(dev).train()
@@ -125,19 +164,21 @@ def run_bench(preset: str = "mini", batch_size: int = 32, seq_len: int = 128, st
     hf_cfg = transformers.BertConfig(**cfg.to_dict())
     hf_cfg._attn_implementation = "sdpa"
     theirs = transformers.BertForPreTraining(hf_cfg).to(dev).train()
-    opt_theirs = torch.optim.AdamW(theirs.parameters(), lr=1e-4, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01)
-    batch = {k: v.to(dev) for k, v in pretraining_batch(batch_size, seq_len, vocab_size).items()}
+    if dev.type == "cuda":  # fused, as ours
+        opt_theirs = build_optimizer(theirs, TrainConfig(lr=1e-4), dev)
+    else:  # torch's default, as transformers' Trainer (adamw_torch) uses it
+        opt_theirs = torch.optim.AdamW(theirs.parameters(), lr=1e-4, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01)
+    batch = {k: v.to(dev) for k, v in batch.items()}
+    theirs_batch = {k: v for k, v in batch.items() if k != "sequence_ids"}
     n_mask = float((batch["labels"] != -100).sum())
-    tokens = batch_size * seq_len
-
-    loss_fn = pretraining_loss_fn(n_mask, batch_size)
+    tokens = int(batch["attention_mask"].sum())  # real tokens, as bertforge pretrain counts them
 
     def step_ours():
-        engine.step([batch], loss_fn)
+        engine.step([batch], pretraining_loss_fn(n_mask, batch_size, 0, engine.state.step))
 
     def step_theirs():
         with autocast:
-            loss = theirs(**batch).loss
+            loss = theirs(**theirs_batch).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(theirs.parameters(), 1.0)
         opt_theirs.step()
@@ -161,11 +202,12 @@ def run_bench(preset: str = "mini", batch_size: int = 32, seq_len: int = 128, st
     ours_tps = statistics.median(a for a, _ in rows)
     theirs_tps = statistics.median(b for _, b in rows)
     res = {
-        "device": str(dev), "preset": preset, "batch_size": batch_size, "seq_len": seq_len,
+        "device": str(dev), "preset": preset, "batch_size": batch_size, "seq_len": seq_len, "batch_source": source,
+        "train_padding_fraction": 1 - tokens / batch["attention_mask"].numel(), "vocab_size": vocab_size,
         "train_tokens_per_second": ours_tps, "transformers_train_tokens_per_second": theirs_tps,
         "train_speedup_vs_transformers": statistics.median(a / b for a, b in rows),
         "train_mfu": ours_tps * fpt / peak, "transformers_train_mfu": theirs_tps * fpt / peak,
-        "matmul_peak_gflops": peak / 1e9, "model_flops_per_token": fpt,
+        "matmul_peak_gflops": peak / 1e9, "matmul_peak_dtype": peak_name, "model_flops_per_token": fpt,
     }
     out(f"train: bertforge {ours_tps:.0f} tok/s (MFU {res['train_mfu']:.1%}), transformers {theirs_tps:.0f} tok/s "
         f"(MFU {res['transformers_train_mfu']:.1%}), median speed-up x{res['train_speedup_vs_transformers']:.2f}")
@@ -213,4 +255,4 @@ def run_bench(preset: str = "mini", batch_size: int = 32, seq_len: int = 128, st
     return res
 
 
-__all__ = ["run_bench", "matmul_peak", "pretraining_batch"]
+__all__ = ["run_bench", "matmul_peak", "pretraining_batch", "text_batch"]

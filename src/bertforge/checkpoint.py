@@ -29,7 +29,7 @@ from safetensors.torch import load_file, save_file
 
 from .config import BertConfig
 from .errors import UserError
-from .files import atomic_dir, fsync
+from .files import atomic_dir, fault_point, fsync
 
 log = logging.getLogger("bertforge")
 
@@ -75,10 +75,12 @@ def save_pretrained(model, path: str, tokenizer=None) -> None:
     tmp = tempfile.mkdtemp(prefix=".save-tmp-", dir=path)
     try:
         write_model_files(model, tmp, tokenizer)
-        for name in os.listdir(tmp):
+        fault_point("write")
+        for name in sorted(os.listdir(tmp)):
             src = os.path.join(tmp, name)
             fsync(src)
             os.replace(src, os.path.join(path, name))
+            fault_point("rename")
         fsync(path)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -189,13 +191,16 @@ def architectures_of(path: str) -> list[str]:
 def checkpoint_keys(path: str) -> set[str]:
     """Names of the tensors stored in a model directory (without reading the tensors)."""
     single = os.path.join(path, WEIGHTS_NAME)
-    if os.path.isfile(single):
-        with safe_open(single, "pt") as f:
-            return set(f.keys())
     index = os.path.join(path, WEIGHTS_INDEX_NAME)
-    if os.path.isfile(index):
-        with open(index, encoding="utf-8") as f:
-            return set(json.load(f)["weight_map"])
+    try:
+        if os.path.isfile(single):
+            with safe_open(single, "pt") as f:
+                return set(f.keys())
+        if os.path.isfile(index):
+            with open(index, encoding="utf-8") as f:
+                return set(json.load(f)["weight_map"])
+    except (SafetensorError, OSError, ValueError, KeyError, TypeError) as e:
+        raise UserError(f"cannot read weights in {path}: {e}") from None
     return set()
 
 
@@ -222,11 +227,15 @@ def save_checkpoint(out: str, step: int, model, optimizer, state: dict, keep: in
     final = os.path.join(out, CHECKPOINTS, f"step-{step:08d}")
     with atomic_dir(final) as tmp:
         save_file(model_state_for_saving(model), os.path.join(tmp, WEIGHTS_NAME), metadata={"format": "pt"})
+        fault_point("write")
         torch.save(optimizer.state_dict(), os.path.join(tmp, "optimizer.pt"))
+        fault_point("write")
         torch.save(state, os.path.join(tmp, "trainer_state.pt"))
+        fault_point("write")
         readable = {k: v for k, v in state.items() if isinstance(v, (int, float, str, dict)) and k != "rng"}
         with open(os.path.join(tmp, "trainer_state.json"), "w", encoding="utf-8") as f:
             json.dump(readable, f, indent=2, default=str)
+        fault_point("write")
     for _, old in list_checkpoints(out)[:-keep] if keep > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
     return final

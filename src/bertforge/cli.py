@@ -78,7 +78,7 @@ def add_setting_flags(p: argparse.ArgumentParser, cfg: Any, only: Sequence[str] 
     """A flag for each field of ``cfg`` (a dataclass, or a :class:`~bertforge.config.Sections` run config),
     its help text and default taken from the field: ``--max-seq-length`` sets ``max_seq_length``.  Every flag
     defaults to None, so that only explicit flags override.  Returns the flags' destinations."""
-    from .config import Sections
+    from .config import Sections, flag_of
 
     fields = cfg.flat_fields() if isinstance(cfg, Sections) else {f.name: (cfg, f) for f in dataclasses.fields(cfg)}
     dests = []
@@ -101,9 +101,27 @@ def add_setting_flags(p: argparse.ArgumentParser, cfg: Any, only: Sequence[str] 
             kw["type"] = _TYPES[typ]
             if f.metadata.get("choices"):
                 kw["choices"] = f.metadata["choices"]
-        p.add_argument("--" + name.replace("_", "-"), **kw)
+        p.add_argument(flag_of(f), **kw)
         dests.append(name)
     return dests
+
+
+def _count(minimum: int):
+    """An argparse type: an integer of at least ``minimum``."""
+
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer, not {text!r}") from None
+        if v < minimum:
+            raise argparse.ArgumentTypeError(f"must be {'positive' if minimum == 1 else f'at least {minimum}'}, not {v}")
+        return v
+
+    return parse
+
+
+positive_int, non_negative_int = _count(1), _count(0)
 
 
 def explicit_flags(a: argparse.Namespace, dests: Sequence[str]) -> dict[str, Any]:
@@ -116,16 +134,22 @@ def _progress(a: argparse.Namespace) -> bool:
 
 # ------------------------------------------------------------------------------------------------ tokenizer
 def cmd_tokenizer_train(a: argparse.Namespace) -> int:
-    from .corpus import iter_texts
-    from .files import atomic_dir
+    from .corpus import expand_paths, iter_texts
+    from .files import OutputLock, atomic_dir, check_output, recover_beside, write_marker
     from .tokenizer import save_tokenizer, train_tokenizer
 
-    tok = train_tokenizer(
-        iter_texts(a.input, a.text_field or "text", a.doc_separator or "file"),
-        a.vocab_size, kind=a.model, lowercase=not a.cased, min_frequency=a.min_frequency, show_progress=sys.stderr.isatty(),
-    )
-    with atomic_dir(a.out) as tmp:
-        save_tokenizer(tok, tmp)
+    check_output(a.out, "tokenizer", a.overwrite)
+    expand_paths(a.input)  # every input exists, before any work
+    with OutputLock(a.out):
+        recover_beside(a.out)  # an interrupted earlier run's leftovers, then the rule again
+        replace = check_output(a.out, "tokenizer", a.overwrite)
+        tok = train_tokenizer(
+            iter_texts(a.input, a.text_field or "text", a.doc_separator or "file"),
+            a.vocab_size, kind=a.model, lowercase=not a.cased, min_frequency=a.min_frequency, show_progress=sys.stderr.isatty(),
+        )
+        with atomic_dir(a.out, replace=replace) as tmp:
+            save_tokenizer(tok, tmp)
+            write_marker(tmp, "tokenizer")
     log.info("wrote a %s vocabulary of %d tokens to %s", a.model, tok.get_vocab_size(), a.out)
     return 0
 
@@ -136,6 +160,7 @@ def _add_pretrain_args(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--config", help="YAML or JSON file with the same settings as the flags (flags override it)")
     p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint in --out")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier pretraining output that bertforge wrote in --out")
     p.add_argument("--cased", dest="cased", action="store_true", default=None, help="a cased vocabulary (trained tokenizer)")
     p.set_defaults(setting_flags=add_setting_flags(p, PretrainConfig(), exclude=("epochs",)))
 
@@ -176,7 +201,7 @@ def cmd_pretrain(a: argparse.Namespace) -> int:
     from .pretrain import run_pretraining
 
     cfg = pretrain_config_from_args(a)
-    metrics = run_pretraining(cfg, resume=a.resume)
+    metrics = run_pretraining(cfg, resume=a.resume, overwrite=a.overwrite)
     if metrics:
         _print_json({k: metrics[k] for k in ("mlm_accuracy", "nsp_accuracy", "mlm_loss", "nsp_loss", "steps",
                                              "tokens_per_second") if k in metrics})
@@ -185,7 +210,7 @@ def cmd_pretrain(a: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------------------------------------ finetune
 _FINETUNE_FLAGS = (
-    "model", "out", "freeze_embeddings", "train", "validation", "max_seq_length", "max_train_examples", "eval_batch_size",
+    "model", "out", "freeze_embeddings", "train_file", "validation_file", "max_seq_length", "max_train_examples", "eval_batch_size",
     "epochs", "lr", "batch_size", "warmup_ratio", "warmup_steps", "weight_decay", "max_grad_norm", "adam_beta1",
     "adam_beta2", "adam_eps", "log_every", "seed", "device", "precision", "threads", "progress",
 )
@@ -204,7 +229,7 @@ def cmd_finetune(a: argparse.Namespace) -> int:
     task = task_cls(a.task_settings(**explicit_flags(a, a.task_flags)))
     from .finetune import run_finetuning
 
-    m = run_finetuning(task, cfg)
+    m = run_finetuning(task, cfg, overwrite=a.overwrite)
     keys = {"classify": ("accuracy", "macro_f1", "loss"), "squad": ("exact_match", "f1", "precision", "recall")}[a.task]
     _print_json({k: m[k] for k in (*keys, "best_epoch", "train_seconds")})
     return 0
@@ -220,6 +245,7 @@ def _add_finetune_parsers(sub) -> None:
                                   ("squad", SquadConfig, "SQuAD v1.1 extractive question answering")):
         p = fts.add_parser(name, help=help_)
         flags = add_setting_flags(p, _task_class(name).config(), only=_FINETUNE_FLAGS)
+        p.add_argument("--overwrite", action="store_true", help="replace an earlier fine-tuning output that bertforge wrote in --out")
         p.set_defaults(func=cmd_finetune, setting_flags=flags, task_settings=settings,
                        task_flags=add_setting_flags(p, settings()))
 
@@ -240,6 +266,10 @@ def cmd_evaluate_squad(a: argparse.Namespace) -> int:
     if a.predictions:
         res = squad.evaluate_predictions_file(a.data, a.predictions)
     elif a.model:
+        if a.write_predictions:
+            from .files import check_output_file
+
+            check_output_file(a.write_predictions, a.overwrite, "--write-predictions")
         res = squad.evaluate_squad_model(a.model, a.data, _task_settings(a, SquadConfig), a.max_seq_length, a.batch_size,
                                          a.device, a.write_predictions)
     else:
@@ -258,8 +288,12 @@ def cmd_evaluate_classify(a: argparse.Namespace) -> int:
 
 
 def _task_settings(a: argparse.Namespace, kind: type):
-    """The task's settings dataclass from its flags (see :func:`add_setting_flags`)."""
-    return kind(**explicit_flags(a, [f.name for f in dataclasses.fields(kind)]))
+    """The task's settings dataclass from its flags (see :func:`add_setting_flags`), checked."""
+    from .config import validate_fields
+
+    settings = kind(**explicit_flags(a, [f.name for f in dataclasses.fields(kind)]))
+    validate_fields(settings)
+    return settings
 
 
 def _add_evaluate_parsers(sub) -> None:
@@ -273,16 +307,17 @@ def _add_evaluate_parsers(sub) -> None:
     q.add_argument("--predictions", help="predictions JSON {question id: answer}")
     q.add_argument("--model", help="a fine-tuned question-answering model directory")
     q.add_argument("--write-predictions", help="with --model: also write its predictions to this file")
-    q.add_argument("--max-seq-length", type=int, default=384)
-    q.add_argument("--batch-size", type=int, default=64)
+    q.add_argument("--max-seq-length", type=positive_int, default=384)
+    q.add_argument("--batch-size", type=positive_int, default=64)
+    q.add_argument("--overwrite", action="store_true", help="with --write-predictions: replace an existing file")
     q.add_argument("--device", default="auto")
     add_setting_flags(q, SquadConfig())
     q.set_defaults(func=cmd_evaluate_squad)
     c = evs.add_parser("classify", help="accuracy and macro-F1 of a classifier on a labelled file")
     c.add_argument("--model", required=True)
     c.add_argument("--data", required=True)
-    c.add_argument("--max-seq-length", type=int, default=128)
-    c.add_argument("--batch-size", type=int, default=64)
+    c.add_argument("--max-seq-length", type=positive_int, default=128)
+    c.add_argument("--batch-size", type=positive_int, default=64)
     c.add_argument("--device", default="auto")
     add_setting_flags(c, ClassifyConfig())
     c.set_defaults(func=cmd_evaluate_classify)
@@ -383,13 +418,13 @@ def _add_predict_parsers(sub) -> None:
     def common(p):
         p.add_argument("--model", required=True, help="a BERT model directory")
         p.add_argument("--json", action="store_true", help="JSON on stdout instead of a table")
-        p.add_argument("--batch-size", type=int, default=32)
+        p.add_argument("--batch-size", type=positive_int, default=32)
         p.add_argument("--device", default="auto")
         p.set_defaults(func=cmd_predict)
 
     fm = prs.add_parser("fill-mask", help="fill each [MASK] with the top-k tokens")
     common(fm)
-    fm.add_argument("--top-k", type=int, default=5)
+    fm.add_argument("--top-k", type=positive_int, default=5)
     fm.add_argument("--input", help="a text file, one text per line")
     fm.add_argument("text", nargs="*")
     ns = prs.add_parser("next-sentence", help="probability that B follows A")
@@ -406,7 +441,7 @@ def _add_predict_parsers(sub) -> None:
     q.add_argument("--question")
     q.add_argument("--context")
     q.add_argument("--input", help="a SQuAD v1.1 JSON file: predictions {id: answer}")
-    q.add_argument("--max-seq-length", type=int, default=384)
+    q.add_argument("--max-seq-length", type=positive_int, default=384)
     add_setting_flags(q, SquadConfig())
 
 
@@ -424,11 +459,12 @@ def build_parser() -> argparse.ArgumentParser:
     tks.required = True
     tt = tks.add_parser("train", help="train a vocabulary on a corpus")
     tt.add_argument("--input", nargs="+", required=True, metavar="PATH")
-    tt.add_argument("--vocab-size", type=int, required=True)
+    tt.add_argument("--vocab-size", type=positive_int, required=True)
     tt.add_argument("--out", required=True)
+    tt.add_argument("--overwrite", action="store_true", help="replace an earlier tokenizer folder that bertforge wrote")
     tt.add_argument("--cased", action="store_true", help="keep case (default: lower-case, as bert-base-uncased)")
     tt.add_argument("--model", choices=TOKENIZER_MODELS, default=TOKENIZER_MODELS[0])
-    tt.add_argument("--min-frequency", type=int, default=2)
+    tt.add_argument("--min-frequency", type=non_negative_int, default=2)
     add_setting_flags(tt, PretrainDataConfig(), only=("text_field", "doc_separator"))
     tt.set_defaults(func=cmd_tokenizer_train)
 
@@ -450,13 +486,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="pretraining and inference speed against transformers, side by side")
     b.add_argument("--preset", default="mini")
-    b.add_argument("--batch-size", type=int, default=32)
-    b.add_argument("--seq-len", type=int, default=128)
-    b.add_argument("--steps", type=int, default=3, help="training steps per timed round")
-    b.add_argument("--rounds", type=int, default=7, help="alternating rounds (the median is reported)")
-    b.add_argument("--vocab-size", type=int, default=30522)
+    b.add_argument("--batch-size", type=positive_int, default=32)
+    b.add_argument("--seq-len", type=positive_int, default=128)
+    b.add_argument("--steps", type=positive_int, default=3, help="training steps per timed round")
+    b.add_argument("--rounds", type=positive_int, default=7, help="alternating rounds (the median is reported)")
+    b.add_argument("--vocab-size", type=positive_int, help="default: the tokenizer's with --tokenizer, else 30522")
     b.add_argument("--device", default="auto")
-    b.add_argument("--threads", type=int)
+    b.add_argument("--precision", default="auto", help="auto (bf16 autocast on CUDA, fp32 on CPU), fp32, bf16")
+    b.add_argument("--text", help="build the training batch from this corpus file (with --tokenizer) instead of random tokens")
+    b.add_argument("--tokenizer", help="tokenizer or model directory, or vocab.txt, for --text")
+    b.add_argument("--threads", type=positive_int)
     b.add_argument("--data-dir", default=os.environ.get("BERTFORGE_DATA"), help="for SST-2 sentences (inference)")
     b.add_argument("--no-inference", dest="inference", action="store_false")
     b.set_defaults(func=cmd_bench)
@@ -477,7 +516,8 @@ def cmd_bench(a: argparse.Namespace) -> int:
     from .bench import run_bench
 
     run_bench(a.preset, a.batch_size, a.seq_len, a.steps, a.rounds, a.vocab_size, a.device, a.data_dir, a.inference,
-              a.threads, out=lambda line: print(line, flush=True))
+              a.threads, out=lambda line: print(line, flush=True), text=a.text, tokenizer=a.tokenizer,
+              precision=a.precision)
     return 0
 
 

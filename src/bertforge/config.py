@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -154,14 +155,62 @@ def dataclass_from_dict(cls: type, d: dict[str, Any], where: str = "config") -> 
     return cls(**d)
 
 
-def setting(default: Any = None, help: str = "", factory=None, flag: bool = True,  # noqa: A002
-            choices: tuple[str, ...] | None = None) -> Any:
+def setting(default: Any = None, help: str = "", factory=None, flag: bool | str = True,  # noqa: A002
+            choices: tuple[str, ...] | None = None, check: str | None = None) -> Any:
     """A configuration field with its help text, from which the command line's flag and help are made
-    (each default is written once, here; ``flag=False`` keeps it out of the command line)."""
-    meta = {"help": help, "flag": flag, "choices": choices}
+    (each default is written once, here; ``flag=False`` keeps it out of the command line, a string names
+    its flag).  ``check`` names the range its value must lie in (see :data:`CHECKS`), enforced by
+    :func:`validate_fields`."""
+    meta = {"help": help, "flag": flag, "choices": choices, "check": check}
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
+
+
+# name -> (test, description) of the ranges a numeric setting may be restricted to
+CHECKS: dict[str, tuple[Any, str]] = {
+    "positive": (lambda v: v > 0, "positive"),
+    "non-negative": (lambda v: v >= 0, "zero or more"),
+    "fraction": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "open-fraction": (lambda v: 0 < v < 1, "in (0, 1)"),
+    "probability": (lambda v: 0 <= v <= 1, "in [0, 1]"),
+}
+
+
+def flag_of(f: dataclasses.Field) -> str:
+    """The command-line flag of a setting."""
+    named = f.metadata.get("flag")
+    return named if isinstance(named, str) else "--" + f.name.replace("_", "-")
+
+
+def validate_fields(obj: Any) -> None:
+    """Type and range of every field of dataclass ``obj`` (values from flags, config files or Python),
+    each error naming the flag."""
+    for f in dataclasses.fields(obj):
+        v = getattr(obj, f.name)
+        typ = str(f.type)
+        if v is None:
+            if "None" not in typ:
+                raise UserError(f"{flag_of(f)} needs a value")
+            continue
+        base = typ.replace(" | None", "")
+        if base == "bool" and not isinstance(v, bool):
+            raise UserError(f"{flag_of(f)} must be true or false, not {v!r}")
+        if base in ("int", "float"):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or (base == "int" and not float(v).is_integer()):
+                raise UserError(f"{flag_of(f)} must be {'an integer' if base == 'int' else 'a number'}, not {v!r}")
+            if not math.isfinite(v):
+                raise UserError(f"{flag_of(f)} must be a finite number, not {v!r}")
+            check = f.metadata.get("check")
+            if check and not CHECKS[check][0](v):
+                raise UserError(f"{flag_of(f)} must be {CHECKS[check][1]}, not {v!r}")
+        if base == "str" and not isinstance(v, str):
+            raise UserError(f"{flag_of(f)} must be a string, not {v!r}")
+        if base == "list[str]" and not (isinstance(v, list) and all(isinstance(x, str) for x in v)):
+            raise UserError(f"{flag_of(f)} must be a list of paths, not {v!r}")
+        choices = f.metadata.get("choices")
+        if choices and v not in choices:
+            raise UserError(f"{flag_of(f)} must be one of {', '.join(choices)}, not {v!r}")
 
 
 def check_preset(name: str) -> tuple[int, int, int]:
@@ -176,27 +225,28 @@ class TrainConfig:
     """Optimisation and the training loop; shared by pretraining and fine-tuning (whose defaults differ:
     :data:`FINETUNE_TRAIN_DEFAULTS` and each task's own)."""
 
-    batch_size: int = setting(32, "global batch size in sequences (all processes and accumulation steps)")
-    grad_accum: int = setting(1, "gradient accumulation steps per optimizer step")
-    lr: float = setting(1e-4, "peak learning rate")
-    warmup_steps: int | None = setting(None, "warmup steps (default: --warmup-ratio of the run)")
-    warmup_ratio: float = setting(0.06, "warmup as a fraction of the run")
-    weight_decay: float = setting(0.01, "AdamW weight decay (none on biases and LayerNorm weights)")
-    adam_beta1: float = setting(0.9, "AdamW beta1")
-    adam_beta2: float = setting(0.999, "AdamW beta2")
-    adam_eps: float = setting(1e-6, "AdamW epsilon")
-    max_grad_norm: float = setting(1.0, "gradient clipping norm")
-    max_steps: int | None = setting(None, "optimizer steps")
-    max_time: float | None = setting(None, "time budget, e.g. 90s, 30m, 2h: the schedule ends on time")
-    epochs: int | None = setting(None, "passes over the training data")
-    eval_every: int | None = setting(500, "evaluate every N steps (0 = only at the end)")
-    save_every: int | None = setting(1000, "checkpoint every N steps (0 = only at the end)")
-    keep_checkpoints: int = setting(2, "how many checkpoints to keep")
-    log_every: int = setting(10, "log training metrics every N steps")
-    seed: int = setting(0, "random seed")
+    batch_size: int = setting(32, "global batch size in sequences (all processes and accumulation steps)", check="positive")
+    grad_accum: int = setting(1, "gradient accumulation steps per optimizer step", check="positive")
+    lr: float = setting(1e-4, "peak learning rate", check="positive")
+    warmup_steps: int | None = setting(None, "warmup steps (default: --warmup-ratio of the run)", check="non-negative")
+    warmup_ratio: float = setting(0.06, "warmup as a fraction of the run", check="fraction")
+    weight_decay: float = setting(0.01, "AdamW weight decay (none on biases and LayerNorm weights)", check="non-negative")
+    adam_beta1: float = setting(0.9, "AdamW beta1", check="fraction")
+    adam_beta2: float = setting(0.999, "AdamW beta2", check="fraction")
+    adam_eps: float = setting(1e-6, "AdamW epsilon", check="positive")
+    max_grad_norm: float = setting(1.0, "gradient clipping norm", check="positive")
+    max_steps: int | None = setting(None, "optimizer steps", check="positive")
+    max_time: float | None = setting(None, "time budget, e.g. 90s, 30m, 2h: the schedule ends on time", check="positive")
+    epochs: int | None = setting(None, "passes over the training data", check="positive")
+    eval_every: int | None = setting(500, "evaluate every N steps (0 = only at the end)", check="non-negative")
+    save_every: int | None = setting(1000, "checkpoint every N steps (0 = only at the end)", check="non-negative")
+    keep_checkpoints: int = setting(2, "how many checkpoints to keep (0 = all)", check="non-negative")
+    log_every: int = setting(10, "log training metrics every N steps", check="positive")
+    seed: int = setting(0, "random seed", check="non-negative")
 
     def validate(self) -> None:
-        if self.batch_size < 1 or self.grad_accum < 1 or self.batch_size % self.grad_accum:
+        validate_fields(self)
+        if self.batch_size % self.grad_accum:
             raise UserError(f"--batch-size {self.batch_size} must be a positive multiple of --grad-accum {self.grad_accum}")
         if self.max_steps is None and self.max_time is None and self.epochs is None:
             raise UserError("give --max-steps or --max-time")
@@ -209,7 +259,7 @@ class ImplConfig:
     device: str = setting("auto", "auto, cpu, cuda or cuda:N")
     precision: str = setting("auto", "auto (bf16 autocast on CUDA, fp32 on the CPU), fp32 or bf16")
     compile: bool = setting(False, "torch.compile the model")
-    threads: int | None = setting(None, "CPU threads (default: all cores, shared among local processes)")
+    threads: int | None = setting(None, "CPU threads (default: all cores, shared among local processes)", check="positive")
     progress: bool = setting(True, "show a progress bar (default: when stderr is a terminal)")
 
 
@@ -226,9 +276,15 @@ class Sections:
         d = dict(d)
         kw: dict[str, Any] = {}
         for f in dataclasses.fields(cls):
-            if f.name in cls.SECTIONS:
-                kind = type(f.default_factory())
-                kw[f.name] = dataclass_from_dict(kind, d.pop(f.name, {}) or {}, where=f"config section {f.name!r}")
+            if f.name in cls.SECTIONS:  # the section's own defaults (fine-tuning's differ), then the given keys
+                given = d.pop(f.name, {}) or {}
+                if not isinstance(given, dict):
+                    raise UserError(f"config section {f.name!r} must be a mapping, not {given!r}")
+                section = f.default_factory()
+                unknown = sorted(set(given) - {g.name for g in dataclasses.fields(section)})
+                if unknown:
+                    raise UserError(f"unknown key(s) in config section {f.name!r}: {', '.join(unknown)}")
+                kw[f.name] = dataclasses.replace(section, **given)
             elif f.name in d:
                 kw[f.name] = d.pop(f.name)
         if d:
@@ -240,12 +296,10 @@ class Sections:
         out = {f.name: (self, f) for f in dataclasses.fields(self) if f.name not in self.SECTIONS}
         for name in self.SECTIONS:
             sec = getattr(self, name)
-            out.update({g.name: (sec, g) for g in dataclasses.fields(sec)})
+            for g in dataclasses.fields(sec):
+                assert g.name not in out, f"setting {g.name!r} is named twice"
+                out[g.name] = (sec, g)
         return out
-
-    def get_flat(self, name: str) -> Any:
-        holder, f = self.flat_fields()[name]
-        return getattr(holder, f.name)
 
     def update_flat(self, flat: dict[str, Any], where: str = "config") -> None:
         """Set fields by their flat names (the command-line flags' names, '-' or '_')."""
@@ -273,24 +327,19 @@ class PretrainDataConfig:
     doc_separator: str = setting("file", "txt files: one document per file, or blank-line (one sentence per line, "
                                          "a blank line between documents)", choices=DOC_SEPARATORS)
     tokenizer: str | None = setting(None, "tokenizer or model directory, or vocab.txt (default: train one on --data)")
-    vocab_size: int = setting(30522, "vocabulary size of a tokenizer trained on --data")
+    vocab_size: int = setting(30522, "vocabulary size of a tokenizer trained on --data", check="positive")
     tokenizer_model: str = setting("wordpiece", "the kind of a tokenizer trained on --data", choices=TOKENIZER_MODELS)
     lowercase: bool = setting(True, "lower-case a trained tokenizer's input (--cased: keep case)", flag=False)
-    max_seq_length: int = setting(128, "tokens per sequence")
-    mask_prob: float = setting(0.15, "fraction of tokens masked")
-    short_seq_prob: float = setting(0.1, "probability of a shorter target length")
+    max_seq_length: int = setting(128, "tokens per sequence", check="positive")
+    mask_prob: float = setting(0.15, "fraction of tokens masked", check="open-fraction")
+    short_seq_prob: float = setting(0.1, "probability of a shorter target length", check="probability")
     whole_word_mask: bool = setting(False, "mask whole words (all WordPiece pieces of a word together)")
     nsp: bool = setting(True, "next sentence prediction (--no-nsp: masked LM only)")
-    max_eval_instances: int = setting(2048, "held-out sequences per evaluation")
+    max_eval_instances: int = setting(2048, "held-out sequences per evaluation", check="positive")
     cache_dir: str | None = setting(None, "where tokenized corpora are cached (default ~/.cache/bertforge)")
 
     def validate(self) -> None:
-        if not 0 < self.mask_prob < 1:
-            raise UserError(f"--mask-prob must lie in (0, 1), not {self.mask_prob}")
-        if self.tokenizer_model not in TOKENIZER_MODELS:
-            raise UserError(f"unknown tokenizer model {self.tokenizer_model!r}; expected one of {', '.join(TOKENIZER_MODELS)}")
-        if self.doc_separator not in DOC_SEPARATORS:
-            raise UserError(f"unknown document separator {self.doc_separator!r}; expected one of {', '.join(DOC_SEPARATORS)}")
+        validate_fields(self)
 
 
 @dataclass
@@ -300,9 +349,10 @@ class PretrainModelConfig:
     preset: str = setting("mini", "model size: " + ", ".join(PRESETS))
     model_config: str | None = setting(None, "a BERT config.json to build the model from")
     init: str | None = setting(None, "continue from a BERT directory (ours or a transformers checkpoint)")
-    dropout: float | None = setting(None, "hidden and attention dropout (default: the model's, 0.1)")
+    dropout: float | None = setting(None, "hidden and attention dropout (default: the model's, 0.1)", check="fraction")
 
     def validate(self) -> None:
+        validate_fields(self)
         check_preset(self.preset)
 
 
@@ -324,6 +374,7 @@ class PretrainConfig(Sections):
             raise UserError("pretraining runs by --max-steps or --max-time, not epochs")
         for sec in (self.model, self.data, self.train):
             sec.validate()
+        validate_fields(self.impl)
 
 
 def parse_duration(text: str | float | int | None) -> float | None:
@@ -374,11 +425,11 @@ FINETUNE_TRAIN_DEFAULTS: dict[str, Any] = dict(
 class FinetuneDataConfig:
     """The labelled files and how examples become model inputs."""
 
-    train: str = setting("", "training file")
-    validation: str = setting("", "validation file (evaluated after every epoch)")
-    max_seq_length: int = setting(128, "tokens per example (longer ones are truncated or windowed)")
-    max_train_examples: int | None = setting(None, "use only the first N training examples")
-    eval_batch_size: int = setting(64, "batch size for evaluation")
+    train_file: str = setting("", "training file", flag="--train")
+    validation_file: str = setting("", "validation file (evaluated after every epoch)", flag="--validation")
+    max_seq_length: int = setting(128, "tokens per example (longer ones are truncated or windowed)", check="positive")
+    max_train_examples: int | None = setting(None, "use only the first N training examples", check="positive")
+    eval_batch_size: int = setting(64, "batch size for evaluation", check="positive")
 
 
 @dataclass
@@ -398,10 +449,12 @@ class FinetuneConfig(Sections):
         for name in ("model", "out"):
             if not getattr(self, name):
                 raise UserError(f"--{name} is required")
-        if not self.data.train or not self.data.validation:
+        if not self.data.train_file or not self.data.validation_file:
             raise UserError("--train and --validation are required")
-        if not self.train.epochs or self.train.epochs < 1:
-            raise UserError(f"--epochs must be at least 1, not {self.train.epochs}")
+        if self.train.epochs is None:
+            raise UserError("--epochs needs a value")
+        for sec in (self, self.data, self.impl):
+            validate_fields(sec)
         self.train.validate()
 
 
@@ -414,7 +467,7 @@ class ClassifyConfig:
 
 @dataclass
 class SquadConfig:
-    doc_stride: int = setting(128, "tokens shared by consecutive windows of a long context (transformers' convention)")
-    max_query_length: int = setting(64, "question tokens kept")
-    n_best: int = setting(20, "start and end candidates per window")
-    max_answer_length: int = setting(30, "longest answer in tokens")
+    doc_stride: int = setting(128, "tokens shared by consecutive windows of a long context (transformers' convention)", check="non-negative")
+    max_query_length: int = setting(64, "question tokens kept", check="positive")
+    n_best: int = setting(20, "start and end candidates per window", check="positive")
+    max_answer_length: int = setting(30, "longest answer in tokens", check="positive")

@@ -443,7 +443,9 @@ class PretrainingLoader:
             masked, labels = self.masker.mask(ids, np.random.default_rng([self.seed & 0xFFFFFFFF, 3, epoch, int(k)]))
             seqs.append((masked, tt, labels))
         nsp = inst[indices, 4] if self.masker.cfg.nsp else None
-        return collate(seqs, nsp, self.masker.sp.pad)
+        batch = collate(seqs, nsp, self.masker.sp.pad)
+        batch["sequence_ids"] = torch.as_tensor(np.asarray(indices, dtype=np.int64))  # keys of keyed dropout
+        return batch
 
     def global_rows(self, epoch: int, step: int) -> np.ndarray:
         _, order = self.instances(epoch)

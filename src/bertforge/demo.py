@@ -23,7 +23,7 @@ import torch
 from .config import BertConfig, ClassifyConfig, PretrainConfig
 from .corpus import iter_texts
 from .demo_corpus import generate_stories, write_sentiment, write_story_corpus
-from .errors import UserError
+from .files import OutputLock, check_output, remove_output, write_marker
 from .finetune import run_classification
 from .model import BertForPreTraining
 from .predict import pipeline
@@ -60,14 +60,16 @@ def run_demo(out: str = "demo-output", quick: bool = False, wordpiece: bool = Fa
              settings: DemoSettings | None = None) -> dict:
     """Run the demo into ``out``; return the summary (also written to ``out/summary.json``)."""
     s = settings or (DemoSettings.quick() if quick else DemoSettings())
-    marker = os.path.join(out, ".bertforge-demo")
-    if os.path.exists(out) and os.listdir(out):
-        if not os.path.isfile(marker):
-            raise UserError(f"{out} already exists and is not a demo output; remove it or choose another --out")
-        shutil.rmtree(out)  # an earlier demo's output: replaced
+    with OutputLock(out):
+        if check_output(out, "demo", overwrite=True):  # the demo replaces its own earlier output, nothing else
+            remove_output(out, "demo")
+        return _run_demo(out, s, wordpiece, progress)
+
+
+def _run_demo(out: str, s: DemoSettings, wordpiece: bool, progress: bool) -> dict:
     t_start = time.perf_counter()
     os.makedirs(out, exist_ok=True)
-    open(marker, "w").close()
+    write_marker(out, "demo")
     data = os.path.join(out, "data")
     os.makedirs(data, exist_ok=True)
 
@@ -102,7 +104,7 @@ def run_demo(out: str = "demo-output", quick: bool = False, wordpiece: bool = Fa
     results = {}
     for name, init in (("pretrained", cfg.out), ("scratch", scratch_init)):
         ft = ClassificationTask.config(
-            model=init, train=senti["train"], validation=senti["validation"], out=os.path.join(out, f"sentiment-{name}"),
+            model=init, train_file=senti["train"], validation_file=senti["validation"], out=os.path.join(out, f"sentiment-{name}"),
             epochs=s.finetune_epochs, lr=s.finetune_lr, batch_size=16, max_seq_length=64, seed=s.seed, progress=progress,
             # 200 labels name 12 adjectives; the other 36 must keep what pretraining taught them
             freeze_embeddings=True)

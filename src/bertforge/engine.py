@@ -65,7 +65,8 @@ class LinearSchedule:
 
     def __init__(self, base_lr: float, max_steps: int | None, max_time: float | None,
                  warmup_steps: int | None, warmup_ratio: float):
-        assert max_steps or max_time, "the configuration's validation asks for one of them"
+        if not (max_steps or max_time):
+            raise ValueError("a schedule needs max_steps or max_time (the configuration's validation asks for one)")
         self.base_lr, self.max_steps, self.max_time = base_lr, max_steps, max_time
         self.warmup_steps, self.warmup_ratio = warmup_steps, warmup_ratio
 

@@ -159,29 +159,35 @@ def metric_max_over_ground_truths(metric_fn, prediction, ground_truths):
 
 def squad_evaluate(dataset: list[dict], predictions: dict[str, str]) -> dict:
     """Official SQuAD v1.1 scores (percentages) of ``predictions`` ({id: text}) on the ``data`` list of a
-    SQuAD JSON file.  A question without a prediction scores 0.  ``precision`` and ``recall`` are
-    token-level, each the maximum over the reference answers and averaged like F1 (not official)."""
+    SQuAD JSON file.  A question without a prediction scores 0.  A question without reference answers
+    cannot be scored (the official script fails on it): it is left out of the averages and counted in
+    ``questions_without_answers``.  ``precision`` and ``recall`` are token-level, each the maximum over the
+    reference answers and averaged like F1 (not official)."""
     f1 = exact_match = precision = recall = total = 0
-    missing = 0
+    missing = no_reference = 0
     for article in dataset:
         for paragraph in article["paragraphs"]:
             for qa in paragraph["qas"]:
+                ground_truths = [a["text"] for a in qa.get("answers") or []]
+                if not ground_truths:
+                    no_reference += 1
+                    continue
                 total += 1
-                if qa["id"] not in predictions:
+                if str(qa["id"]) not in predictions:
                     missing += 1
                     continue
-                ground_truths = [a["text"] for a in qa["answers"]]
-                prediction = predictions[qa["id"]]
+                prediction = predictions[str(qa["id"])]
                 exact_match += metric_max_over_ground_truths(exact_match_score, prediction, ground_truths)
                 f1 += metric_max_over_ground_truths(f1_score, prediction, ground_truths)
                 precision += metric_max_over_ground_truths(precision_score, prediction, ground_truths)
                 recall += metric_max_over_ground_truths(recall_score, prediction, ground_truths)
-    total = max(total, 1)
+    scored = max(total, 1)
     return {
-        "exact_match": 100.0 * exact_match / total,
-        "f1": 100.0 * f1 / total,
-        "precision": 100.0 * precision / total,
-        "recall": 100.0 * recall / total,
+        "exact_match": 100.0 * exact_match / scored,
+        "f1": 100.0 * f1 / scored,
+        "precision": 100.0 * precision / scored,
+        "recall": 100.0 * recall / scored,
         "questions": total,
         "unanswered": missing,
+        "questions_without_answers": no_reference,
     }

@@ -25,15 +25,15 @@ from tqdm import tqdm
 
 from .batching import to_device
 from .checkpoint import save_pretrained
-from .config import BertConfig, ClassifyConfig, FinetuneConfig, SquadConfig
+from .config import BertConfig, ClassifyConfig, FinetuneConfig, SquadConfig, validate_fields
 from .devices import resolve_device, setup_backend
 from .engine import Engine, LinearSchedule, NonFiniteLoss
 from .errors import TrainingError, UserError
-from .files import atomic_dir
+from .files import OutputLock, atomic_dir, check_output, recover_beside, write_marker
 from .logs import MetricsLog, rounded
 from .plots import plot_finetuning
 from .tasks import ClassificationTask, FinetuneTask, SquadTask
-from .tokenizer import load_tokenizer
+from .tokenizer import check_vocab_fits, load_tokenizer
 
 log = logging.getLogger("bertforge")
 
@@ -46,18 +46,27 @@ class EpochResult:
     artifacts: Any = None
 
 
-def run_finetuning(task: FinetuneTask, cfg: FinetuneConfig) -> dict:
-    """Fine-tune ``cfg.model`` on ``task``; return the best epoch's metrics (also in OUT/metrics.json)."""
+def run_finetuning(task: FinetuneTask, cfg: FinetuneConfig, overwrite: bool = False) -> dict:
+    """Fine-tune ``cfg.model`` on ``task``; return the best epoch's metrics (also in OUT/metrics.json).
+
+    An existing, non-empty ``cfg.out`` is refused, unless ``overwrite`` and it is an earlier fine-tuning
+    output of bertforge's, which is then replaced whole when the new one is complete.
+    """
     cfg.validate()
+    validate_fields(task.settings)
+    check_output(cfg.out, "finetune", overwrite=overwrite)
     if not os.path.isdir(cfg.model):
         raise UserError(f"model directory not found: {cfg.model}")
-    if os.path.exists(cfg.out):
-        raise UserError(f"--out {cfg.out} already exists; choose a new directory")
+    with OutputLock(cfg.out):
+        recover_beside(cfg.out)  # an interrupted earlier run's leftovers, then the rule again
+        return _run(task, cfg, check_output(cfg.out, "finetune", overwrite=overwrite))
+
+
+def _run(task: FinetuneTask, cfg: FinetuneConfig, replace: bool) -> dict:
     task.read(cfg)
     tok = load_tokenizer(cfg.model)
     config = BertConfig.load(cfg.model)
-    if tok.get_vocab_size(with_added_tokens=True) > config.vocab_size:
-        raise UserError(f"the tokenizer in {cfg.model} does not fit its model's vocabulary")
+    check_vocab_fits(tok, config.vocab_size, cfg.model)
     if cfg.data.max_seq_length > config.max_position_embeddings:
         raise UserError(f"--max-seq-length {cfg.data.max_seq_length} exceeds the model's {config.max_position_embeddings} positions")
     reinit_head = task.configure(config)
@@ -66,7 +75,8 @@ def run_finetuning(task: FinetuneTask, cfg: FinetuneConfig) -> dict:
     setup_backend(device, cfg.impl)
     torch.manual_seed(cfg.train.seed)
     model = task.model_class.from_pretrained(cfg.model, config=config, reinit_head=reinit_head).to(device)
-    with atomic_dir(cfg.out) as tmp:
+    with atomic_dir(cfg.out, replace=replace) as tmp:
+        write_marker(tmp, "finetune")
         t0 = time.perf_counter()
         best, history = train_epochs(model, features, collate, task, cfg, tmp, device)
         train_seconds = time.perf_counter() - t0
@@ -112,6 +122,7 @@ def train_epochs(model: torch.nn.Module, features: list[dict], collate: Callable
     bar = tqdm(total=total, desc="fine-tuning", unit="step", disable=not cfg.impl.progress, dynamic_ncols=True)
     model.train()
     for epoch in range(1, t.epochs + 1):
+        engine.state.take_meters()  # a logging line covers steps of its own epoch only
         order = torch.randperm(len(features), generator=gen).numpy()
         for i in range(0, len(order), t.batch_size):
             batch = to_device(collate([features[j] for j in order[i : i + t.batch_size]]), device)

@@ -13,6 +13,20 @@ from .files import atomic_write_text
 log = logging.getLogger("bertforge")
 
 
+def parse_lines(lines) -> list[dict]:
+    """The JSON objects of ``metrics.jsonl`` lines; a line that does not parse (one torn by a kill in the
+    middle of an append) is dropped."""
+    rows = []
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
 class MetricsLog:
     """``metrics.jsonl`` in ``out`` (and TensorBoard, when asked and installed); silent when not ``enabled``
     (the processes other than rank 0)."""
@@ -30,11 +44,12 @@ class MetricsLog:
                 self.tb = None
 
     def truncate_after(self, step: int) -> None:
-        """Drop lines written after ``step`` (by a run that was interrupted before its next checkpoint)."""
+        """Drop lines written after ``step`` (by a run that was interrupted before its next checkpoint), and a
+        line torn by a kill in the middle of an append."""
         if not self.enabled or not os.path.isfile(self.path):
             return
-        with open(self.path, encoding="utf-8") as f:
-            keep = [line for line in f if line.strip() and json.loads(line).get("step", 0) <= step]
+        with open(self.path, encoding="utf-8", errors="replace") as f:
+            keep = [json.dumps(row) + "\n" for row in parse_lines(f) if row.get("step", 0) <= step]
         atomic_write_text(self.path, "".join(keep))
 
     def write(self, row: dict) -> None:

@@ -31,7 +31,10 @@ The model:
 * ``hidden_act="gelu"`` is the exact erf GELU of BERT and transformers; ``"gelu_new"`` the tanh form.
 * NSP label 0 = IsNext, 1 = NotNext, as in Google's and transformers' checkpoints.
 * On the CPU, dropout masks come from 16-bit random numbers (:mod:`bertforge.ops.dropout`): the drop
-  probability is ``p`` rounded to a multiple of 1/65536.
+  probability is ``p`` rounded to a multiple of 1/65536.  In CPU pretraining each sequence's masks come from
+  a generator of its own, keyed by (seed, step, the sequence's index in the epoch, the dropout site), so that
+  a run's result does not depend on the number of processes or accumulation steps.  The embeddings' dropout
+  applies to real tokens only (padding is removed before it).
 * The last encoder layer of the training objective (:meth:`BertForPreTraining.pretraining_loss`) computes its
   queries, attention output, output projection and feed-forward block only at [CLS] and the masked tokens,
   the only ones that reach the loss (every token is still a key and a value: :meth:`BertLayer.forward_rows`);
@@ -129,7 +132,8 @@ class BertEmbeddings(nn.Module):
         self.dropout = Dropout(config.hidden_dropout_prob)
         self.register_buffer("position_ids", torch.arange(config.max_position_embeddings), persistent=False)
 
-    def forward(self, input_ids, token_type_ids=None, position_ids=None):
+    def forward(self, input_ids, token_type_ids=None, position_ids=None, padding: Padding | None = None):
+        """(B, T, C); with ``padding``, the real tokens' rows (N, C) (dropout over real tokens only)."""
         B, T = input_ids.shape
         if position_ids is None:
             position_ids = self.position_ids[:T]  # (T,)
@@ -138,7 +142,10 @@ class BertEmbeddings(nn.Module):
             x = x + self.token_type_embeddings.weight[0]
         else:
             x = x + self.token_type_embeddings(token_type_ids)
-        return self.dropout(self.LayerNorm(x))
+        x = self.LayerNorm(x)
+        if padding is None:
+            return self.dropout(x)
+        return self.dropout(padding.unpad(x), padding)  # (N, C)
 
 
 class BertSelfAttention(nn.Module):
@@ -172,8 +179,8 @@ class BertSelfOutput(nn.Module):
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = Dropout(config.hidden_dropout_prob)
 
-    def forward(self, h, residual):
-        return self.LayerNorm(self.dropout(self.dense(h)) + residual)  # post-LN
+    def forward(self, h, residual, layout=None):
+        return self.LayerNorm(self.dropout(self.dense(h), layout) + residual)  # post-LN
 
 
 class BertAttention(nn.Module):
@@ -183,11 +190,11 @@ class BertAttention(nn.Module):
         self.output = BertSelfOutput(config)
 
     def forward(self, x, padding):
-        return self.output(self.self(x, padding), x)
+        return self.output(self.self(x, padding), x, padding)
 
     def forward_rows(self, x, rows, padding):
         x_rows = gather_rows(x, rows)  # (M, C)
-        return self.output(self.self.forward_rows(x, x_rows, rows, padding), x_rows)
+        return self.output(self.self.forward_rows(x, x_rows, rows, padding), x_rows, padding.select(rows))
 
 
 class BertIntermediate(nn.Module):
@@ -207,8 +214,8 @@ class BertOutput(nn.Module):
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = Dropout(config.hidden_dropout_prob)
 
-    def forward(self, h, residual):
-        return self.LayerNorm(self.dropout(self.dense(h)) + residual)  # post-LN
+    def forward(self, h, residual, layout=None):
+        return self.LayerNorm(self.dropout(self.dense(h), layout) + residual)  # post-LN
 
 
 class BertLayer(nn.Module):
@@ -220,13 +227,13 @@ class BertLayer(nn.Module):
 
     def forward(self, x, padding):
         a = self.attention(x, padding)
-        return self.output(self.intermediate(a), a)
+        return self.output(self.intermediate(a), a, padding)
 
     def forward_rows(self, x, rows, padding):
-        """The layer's output (M, C) at ``rows`` of the flat rows ``x`` (N, C) only: queries, output
+        """The layer's output (M, C) at ``rows`` (sorted) of the flat rows ``x`` (N, C) only: queries, output
         projection and feed-forward block run there; attention still reads every token."""
         a = self.attention.forward_rows(x, rows, padding)
-        return self.output(self.intermediate(a), a)
+        return self.output(self.intermediate(a), a, padding.select(rows))
 
 
 class BertEncoder(nn.Module):
@@ -322,34 +329,36 @@ class BertModel(BertPreTrainedModel):
         self.pooler = BertPooler(config) if add_pooling_layer else None
         self.init_weights()
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None) -> BaseModelOutput:
-        padding = self._padding(input_ids, attention_mask)
-        x = self.embeddings(input_ids, token_type_ids, position_ids)  # (B, T, C)
-        x = self.encoder(padding.unpad(x), padding)  # (N, C) or (B, T, C)
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None,
+                dropout_keys=None) -> BaseModelOutput:
+        """``dropout_keys`` (:class:`~bertforge.ops.dropout.DropoutKeys`): dropout masks keyed by sequence."""
+        padding = self._padding(input_ids, attention_mask, dropout_keys)
+        x = self.embeddings(input_ids, token_type_ids, position_ids, padding)  # (N, C), or (B, T, C) without padding
+        x = self.encoder(x, padding)  # (N, C) or (B, T, C)
         x = padding.pad(x)  # (B, T, C)
         pooled = self.pooler(x) if self.pooler is not None else None
         return BaseModelOutput(last_hidden_state=x, pooler_output=pooled)
 
-    def hidden_at(self, positions, input_ids, attention_mask=None, token_type_ids=None) -> torch.Tensor:
+    def hidden_at(self, positions, input_ids, attention_mask=None, token_type_ids=None, dropout_keys=None) -> torch.Tensor:
         """Final hidden states at flat positions (indices into the B*T tokens, repeats allowed), shape (M, C).
 
         The last layer runs only at ``positions`` (:meth:`BertLayer.forward_rows`): in pretraining only [CLS]
         and the masked tokens reach the loss, so this skips most of it.  Values equal ``forward`` there.
         """
         positions, inverse = torch.unique(positions, return_inverse=True)  # the row gathers need unique rows
-        padding = self._padding(input_ids, attention_mask).flat()
-        rows = padding.rows_of(positions)  # (M',) indices among the flat rows
-        x = padding.unpad(self.embeddings(input_ids, token_type_ids))  # (N, C) flat rows
+        padding = self._padding(input_ids, attention_mask, dropout_keys).flat()
+        rows = padding.rows_of(positions)  # (M',) indices among the flat rows, sorted
+        x = self.embeddings(input_ids, token_type_ids, padding=padding)  # (N, C) flat rows
         *layers, last = self.encoder.layer
         for layer in layers:
             x = layer(x, padding)
         return last.forward_rows(x, rows, padding)[inverse]  # (M, C) in the order of ``positions``
 
-    def _padding(self, input_ids, attention_mask) -> Padding:
+    def _padding(self, input_ids, attention_mask, dropout_keys=None) -> Padding:
         B, T = input_ids.shape
         if T > self.config.max_position_embeddings:
             raise ValueError(f"sequence length {T} exceeds max_position_embeddings {self.config.max_position_embeddings}")
-        return Padding(attention_mask, B, T)
+        return Padding(attention_mask, B, T, dropout_keys if self.training else None)
 
 
 # ------------------------------------------------------------------------------------------------ heads
@@ -437,13 +446,15 @@ class BertForPreTraining(BertPreTrainedModel):
         loss = sum(losses) if losses else None
         return PreTrainingOutput(loss, logits, nsp_logits, mlm_loss, nsp_loss)
 
-    def pretraining_loss(self, input_ids, attention_mask, token_type_ids, labels, next_sentence_label=None):
+    def pretraining_loss(self, input_ids, attention_mask, token_type_ids, labels, next_sentence_label=None,
+                         dropout_keys=None):
         """(summed MLM loss, summed NSP loss or None): the training step's fast path, no logits kept."""
         B, T = input_ids.shape
         flat = labels.reshape(-1)
         masked = (flat != -100).nonzero().squeeze(1)  # (N,) flat positions of the masked tokens
         cls_pos = torch.arange(B, device=input_ids.device) * T  # (B,) the [CLS] tokens
-        h = self.bert.hidden_at(torch.cat([cls_pos, masked]), input_ids, attention_mask, token_type_ids)  # (B+N, C)
+        positions = torch.cat([cls_pos, masked])
+        h = self.bert.hidden_at(positions, input_ids, attention_mask, token_type_ids, dropout_keys)  # (B+N, C)
         mlm = self.cls.predictions.loss_sum(h[B:], flat[masked])
         nsp = None
         if next_sentence_label is not None:
@@ -469,11 +480,12 @@ class BertForMaskedLM(BertPreTrainedModel):
         logits, loss = _mlm_logits(self.cls.predictions, out.last_hidden_state, labels, dense_logits, loss_reduction)
         return MaskedLMOutput(loss, logits)
 
-    def pretraining_loss(self, input_ids, attention_mask, token_type_ids, labels, next_sentence_label=None):
+    def pretraining_loss(self, input_ids, attention_mask, token_type_ids, labels, next_sentence_label=None,
+                         dropout_keys=None):
         """(summed MLM loss, None): the training step's fast path (no NSP head)."""
         flat = labels.reshape(-1)
         masked = (flat != -100).nonzero().squeeze(1)
-        h = self.bert.hidden_at(masked, input_ids, attention_mask, token_type_ids)  # (N, C)
+        h = self.bert.hidden_at(masked, input_ids, attention_mask, token_type_ids, dropout_keys)  # (N, C)
         return self.cls.predictions.loss_sum(h, flat[masked]), None
 
 

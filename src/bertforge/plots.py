@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 
 import matplotlib
@@ -10,13 +9,14 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from .logs import parse_lines  # noqa: E402
+
 
 def read_metrics(path: str) -> list[dict]:
-    rows = []
-    if os.path.isfile(path):
-        with open(path, encoding="utf-8") as f:
-            rows = [json.loads(line) for line in f if line.strip()]
-    return rows
+    if not os.path.isfile(path):
+        return []
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return parse_lines(f)
 
 
 def _series(rows: list[dict], kind: str, key: str, x: str = "step") -> tuple[list, list]:

@@ -32,7 +32,7 @@ from .model import (
     BertForQuestionAnswering,
     BertForSequenceClassification,
 )
-from .tokenizer import load_tokenizer, special_ids
+from .tokenizer import check_vocab_fits, load_tokenizer, special_ids
 
 log = logging.getLogger("bertforge")
 
@@ -61,8 +61,7 @@ class Pipeline:
         self.dir = model
         self.config = BertConfig.load(model)
         self.tok: Tokenizer = load_tokenizer(model)
-        if self.tok.get_vocab_size(with_added_tokens=True) > self.config.vocab_size:
-            raise UserError(f"the tokenizer in {model} does not fit its model's vocabulary")
+        check_vocab_fits(self.tok, self.config.vocab_size, model)
         self.sp = special_ids(self.tok)
         self.device = resolve_device(ImplConfig(device=device))
         self.batch_size = batch_size

@@ -39,11 +39,12 @@ from .devices import Dist, init_distributed, resolve_device, setup_backend
 from .engine import Engine, LinearSchedule, LossFn, NonFiniteLoss, rng_state, set_rng_state
 from .errors import TrainingError, UserError
 from .evaluation import evaluate_pretraining, fill_mask_samples
-from .files import atomic_write_json
+from .files import OutputLock, atomic_write_json, check_output, remove_output, remove_stale_temporaries, write_marker
 from .logs import MetricsLog, file_log, rounded
 from .model import BertForMaskedLM, BertForPreTraining, flops_per_token
+from .ops.dropout import DropoutKeys
 from .plots import plot_pretraining
-from .tokenizer import load_tokenizer, save_tokenizer, special_ids, train_tokenizer
+from .tokenizer import check_vocab_fits, load_tokenizer, save_tokenizer, special_ids, train_tokenizer
 
 log = logging.getLogger("bertforge")
 
@@ -58,17 +59,25 @@ class PretrainingObjective(torch.nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, input_ids, attention_mask, token_type_ids, labels, next_sentence_label=None):
-        return self.model.pretraining_loss(input_ids, attention_mask, token_type_ids, labels, next_sentence_label)
+    def forward(self, input_ids, attention_mask, token_type_ids, labels, next_sentence_label=None, dropout_keys=None):
+        return self.model.pretraining_loss(input_ids, attention_mask, token_type_ids, labels, next_sentence_label,
+                                           dropout_keys)
 
 
-def pretraining_loss_fn(n_mask: float, batch_size: int) -> LossFn:
+def pretraining_loss_fn(n_mask: float, batch_size: int, seed: int | None = None, step: int = 0) -> LossFn:
     """The loss of one micro-batch, normalised over the global batch: the MLM loss over the masked tokens
-    of all processes and micro-batches (``n_mask``), the NSP loss over its sequences (``batch_size``)."""
+    of all processes and micro-batches (``n_mask``), the NSP loss over its sequences (``batch_size``).
+
+    With ``seed``, on the CPU, dropout masks are keyed by (seed, ``step``, each sequence's index in the
+    epoch, the batch's ``sequence_ids``), so that they do not depend on how sequences are split among
+    processes and micro-batches (on CUDA the fused attention kernels draw their own)."""
 
     def loss_fn(objective, b: dict):
+        keys = None
+        if seed is not None and "sequence_ids" in b and b["input_ids"].device.type == "cpu":
+            keys = DropoutKeys(seed, step, b["sequence_ids"].tolist())
         mlm, nsp = objective(b["input_ids"], b["attention_mask"], b["token_type_ids"], b["labels"],
-                             b.get("next_sentence_label"))
+                             b.get("next_sentence_label"), dropout_keys=keys)
         loss, parts = mlm.float() / n_mask, {"mlm": mlm.detach()}
         if nsp is not None:
             loss, parts["nsp"] = loss + nsp.float() / batch_size, nsp.detach()
@@ -78,20 +87,24 @@ def pretraining_loss_fn(n_mask: float, batch_size: int) -> LossFn:
 
 
 # ------------------------------------------------------------------------------------------------ set-up
-def check_run(cfg: PretrainConfig, resume: bool) -> None:
-    """Every check that needs no heavy work, done before anything is read or written."""
+def check_run(cfg: PretrainConfig, resume: bool, overwrite: bool = False) -> bool:
+    """Every check that needs no heavy work, done before anything is read or written; True when an earlier
+    pretraining output in ``cfg.out`` is to be replaced (``overwrite``)."""
     if not cfg.out:
         raise UserError("--out is required")
+    if resume and overwrite:
+        raise UserError("--resume continues the run in --out and --overwrite replaces it: give one of them")
     has_run = bool(ckpt.list_checkpoints(cfg.out))
     if resume and not has_run:
         raise UserError(f"nothing to resume: no complete checkpoint in {os.path.join(cfg.out, ckpt.CHECKPOINTS)}")
-    if not resume and has_run:
-        raise UserError(f"{cfg.out} already holds a training run; pass --resume to continue it, or choose another --out")
+    if not resume and has_run and not overwrite:
+        raise UserError(f"{cfg.out} already holds a training run; pass --resume to continue it, --overwrite to "
+                        "replace it, or choose another --out")
+    replace = check_output(cfg.out, "pretrain", overwrite=overwrite, resume=resume)
     cfg.validate(resume)
     if cfg.model.init and not os.path.isdir(cfg.model.init):
         raise UserError(f"--init directory not found: {cfg.model.init}")
-    if not resume and os.path.exists(cfg.out) and not os.path.isdir(cfg.out):
-        raise UserError(f"--out {cfg.out} exists and is not a directory")
+    return replace
 
 
 def _broadcast_str(d: Dist, text: str | None) -> str:
@@ -135,11 +148,7 @@ def prepare_model_config(cfg: PretrainConfig, tok: Tokenizer, resume: bool) -> B
         config = BertConfig.preset(mc.preset, vocab_size=n_vocab)
     if mc.dropout is not None and not resume:
         config.hidden_dropout_prob = config.attention_probs_dropout_prob = mc.dropout
-    if n_vocab > config.vocab_size:
-        raise UserError(
-            f"the tokenizer has {n_vocab} tokens but the model's vocabulary holds {config.vocab_size}: "
-            "they do not belong together"
-        )
+    check_vocab_fits(tok, config.vocab_size, "--tokenizer and the model")
     if cfg.data.max_seq_length > config.max_position_embeddings:
         raise UserError(
             f"--max-seq-length {cfg.data.max_seq_length} exceeds the model's max_position_embeddings "
@@ -157,19 +166,24 @@ def most_frequent_token(corpus: TokenizedCorpus, exclude: set[int], sample: int 
 
 
 # ------------------------------------------------------------------------------------------------ the run
-def run_pretraining(cfg: PretrainConfig, resume: bool = False) -> dict[str, Any]:
-    """Pretrain as ``cfg`` says; return the final metrics (also written to DIR/metrics.json)."""
-    check_run(cfg, resume)
-    run = Pretraining(cfg, resume)
-    with file_log(cfg.out, run.d.is_main):
-        return run.train()
+def run_pretraining(cfg: PretrainConfig, resume: bool = False, overwrite: bool = False) -> dict[str, Any]:
+    """Pretrain as ``cfg`` says; return the final metrics (also written to DIR/metrics.json).
+
+    ``resume`` continues the run in ``cfg.out`` from its newest loadable checkpoint; ``overwrite`` replaces
+    an earlier pretraining output there.  Any other existing, non-empty ``cfg.out`` is refused.
+    """
+    replace = check_run(cfg, resume, overwrite)
+    with OutputLock(cfg.out, enabled=int(os.environ.get("RANK", "0")) == 0):  # rank 0 writes, so rank 0 locks
+        run = Pretraining(cfg, resume, replace)
+        with file_log(cfg.out, run.d.is_main):
+            return run.train()
 
 
 class Pretraining:
     """One pretraining run: set up on construction (everything that can fail on bad input fails before the
     output folder is written), then :meth:`train`."""
 
-    def __init__(self, cfg: PretrainConfig, resume: bool):
+    def __init__(self, cfg: PretrainConfig, resume: bool, replace: bool = False):
         self.cfg, self.resume, t, dc = cfg, resume, cfg.train, cfg.data
         device_kind = "cuda" if cfg.impl.device.startswith("cuda") or (cfg.impl.device == "auto" and torch.cuda.is_available()) else "cpu"
         self.d = d = init_distributed(device_kind)
@@ -207,10 +221,15 @@ class Pretraining:
         out = cfg.out
         self.metrics = MetricsLog(out, d.is_main)
         if d.is_main:
+            if replace:
+                remove_output(out, "pretrain")
             os.makedirs(out, exist_ok=True)
+            for p in remove_stale_temporaries(out) + remove_stale_temporaries(os.path.join(out, ckpt.CHECKPOINTS)):
+                log.warning("removed %s, left by an interrupted save", p)
             if not resume:
                 save_tokenizer(self.tok, out, model_max_length=self.config.max_position_embeddings)
                 self.model.save_pretrained(out)
+                write_marker(out, "pretrain")
             atomic_write_json(os.path.join(out, CONFIG_FILE), cfg.to_dict())
         d.barrier()
         schedule = LinearSchedule(t.lr, t.max_steps, t.max_time, t.warmup_steps, t.warmup_ratio)
@@ -230,6 +249,7 @@ class Pretraining:
         if self.resume:
             self._restore()
         self._prepare_evaluation()
+        e.start_clock()  # the run's clock counts training, evaluation and saves, not the set-up
         bar = tqdm(total=t.max_steps, initial=st.step, desc="pretraining", unit="step",
                    disable=not (cfg.impl.progress and self.d.is_main), dynamic_ncols=True)
         last_eval = None
@@ -241,7 +261,7 @@ class Pretraining:
                 n_mask, n_tok = self.d.all_sum([sum(float((b["labels"] != -100).sum()) for b in batches),
                                                 sum(float(b["attention_mask"].sum()) for b in batches)], self.device)
                 try:
-                    out = e.step(batches, pretraining_loss_fn(n_mask, t.batch_size))
+                    out = e.step(batches, pretraining_loss_fn(n_mask, t.batch_size, t.seed, st.step))
                 except NonFiniteLoss as err:
                     raise TrainingError(f"{err}{self._last_checkpoint()}; try a lower --lr or a longer warmup") from None
                 dt = time.perf_counter() - t0
@@ -321,14 +341,24 @@ class Pretraining:
         self.d.barrier()
 
     def _restore(self) -> None:
-        step, path = ckpt.list_checkpoints(self.cfg.out)[-1]
-        state = ckpt.load_checkpoint(path, self.model, self.engine.optimizer)
+        """Continue from the newest checkpoint that loads whole; damaged newer ones are skipped, with a warning."""
+        for step, path in reversed(ckpt.list_checkpoints(self.cfg.out)):
+            try:
+                state = ckpt.load_checkpoint(path, self.model, self.engine.optimizer)
+                state["loader"], state["rng"]  # noqa: B018 - present, or the checkpoint is damaged
+                break
+            except Exception as e:  # a truncated or corrupt file of an interrupted or damaged save
+                aside = os.path.join(os.path.dirname(path), f".damaged-{os.path.basename(path)}-{int(time.time())}")
+                os.rename(path, aside)  # kept for inspection, never considered again
+                log.warning("skipping checkpoint %s, which does not load (%s: %s); moved to %s", path,
+                            type(e).__name__, str(e)[:200], aside)
+        else:
+            raise UserError(f"no checkpoint in {os.path.join(self.cfg.out, ckpt.CHECKPOINTS)} loads; nothing to resume")
         self.engine.state.load_state_dict(state)
         self.loader.load_state_dict(state["loader"])
         rank = self.d.rank
         set_rng_state(state["rng"][rank] if rank < len(state["rng"]) else state["rng"][0])
         self.metrics.truncate_after(step)
-        self.engine.start_clock()
         log.info("resumed from %s (step %d)", path, step)
 
     def _last_checkpoint(self, fmt: str = "; the last good checkpoint is {path}") -> str:

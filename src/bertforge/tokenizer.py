@@ -168,6 +168,15 @@ def is_lowercase(tok: Tokenizer) -> bool:
     return bool(state.get("lowercase") or state.get("type") == "Lowercase")
 
 
+def check_vocab_fits(tok: Tokenizer, vocab_size: int, where: str) -> None:
+    """A tokenizer and a model meet: their vocabularies must be the same size, or predictions would name ids
+    the tokenizer does not know (or never reach tokens the model has)."""
+    n = tok.get_vocab_size(with_added_tokens=True)
+    if n != vocab_size:
+        raise UserError(f"{where}: the tokenizer has {n} tokens but the model's vocabulary holds {vocab_size}; "
+                        "they do not belong together")
+
+
 def save_tokenizer(tok: Tokenizer, folder: str, model_max_length: int = 512) -> None:
     """Write the four tokenizer files into ``folder``."""
     os.makedirs(folder, exist_ok=True)

@@ -65,3 +65,14 @@ def test_each_head_owns_its_buffer():
     a = BertForMaskedLM(BertConfig.preset("tiny", vocab_size=100))
     b = copy.deepcopy(a)
     assert a.cls.predictions.logit_buffer is not b.cls.predictions.logit_buffer
+
+
+def test_a_model_with_a_held_buffer_still_pickles_without_it():
+    import pickle
+
+    buf = LogitBuffer()
+    W, b = torch.randn(50, 8, requires_grad=True), torch.zeros(50, requires_grad=True)
+    held = linear_cross_entropy_sum(torch.randn(6, 8), W, b, torch.randint(0, 50, (6,)), buf)  # awaiting backward
+    copy = pickle.loads(pickle.dumps(buf))
+    assert copy._buf is None and copy._holder is None and buf._holder() is not None
+    del held

@@ -1,7 +1,7 @@
 """Multi-head self-attention kernels, and the one place that picks among them.
 
 The maths is the paper's ``softmax(Q K^T / sqrt(hs)) V`` with dropout on the probabilities.  Which code
-computes it (:func:`attend`):
+computes it is decided in one place, :func:`pick_kernel`:
 
 * ``F.scaled_dot_product_attention`` (flash / memory-efficient / math kernels) wherever it can, including
   variable-length attention over nested jagged tensors when a padded batch runs on CUDA
@@ -21,33 +21,42 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .dropout import dropout_mask
+from .dropout import dropout_mask, keyed_attention_dropout
 from .linear import linear
 from .padding import Padding, gather_rows
 
 
-def own_kernel(device: torch.device, p: float) -> bool:
-    """True where attention runs our own maths: on the CPU with dropout, which SDPA's CPU kernels lack."""
-    return p > 0.0 and device.type == "cpu"
+def pick_kernel(device: torch.device, p: float, padding: Padding | None = None) -> str:
+    """Which code computes attention: ``"own"`` (our maths, on the CPU with dropout, which SDPA's CPU kernels
+    lack), ``"varlen"`` (SDPA over nested jagged tensors of each sequence's real tokens, where ``padding``
+    runs variable-length: CUDA), or ``"sdpa"`` (SDPA on the padded (B, T) layout with a key mask)."""
+    if p > 0.0 and device.type == "cpu":
+        return "own"
+    if padding is not None and padding.offsets is not None:
+        return "varlen"
+    return "sdpa"
 
 
-def attention_with_dropout(q, k, v, key_mask, p: float) -> torch.Tensor:
+def attention_with_dropout(q, k, v, key_mask, p: float, keyed=None) -> torch.Tensor:
     """softmax(q k^T) with dropout ``p`` on the probabilities, times v: (B, nh, T, hs).  ``q`` comes already
-    scaled by 1/sqrt(hs)."""
+    scaled by 1/sqrt(hs).  ``keyed`` = (keys, real queries, real keys per sequence) draws each sequence's
+    mask from its own generator (:func:`~bertforge.ops.dropout.keyed_attention_dropout`)."""
     att = q @ k.transpose(-2, -1)  # (B, nh, Tq, Tk)
     if key_mask is not None:
         att.masked_fill_(~key_mask, float("-inf"))
     att = att.softmax(-1)
     if p == 0.0:
         return att @ v
+    if keyed is not None and keyed[0] is not None and not torch.compiler.is_compiling():
+        return keyed_attention_dropout(att, p, *keyed) @ v
     return (att * dropout_mask(att.shape, p, att.device, att.dtype)) @ v
 
 
-def attend(q, k, v, key_mask, p: float) -> torch.Tensor:
-    """Attention of (B, nh, Tq, hs) queries over (B, nh, Tk, hs) keys and values (nested or dense); ``q``
-    comes pre-scaled exactly when :func:`own_kernel` is true for it."""
-    if own_kernel(q.device, p):
-        return attention_with_dropout(q, k, v, key_mask, p)
+def attend(kernel: str, q, k, v, key_mask, p: float, keyed=None) -> torch.Tensor:
+    """Attention of (B, nh, Tq, hs) queries over (B, nh, Tk, hs) keys and values (nested for ``"varlen"``)
+    by ``kernel`` (:func:`pick_kernel`); for ``"own"``, ``q`` comes pre-scaled."""
+    if kernel == "own":
+        return attention_with_dropout(q, k, v, key_mask, p, keyed)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, dropout_p=p)
 
 
@@ -65,20 +74,21 @@ def self_attention(x, q_proj, k_proj, v_proj, n_head: int, padding: Padding, p: 
     """
     C = x.shape[-1]
     hs = C // n_head
-    own = own_kernel(x.device, p)
+    kernel = pick_kernel(x.device, p, padding)
+    own = kernel == "own"
     wq, bq = _scaled_query(*q_proj, hs, own)
     w = torch.cat([wq, k_proj[0], v_proj[0]])  # (3C, C)
     b = torch.cat([bq, k_proj[1], v_proj[1]])  # (3C,)
-    if padding.offsets is not None and not own:  # variable-length: only real tokens, no (B, T) layout
+    if kernel == "varlen":  # only real tokens, no (B, T) layout
         qkv = linear(x, w, b).view(-1, 3, n_head, hs)  # (N, 3, nh, hs)
         q, k, v = (padding.jagged(t.contiguous()) for t in qkv.unbind(1))  # nested (B, nh, j, hs)
-        y = attend(q, k, v, None, p)  # nested (B, nh, j, hs)
+        y = attend(kernel, q, k, v, None, p)  # nested (B, nh, j, hs)
         return y.transpose(1, 2).values().reshape(-1, C)  # (N, C)
     qkv = padding.pad(linear(x, w, b))  # (B, T, 3C)
     B, T = qkv.shape[:2]
     qkv = qkv.view(B, T, 3, n_head, hs).permute(2, 0, 3, 1, 4)  # (3, B, nh, T, hs)
     q, k, v = qkv.contiguous() if own else qkv  # one copy, so that the batched matmuls need none
-    y = attend(q, k, v, padding.attn_mask, p)  # (B, nh, T, hs)
+    y = attend(kernel, q, k, v, padding.attn_mask, p, (padding.keys, padding.counts, padding.counts))  # (B, nh, T, hs)
     return padding.unpad(y.transpose(1, 2).reshape(B, T, C))
 
 
@@ -87,7 +97,8 @@ def row_attention(x, x_rows, rows, q_proj, k_proj, v_proj, n_head: int, padding:
     rows): they are the only queries, every token is still a key and a value."""
     C = x.shape[-1]
     hs = C // n_head
-    own = own_kernel(x.device, p)
+    kernel = pick_kernel(x.device, p)  # queries in a (B, R) grid: never variable-length
+    own = kernel == "own"
     w = torch.cat([k_proj[0], v_proj[0]])  # (2C, C)
     b = torch.cat([k_proj[1], v_proj[1]])  # (2C,)
     kv = padding.pad(linear(x, w, b))  # (B, T, 2C)
@@ -97,7 +108,8 @@ def row_attention(x, x_rows, rows, q_proj, k_proj, v_proj, n_head: int, padding:
     slots, R = query_slots(rows, padding)  # queries grouped by sequence in a (B, R) grid
     q = linear(x_rows, *_scaled_query(*q_proj, hs, own))  # (M, C)
     q = q.new_zeros(B * R, C).index_copy(0, slots, q).view(B, R, n_head, hs).transpose(1, 2)  # (B, nh, R, hs)
-    y = attend(q.contiguous() if own else q, k, v, padding.attn_mask, p)  # (B, nh, R, hs)
+    keyed = (padding.keys, padding.select(rows).counts, padding.counts)  # sequence b's queries: its first slots
+    y = attend(kernel, q.contiguous() if own else q, k, v, padding.attn_mask, p, keyed)  # (B, nh, R, hs)
     return gather_rows(y.transpose(1, 2).reshape(B * R, C), slots)  # (M, C)
 
 

@@ -41,6 +41,9 @@ class LogitBuffer:
     def __deepcopy__(self, memo):  # a copied model gets its own (empty) buffer
         return LogitBuffer()
 
+    def __reduce__(self):  # a pickled model carries no logits (nor a weak reference)
+        return (LogitBuffer, ())
+
 
 class _LinearCrossEntropy(torch.autograd.Function):
     """Summed cross-entropy of ``h @ W.T + b`` against ``y``: the logits are laid out (V, N) (the faster

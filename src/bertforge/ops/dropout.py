@@ -1,25 +1,32 @@
-"""Dropout with cheaper masks on the CPU.
+"""Dropout with cheaper masks on the CPU, and masks keyed by sequence.
 
-Departure (listed in :mod:`bertforge.model`): on the CPU the mask comes from 16-bit random numbers, so the
+Departures (listed in :mod:`bertforge.model`): on the CPU the mask comes from 16-bit random numbers, so the
 drop probability is ``p`` rounded to a multiple of 1/65536.  On other devices this is ``F.dropout``.
+
+In CPU pretraining each sequence's masks come from a generator of its own, keyed by (seed, step, the
+sequence's index in the epoch, the dropout site) (:class:`DropoutKeys`): the masks of a sequence do not
+depend on which other sequences share its micro-batch, so a run's result does not depend on the number of
+processes or accumulation steps.  Without keys, masks come from torch's global generator.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
+from collections.abc import Sequence
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 
-def dropout_mask(shape, p: float, device, dtype=torch.float32) -> torch.Tensor:
+def dropout_mask(shape, p: float, device, dtype=torch.float32, generator: torch.Generator | None = None) -> torch.Tensor:
     """Inverted dropout's multiplier: 1/(1-p) with probability 1 - p (p rounded to 1/65536), else 0, from
     torch's generator.  A float mask, because multiplying by it is several times faster on the CPU than
     ``torch.where`` with a boolean one, and comparing straight into a float tensor is faster than producing
     booleans."""
     n = math.prod(shape)
-    bits = torch.randint(-(2**63), 2**63 - 1, ((n + 3) // 4,), dtype=torch.int64, device=device)
+    bits = torch.randint(-(2**63), 2**63 - 1, ((n + 3) // 4,), dtype=torch.int64, device=device, generator=generator)
     b16 = bits.view(torch.int16)[:n].view(shape)  # four 16-bit numbers from each 64-bit draw
     mask = torch.ge(b16, round(p * 65536) - 32768, out=torch.empty(shape, dtype=dtype, device=device))
     return mask.mul_(1.0 / (1.0 - p))
@@ -53,7 +60,53 @@ def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
 
 
 class Dropout(nn.Dropout):
-    """``nn.Dropout`` whose forward is :func:`dropout`."""
+    """``nn.Dropout`` whose forward is :func:`dropout`; given a ``layout`` with keys (a
+    :class:`~bertforge.ops.padding.Padding` or a row selection of it), with masks keyed by sequence."""
 
-    def forward(self, x):
+    def forward(self, x, layout=None):
+        keys = getattr(layout, "keys", None)
+        if keys is not None and self.training and self.p > 0 and not torch.compiler.is_compiling():
+            return keyed_dropout(x.reshape(-1, x.shape[-1]), self.p, keys, layout.counts).view(x.shape)
         return dropout(x, self.p, self.training)
+
+
+# ------------------------------------------------------------------------------------------------ keyed masks
+class DropoutKeys:
+    """The keys of one micro-batch's dropout masks: (seed, step) of the run, the index of each of its
+    sequences in the epoch, and a counter of dropout sites that every forward pass visits in the same order.
+
+    ``counts``-style layouts describe how a tensor's rows belong to the sequences (see :func:`keyed_dropout`).
+    """
+
+    def __init__(self, seed: int, step: int, sequences: Sequence[int]):
+        self.seed, self.step, self.sequences = int(seed), int(step), [int(s) for s in sequences]
+        self.site = 0
+
+    def generators(self) -> list[torch.Generator]:
+        """A fresh generator per sequence for the next dropout site."""
+        self.site += 1
+        gens = []
+        for s in self.sequences:
+            digest = hashlib.blake2b(f"{self.seed}/{self.step}/{s}/{self.site}".encode(), digest_size=8).digest()
+            gens.append(torch.Generator().manual_seed(int.from_bytes(digest, "little") >> 1))
+        return gens
+
+
+def keyed_dropout(x: torch.Tensor, p: float, keys: DropoutKeys, counts: Sequence[int]) -> torch.Tensor:
+    """Dropout of rows ``x`` (N, C) that belong to the sequences of ``keys``, ``counts[b]`` consecutive rows
+    each, with each sequence's mask from its own generator."""
+    C = x.shape[-1]
+    masks = [dropout_mask((n, C), p, "cpu", x.dtype, g) for n, g in zip(counts, keys.generators()) if n]
+    return x * torch.cat(masks).to(x.device) if masks else x
+
+
+def keyed_attention_dropout(att: torch.Tensor, p: float, keys: DropoutKeys, rows: Sequence[int],
+                            cols: Sequence[int]) -> torch.Tensor:
+    """Dropout of attention probabilities (B, nh, Tq, Tk), sequence b's real queries and keys being its first
+    ``rows[b]`` and ``cols[b]``; each sequence's mask from its own generator, the padding's left at zero."""
+    B, nh = att.shape[:2]
+    mask = att.new_zeros(att.shape)
+    for b, (r, c, g) in enumerate(zip(rows, cols, keys.generators())):
+        if r and c:
+            mask[b, :, :r, :c] = dropout_mask((nh, r, c), p, "cpu", att.dtype, g)
+    return att * mask

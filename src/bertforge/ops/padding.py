@@ -48,17 +48,23 @@ class Padding:
     variable-length (see ``VARLEN_DEVICES``; every sequence needs a real token), else None.
     """
 
-    def __init__(self, attention_mask: torch.Tensor | None, B: int, T: int):
+    def __init__(self, attention_mask: torch.Tensor | None, B: int, T: int, keys=None):
         self.B, self.T = B, T
         self.indices = None
         self.attn_mask = None
         self.offsets, self.max_len = None, T
+        self.keys, self.counts = keys, [T] * B  # dropout keys and each sequence's real tokens (with keys)
         if attention_mask is None:
             return
         keep = attention_mask.bool()  # (B, T)
         # Host syncs on CUDA (here and in nonzero); on the CPU they are free and save the padded FLOPs.
         if bool(keep.all()):
             return
+        if keys is not None:  # keyed masks are laid out per sequence: its real tokens must come first
+            lengths = keep.sum(1)  # (B,)
+            if not bool((keep == (torch.arange(T, device=keep.device) < lengths[:, None])).all()):
+                raise ValueError("dropout keyed by sequence needs right-padded batches")
+            self.counts = lengths.tolist()
         self.attn_mask = keep[:, None, None, :]  # (B, 1, 1, T)
         self.indices = keep.reshape(-1).nonzero().squeeze(1)  # (N,)
         if keep.device.type in VARLEN_DEVICES:
@@ -101,13 +107,27 @@ class Padding:
         """Rows among the flat rows -> flat positions in the (B*T) batch."""
         return rows if self.indices is None else self.indices[rows]
 
+    def select(self, rows: torch.Tensor) -> RowSelection:
+        """The layout of ``rows`` (sorted indices among the flat rows), for keyed dropout over them."""
+        if self.keys is None:
+            return RowSelection(None, [])
+        seq = torch.div(self.positions_of(rows), self.T, rounding_mode="floor")
+        return RowSelection(self.keys, torch.bincount(seq, minlength=self.B).tolist())
+
+
+class RowSelection:
+    """Rows of some sequences (``counts[b]`` consecutive rows of sequence b), with the batch's dropout keys."""
+
+    def __init__(self, keys, counts: list[int]):
+        self.keys, self.counts = keys, counts
+
 
 class _FlatPadding(Padding):
     """A batch without padding, carried as (B*T, C) rows so that rows can be selected in the last layer."""
 
     def __init__(self, base: Padding):
         super().__init__(None, base.B, base.T)
-        self.attn_mask = base.attn_mask
+        self.attn_mask, self.keys, self.counts = base.attn_mask, base.keys, base.counts
 
     def unpad(self, x):  # (B, T, C) -> (B*T, C)
         return x.reshape(self.B * self.T, -1)

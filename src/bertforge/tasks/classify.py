@@ -19,7 +19,7 @@ from ..errors import UserError
 from ..evaluation import classification_metrics, eval_mode
 from ..files import json_lines, read_text
 from ..model import BertForSequenceClassification
-from ..tokenizer import load_tokenizer, special_ids
+from ..tokenizer import check_vocab_fits, load_tokenizer, special_ids
 from .base import FinetuneTask
 
 log = logging.getLogger("bertforge")
@@ -67,6 +67,11 @@ def resolve_columns(rows: list[dict], cfg: ClassifyConfig, path: str, need_label
         raise UserError(f"{path}: no column {pair!r}; columns: {', '.join(cols)}")
     if need_label and cfg.label_column not in cols:
         raise UserError(f"{path}: no label column {cfg.label_column!r}; columns: {', '.join(cols)} (use --label-column)")
+    needed = [c for c in (text, pair, cfg.label_column if need_label else None) if c]
+    for n, r in enumerate(rows, 1):
+        absent = [c for c in needed if c not in r]
+        if absent:
+            raise UserError(f"{path}: record {n} has no {absent[0]!r} field")
     return text, pair, cfg.label_column
 
 
@@ -129,18 +134,18 @@ class ClassificationTask(FinetuneTask):
     defaults = {}
 
     def read(self, cfg: FinetuneConfig) -> None:
-        self.train_rows = read_table(cfg.data.train)
-        self.val_rows = read_table(cfg.data.validation)
-        self.text, self.pair, self.label_col = resolve_columns(self.train_rows, self.settings, cfg.data.train)
-        resolve_columns(self.val_rows, dataclasses.replace(self.settings, text_column=self.text), cfg.data.validation)
+        self.train_rows = read_table(cfg.data.train_file)
+        self.val_rows = read_table(cfg.data.validation_file)
+        self.text, self.pair, self.label_col = resolve_columns(self.train_rows, self.settings, cfg.data.train_file)
+        resolve_columns(self.val_rows, dataclasses.replace(self.settings, text_column=self.text), cfg.data.validation_file)
         if cfg.data.max_train_examples:
             self.train_rows = self.train_rows[: cfg.data.max_train_examples]
         self.labels = label_set([r[self.label_col] for r in self.train_rows])
         if len(self.labels) < 2:
-            raise UserError(f"{cfg.data.train}: only one label ({self.labels[0]!r}); classification needs at least two")
+            raise UserError(f"{cfg.data.train_file}: only one label ({self.labels[0]!r}); classification needs at least two")
         label2id = {lab: i for i, lab in enumerate(self.labels)}
-        self.y_train = _labels_to_ids(self.train_rows, self.label_col, label2id, cfg.data.train)
-        self.y_val = _labels_to_ids(self.val_rows, self.label_col, label2id, cfg.data.validation)
+        self.y_train = _labels_to_ids(self.train_rows, self.label_col, label2id, cfg.data.train_file)
+        self.y_val = _labels_to_ids(self.val_rows, self.label_col, label2id, cfg.data.validation_file)
 
     def configure(self, config: BertConfig) -> bool:
         same_labels = config.id2label and [config.id2label[i] for i in sorted(config.id2label)] == self.labels
@@ -193,6 +198,7 @@ def evaluate_classifier(model_dir: str, data: str, task: ClassifyConfig, max_seq
     text, pair, label_col = resolve_columns(rows, task, data)
     y = _labels_to_ids(rows, label_col, config.label2id, data)
     tok = load_tokenizer(model_dir)
+    check_vocab_fits(tok, BertConfig.load(model_dir).vocab_size, model_dir)
     dev = resolve_device(ImplConfig(device=device))
     model = BertForSequenceClassification.from_pretrained(model_dir).to(dev)
     if model.loading_info["newly_initialized"]:

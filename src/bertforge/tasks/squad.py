@@ -21,12 +21,12 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from ..batching import length_sorted_batches, pad_batch, to_device
-from ..config import FinetuneConfig, SquadConfig
+from ..config import BertConfig, FinetuneConfig, SquadConfig
 from ..errors import UserError
 from ..evaluation import eval_mode, squad_evaluate
-from ..files import read_json
+from ..files import atomic_write_text, read_json
 from ..model import BertForQuestionAnswering
-from ..tokenizer import load_tokenizer, special_ids
+from ..tokenizer import check_vocab_fits, load_tokenizer, special_ids
 from .base import FinetuneTask
 
 log = logging.getLogger("bertforge")
@@ -48,17 +48,35 @@ def read_squad_json(path: str) -> dict:
 
 
 def read_examples(path: str) -> tuple[list[Example], list[dict]]:
-    """(examples, the file's ``data`` list): every question of a SQuAD v1.1 JSON file."""
+    """(examples, the file's ``data`` list): every question of a SQuAD v1.1 JSON file.  A malformed record
+    is an error naming the file, the record and the field."""
     d = read_squad_json(path)
     examples = []
-    try:
-        for article in d["data"]:
-            for para in article["paragraphs"]:
-                ctx = para["context"]
-                for qa in para["qas"]:
-                    examples.append(Example(str(qa["id"]), qa["question"], ctx, list(qa.get("answers", []))))
-    except (KeyError, TypeError) as e:
-        raise UserError(f"{path}: not in the SQuAD v1.1 layout (missing {e})") from None
+
+    def need(obj, key: str, kind: type | tuple, where: str, default=None):
+        if not isinstance(obj, dict):
+            raise UserError(f"{path}: {where} must be a JSON object")
+        v = obj.get(key, default)
+        if not isinstance(v, kind) or isinstance(v, bool):
+            what = "missing" if key not in obj else f"{type(v).__name__ if v is not None else 'null'}"
+            expected = {str: "a string", list: "a list", int: "an integer"}.get(kind, "a string or an integer")
+            raise UserError(f"{path}: {where}: '{key}' must be {expected}, not {what}")
+        return v
+
+    for i, article in enumerate(d["data"]):
+        for j, para in enumerate(need(article, "paragraphs", list, f"data[{i}]")):
+            where = f"data[{i}].paragraphs[{j}]"
+            ctx = need(para, "context", str, where)
+            for k, qa in enumerate(need(para, "qas", list, where)):
+                w = f"{where}.qas[{k}]"
+                qid = need(qa, "id", (str, int), w)
+                w = f"{w} (id {qid})"
+                question = need(qa, "question", str, w)
+                answers = need(qa, "answers", list, w, default=[])
+                for n, a in enumerate(answers):
+                    need(a, "text", str, f"{w}.answers[{n}]")
+                    need(a, "answer_start", int, f"{w}.answers[{n}]")
+                examples.append(Example(str(qid), question, ctx, list(answers)))
     if not examples:
         raise UserError(f"{path} holds no questions")
     return examples, d["data"]
@@ -197,8 +215,8 @@ class SquadTask(FinetuneTask):
     defaults = {"max_seq_length": 384, "epochs": 2, "batch_size": 16}
 
     def read(self, cfg: FinetuneConfig) -> None:
-        self.train_ex, _ = read_examples(cfg.data.train)
-        self.val_ex, self.val_data = read_examples(cfg.data.validation)
+        self.train_ex, _ = read_examples(cfg.data.train_file)
+        self.val_ex, self.val_data = read_examples(cfg.data.validation_file)
         if cfg.data.max_train_examples:
             self.train_ex = self.train_ex[: cfg.data.max_train_examples]
 
@@ -209,7 +227,7 @@ class SquadTask(FinetuneTask):
             log.warning("%d of %d training questions skipped: the answer text is not at answer_start in the context",
                         self.skipped, len(self.train_ex))
         if not feats:
-            raise UserError(f"{cfg.data.train}: no training question has an answer that matches its context")
+            raise UserError(f"{cfg.data.train_file}: no training question has an answer that matches its context")
         self.val_feats, _ = build_features(tok, self.val_ex, n, st.doc_stride, st.max_query_length, training=False)
         self.pad, self.eval_batch_size, self.n_windows = special_ids(tok).pad, cfg.data.eval_batch_size, len(feats)
         log.info("fine-tuning %s on %d questions (%d windows), validating on %d questions (%d windows)",
@@ -238,14 +256,14 @@ def evaluate_squad_model(model_dir: str, data: str, task: SquadConfig, max_seq_l
         raise UserError(f"model directory not found: {model_dir}")
     examples, data_list = read_examples(data)
     tok = load_tokenizer(model_dir)
+    check_vocab_fits(tok, BertConfig.load(model_dir).vocab_size, model_dir)
     dev = resolve_device(ImplConfig(device=device))
     model = BertForQuestionAnswering.from_pretrained(model_dir).to(dev)
     if model.loading_info["newly_initialized"]:
         raise UserError(f"{model_dir} has no trained question-answering head (qa_outputs)")
     preds, _ = predict_answers(model, tok, examples, task, max_seq_length, dev, batch_size)
     if predictions_out:
-        with open(predictions_out, "w", encoding="utf-8") as f:
-            json.dump(preds, f, indent=1, ensure_ascii=False)
+        atomic_write_text(predictions_out, json.dumps(preds, indent=1, ensure_ascii=False))
     return squad_evaluate(data_list, preds)
 
 

@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# One prepared run that proves bertforge's CUDA paths on a GPU and measures them against transformers.
+#
+#   bash benchmarks/gpu_check.sh EXCERPT OUTDIR          on a machine with a CUDA GPU (about 5 minutes)
+#   bash benchmarks/gpu_check.sh EXCERPT OUTDIR --dry    the same stages on the CPU at toy sizes (under a minute)
+#
+# EXCERPT comes from benchmarks/gpu_prepare.py.  Runs from the source tree (PYTHONPATH=src, python from
+# $PYTHON, default python3), installs nothing, reaches no network, and writes only under OUTDIR (caches and
+# temporary files included).  Stages, each time-boxed, none stopped by an earlier one's failure:
+#
+#   env         the machine: torch, CUDA, the GPU, package versions                       (OUTDIR/env.json)
+#   tests       pytest -m cuda tests/test_cuda.py: bf16 against fp32, variable-length attention on the fused
+#               kernels, attention dropout, torch.compile, a GPU checkpoint resumed on the CPU
+#   bench_mini  bertforge bench --preset mini, batch 256 x 128 of the excerpt's text, against transformers
+#   bench_base  the same for --preset base
+#   pretrain    bertforge pretrain --preset base --max-time 2m on the excerpt's books
+#   squad       bertforge finetune squad from that model, about 100 steps; F1 reported
+#
+# OUTDIR/summary.json is rewritten after every stage (status passed/failed/skipped/timeout, seconds, figures,
+# log path, log tail on failure), so a run cut short still reports what it did.  The whole run keeps within
+# GPU_CHECK_BUDGET seconds (default 480; 120 with --dry): a stage gets what is left of it at the most.
+# At the end the bulky outputs are deleted (weights over 10 MB, checkpoints, caches, temporary files: GBs for
+# the base model, too much to bring back from a device run) unless GPU_CHECK_KEEP=1.
+# Exit status: 0 when no stage failed or timed out, 1 otherwise, 2 on bad arguments.
+set -u
+
+usage() { echo "usage: bash benchmarks/gpu_check.sh EXCERPT OUTDIR [--dry]" >&2; exit 2; }
+[ $# -ge 2 ] && [ $# -le 3 ] || usage
+EXCERPT=$1
+OUT=$2
+DRY=0
+if [ $# -eq 3 ]; then
+  [ "$3" = --dry ] || { echo "error: unknown option $3 (expected --dry)" >&2; exit 2; }
+  DRY=1
+fi
+for f in manifest.json gutenberg/train.jsonl gutenberg/validation.jsonl sst2/dev.tsv squad/train.json squad/dev.json tokenizer; do
+  [ -e "$EXCERPT/$f" ] || { echo "error: $EXCERPT/$f not found; make the excerpt with benchmarks/gpu_prepare.py" >&2; exit 2; }
+done
+if [ -e "$OUT/summary.json" ]; then echo "error: $OUT already holds a check (summary.json); choose an empty folder" >&2; exit 2; fi
+mkdir -p "$OUT/logs" "$OUT/tests" "$OUT/cache" "$OUT/tmp" || { echo "error: cannot create $OUT" >&2; exit 2; }
+EXCERPT=$(cd "$EXCERPT" && pwd)
+OUT=$(cd "$OUT" && pwd)
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT" || exit 2
+
+PY=${PYTHON:-python3}
+export PYTHONPATH="$ROOT/src" PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+export BERTFORGE_CACHE="$OUT/cache" TMPDIR="$OUT/tmp" XDG_CACHE_HOME="$OUT/cache" MPLCONFIGDIR="$OUT/cache/matplotlib"
+export TORCHINDUCTOR_CACHE_DIR="$OUT/cache/inductor" TRITON_CACHE_DIR="$OUT/cache/triton" CUDA_CACHE_PATH="$OUT/cache/nv"
+export HF_HOME="$OUT/cache/huggingface" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=true
+
+STAGES=(env tests bench_mini bench_base pretrain squad)
+if [ $DRY = 1 ]; then MODE=dry BUDGET=${GPU_CHECK_BUDGET:-120}; else MODE=gpu BUDGET=${GPU_CHECK_BUDGET:-480}; fi
+DEADLINE=$(( $(date +%s) + BUDGET ))
+summary() { "$PY" benchmarks/gpu_summary.py "$@"; }
+summary init "$OUT" --mode "$MODE" --excerpt "$EXCERPT" --budget "$BUDGET" "${STAGES[@]}" || exit 2
+
+# stage NAME LIMIT COMMAND...: run COMMAND time-boxed to LIMIT seconds (less if the budget is nearly spent),
+# its output in OUT/logs/NAME.log, and record the outcome in the summary.
+stage() {
+  local name=$1 limit=$2
+  shift 2
+  local left=$(( DEADLINE - $(date +%s) - 5 ))
+  if [ "$left" -lt 10 ]; then
+    summary skip "$OUT" "$name" "the run's time budget (GPU_CHECK_BUDGET=${BUDGET}s) was spent"
+    return
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  summary start "$OUT" "$name" "$limit" -- "$@"
+  local t0 t1 rc
+  t0=$(date +%s%N)
+  timeout -k 10 "$limit" "$@" >"$OUT/logs/$name.log" 2>&1
+  rc=$?
+  t1=$(date +%s%N)
+  summary finish "$OUT" "$name" --rc "$rc" --seconds "$(( (t1 - t0) / 1000000 ))e-3"
+}
+
+# prune: delete what is too bulky to bring back (kept with GPU_CHECK_KEEP=1); runs on every exit
+prune() {
+  [ "${GPU_CHECK_KEEP:-0}" = 1 ] && return
+  rm -rf "$OUT/pretrain/checkpoints" "$OUT/cache" "$OUT/tmp" "$OUT/tests/tmp"
+  find "$OUT" -name '*.safetensors' -size +10M -delete 2>/dev/null
+}
+trap prune EXIT
+
+stage env 60 "$PY" benchmarks/gpu_summary.py env "$OUT"
+CUDA=0
+grep -q '"cuda_available": true' "$OUT/env.json" 2>/dev/null && CUDA=1
+
+if [ $DRY = 0 ] && [ $CUDA = 0 ]; then
+  for s in "${STAGES[@]:1}"; do
+    summary skip "$OUT" "$s" "no CUDA GPU: torch.cuda.is_available() is false (see env); use --dry for a CPU run"
+  done
+  summary done "$OUT"
+  exit $?
+fi
+
+if [ $DRY = 1 ]; then
+  DEV=cpu  # one thread: light on a shared machine, and no thread contention with other processes
+  BENCH=(--batch-size 8 --seq-len 64 --steps 1 --rounds 1 --threads 1)
+  PRETRAIN=(--preset tiny --max-seq-length 64 --batch-size 8 --max-time 3s --max-eval-instances 32 --threads 1)
+  SQUAD=(--max-train-examples 16 --batch-size 8 --max-seq-length 128 --doc-stride 64 --eval-batch-size 16 --threads 1)
+else
+  DEV=cuda
+  BENCH=(--batch-size 256 --seq-len 128 --steps 3 --rounds 5)
+  PRETRAIN=(--preset base --max-seq-length 128 --batch-size 256 --max-time 2m --max-eval-instances 1024)
+  SQUAD=(--max-train-examples 3200 --batch-size 32 --max-seq-length 384 --lr 1e-4)
+fi
+
+# a: the CUDA tests (on the CPU they all skip: the stage then checks that they still import and collect)
+stage tests 200 env BERTFORGE_CUDA_REPORT="$OUT/tests/figures.jsonl" "$PY" -m pytest -q -p no:cacheprovider -rA \
+  --durations=0 -m cuda tests/test_cuda.py --junitxml "$OUT/tests/junit.xml" --basetemp "$OUT/tests/tmp"
+
+# b: bertforge against transformers, bf16 autocast + SDPA + fused AdamW on both sides, neither compiled
+bench() {
+  stage "bench_$1" "$2" "$PY" -m bertforge bench --preset "$3" "${BENCH[@]}" --device $DEV --data-dir "$EXCERPT" \
+    --text "$EXCERPT/gutenberg/train.jsonl" --tokenizer "$EXCERPT/tokenizer"
+}
+if [ $DRY = 1 ]; then
+  bench mini 90 tiny
+  summary skip "$OUT" bench_base "dry run: the base preset is measured on the GPU only (bench_mini ran the tiny one)"
+else
+  bench mini 90 mini
+  bench base 120 base
+fi
+
+# c: a short real pretraining run of the excerpt's books
+stage pretrain 200 "$PY" -m bertforge pretrain --data "$EXCERPT/gutenberg/train.jsonl" \
+  --eval-data "$EXCERPT/gutenberg/validation.jsonl" --tokenizer "$EXCERPT/tokenizer" --out "$OUT/pretrain" \
+  "${PRETRAIN[@]}" --eval-every 0 --save-every 0 --log-every 10 --device $DEV --cache-dir "$OUT/cache" --no-progress
+[ "${GPU_CHECK_KEEP:-0}" = 1 ] || rm -rf "$OUT/pretrain/checkpoints"  # 1.3 GB for base; squad needs only the model
+
+# d: SQuAD fine-tuning of that model for about 100 steps (one epoch of the first N questions)
+if [ -f "$OUT/pretrain/config.json" ] && [ -f "$OUT/pretrain/model.safetensors" ]; then
+  stage squad 150 "$PY" -m bertforge finetune squad --model "$OUT/pretrain" --train "$EXCERPT/squad/train.json" \
+    --validation "$EXCERPT/squad/dev.json" --out "$OUT/squad" "${SQUAD[@]}" --epochs 1 --device $DEV --no-progress
+else
+  summary skip "$OUT" squad "no model to fine-tune: the pretrain stage wrote none"
+fi
+
+summary done "$OUT"

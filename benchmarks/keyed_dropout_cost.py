@@ -1,0 +1,58 @@
+"""What dropout keyed by sequence costs a CPU pretraining step: the same step (mini, batch 32 x 128, dropout
+0.1, the bench's batch) with masks from torch's global generator and keyed by sequence, alternating rounds in
+one process, medians compared.
+
+    python benchmarks/keyed_dropout_cost.py [--rounds 9] [--steps 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from bertforge.bench import pretraining_batch
+from bertforge.config import BertConfig, ImplConfig, TrainConfig
+from bertforge.devices import resolve_device, setup_backend
+from bertforge.engine import Engine
+from bertforge.model import BertForPreTraining
+from bertforge.pretrain import PretrainingObjective, pretraining_loss_fn
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--preset", default="mini")
+    a = ap.parse_args()
+    impl = ImplConfig(device="cpu")
+    dev = resolve_device(impl)
+    setup_backend(dev, impl)
+    torch.manual_seed(0)
+    model = BertForPreTraining(BertConfig.preset(a.preset)).train()
+    engine = Engine(model, TrainConfig(lr=1e-4), impl, dev, objective=PretrainingObjective(model))
+    batch = pretraining_batch(32, 128, 30522)
+    batch["sequence_ids"] = torch.arange(32)
+    n_mask, tokens = float((batch["labels"] != -100).sum()), 32 * 128
+
+    def run(keyed: bool) -> float:
+        t0 = time.perf_counter()
+        for _ in range(a.steps):
+            engine.step([batch], pretraining_loss_fn(n_mask, 32, 0 if keyed else None, engine.state.step))
+        return a.steps * tokens / (time.perf_counter() - t0)
+
+    run(True), run(False)  # warm-up
+    rows = []
+    for r in range(a.rounds):
+        k, g = run(True), run(False)
+        rows.append((k, g))
+        print(f"round {r + 1}: keyed {k:7.0f} tok/s   global generator {g:7.0f} tok/s   x{k / g:.3f}", flush=True)
+    ratio = statistics.median(k / g for k, g in rows)
+    print(f"keyed dropout: median {statistics.median(k for k, _ in rows):.0f} tok/s against "
+          f"{statistics.median(g for _, g in rows):.0f}; cost {100 * (1 - ratio):.1f}% of the step (median ratio x{ratio:.3f})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,180 @@
+"""Hostile input, table-driven: every case ends with one ``error:`` line and exit status 2, and leaves the
+file system as it was (every file there before is intact, nothing half-written appears)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+
+import pytest
+
+from bertforge.cli import main
+
+from .helpers import tiny_model_dir
+
+TEXTS = ["the cat sat on the mat.", "a dog ran in the park.", "the bird sang a song.", "good movie", "bad film"] * 4
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> pathlib.Path:
+    """Inputs every case may use, and outputs of earlier runs that must survive."""
+    w = tmp_path_factory.mktemp("world")
+    (w / "corpus.txt").write_text("\n\n".join(TEXTS) + "\n")
+    (w / "corpus.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
+    tiny_model_dir(w / "model", TEXTS, vocab_size=40, kind="wordlevel")
+    assert main(["--quiet", "tokenizer", "train", "--input", str(w / "corpus.txt"), "--vocab-size", "12",
+                 "--model", "wordlevel", "--min-frequency", "1", "--out", str(w / "tok")]) == 0
+    (w / "notes").mkdir()
+    (w / "notes" / "mine.txt").write_text("a user's own file\n")
+    (w / "file.txt").write_text("a user's own file\n")
+    rows = [{"text": "good movie", "label": "pos"}, {"text": "bad film", "label": "neg"}]
+    (w / "cls.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (w / "nolabel.jsonl").write_text(json.dumps(rows[0]) + "\n" + json.dumps({"text": "bad film"}) + "\n")
+    ctx = "The cat sat on the mat."
+    qas = [{"id": "q1", "question": "Where did the cat sit?", "answers": [{"text": "the mat", "answer_start": 15}]}]
+    squad = {"data": [{"title": "t", "paragraphs": [{"context": ctx, "qas": qas}]}]}
+    (w / "squad.json").write_text(json.dumps(squad))
+    bad = json.loads(json.dumps(squad))
+    bad["data"][0]["paragraphs"][0]["context"] = None
+    (w / "squad-null-context.json").write_text(json.dumps(bad))
+    bad = json.loads(json.dumps(squad))
+    bad["data"][0]["paragraphs"][0]["qas"][0]["answers"][0]["answer_start"] = "fifteen"
+    (w / "squad-bad-start.json").write_text(json.dumps(bad))
+    bad = json.loads(json.dumps(squad))
+    bad["data"][0]["paragraphs"][0]["qas"][0]["question"] = None
+    (w / "squad-null-question.json").write_text(json.dumps(bad))
+    (w / "preds.json").write_text(json.dumps({"q1": "the mat"}))
+    (w / "run.yaml").write_text("lr: abc\n")
+    (w / "corrupt").mkdir()
+    for name in os.listdir(w / "model"):
+        (w / "corrupt" / name).write_bytes((w / "model" / name).read_bytes())
+    (w / "corrupt" / "model.safetensors").write_bytes((w / "model" / "model.safetensors").read_bytes()[:300])
+    (w / "mismatch").mkdir()  # a model directory whose tokenizer is smaller than its vocabulary
+    for name in os.listdir(w / "model"):
+        src = w / ("tok" if name in os.listdir(w / "tok") and name != ".bertforge" else "model") / name
+        (w / "mismatch" / name).write_bytes(src.read_bytes())
+    return w
+
+
+def snapshot(*roots: pathlib.Path) -> dict[str, tuple[int, int] | str]:
+    """Every file (size, modification time) and folder under ``roots``."""
+    return {
+        str(p): (p.stat().st_size, p.stat().st_mtime_ns) if p.is_file() else "folder"
+        for root in roots for p in sorted(root.rglob("*"))
+    }
+
+
+PRETRAIN = ["pretrain", "--data", "{w}/corpus.jsonl", "--tokenizer", "{w}/tok", "--preset", "tiny", "--max-seq-length", "32",
+            "--batch-size", "4", "--no-progress"]
+CLASSIFY = ["finetune", "classify", "--model", "{w}/model", "--train", "{w}/cls.jsonl", "--validation", "{w}/cls.jsonl",
+            "--no-progress"]
+TOKENIZER = ["tokenizer", "train", "--input", "{w}/corpus.txt", "--vocab-size", "30", "--model", "wordlevel"]
+
+CASES = [
+    # outputs that must never be replaced or removed
+    ("tokenizer-out-cwd", [*TOKENIZER, "--out", "."], "already exists and holds files"),
+    ("tokenizer-out-empty", [*TOKENIZER, "--out", ""], "must name a folder"),
+    ("tokenizer-out-model", [*TOKENIZER, "--out", "{w}/model"], "already exists"),
+    ("tokenizer-out-file", [*TOKENIZER, "--out", "{w}/file.txt"], "exists and is not a folder"),
+    ("tokenizer-out-own-no-flag", [*TOKENIZER, "--out", "{w}/tok"], "pass --overwrite to replace it"),
+    ("tokenizer-overwrite-foreign", [*TOKENIZER, "--out", "{w}/notes", "--overwrite"], "replaces only a tokenizer output"),
+    ("tokenizer-overwrite-model", [*TOKENIZER, "--out", "{w}/tok", "--overwrite", "--input", "{w}/missing.txt"], "data path not found"),
+    ("pretrain-out-foreign", [*PRETRAIN, "--max-steps", "2", "--out", "{w}/notes"], "already exists and holds files"),
+    ("pretrain-out-file", [*PRETRAIN, "--max-steps", "2", "--out", "{w}/file.txt"], "exists and is not a folder"),
+    ("pretrain-out-empty", [*PRETRAIN, "--max-steps", "2", "--out", ""], "--out is required"),
+    ("pretrain-overwrite-foreign", [*PRETRAIN, "--max-steps", "2", "--out", "{w}/model", "--overwrite"], "replaces only a pretrain output"),
+    ("pretrain-resume-and-overwrite", ["pretrain", "--out", "{w}/model", "--resume", "--overwrite"], "give one of them"),
+    ("finetune-out-existing", [*CLASSIFY, "--out", "{w}/notes"], "already exists"),
+    ("finetune-overwrite-foreign", [*CLASSIFY, "--out", "{w}/model", "--overwrite"], "replaces only a finetune output"),
+    ("write-predictions-existing", ["evaluate", "squad", "--data", "{w}/squad.json", "--model", "{w}/model",
+                                    "--write-predictions", "{w}/file.txt"], "already exists; pass --overwrite"),
+    # values
+    ("max-steps-0", [*PRETRAIN, "--max-steps", "0", "--out", "{t}/o"], "--max-steps must be positive"),
+    ("max-steps-negative", [*PRETRAIN, "--max-steps", "-5", "--out", "{t}/o"], "--max-steps must be positive"),
+    ("max-time-0", [*PRETRAIN, "--max-time", "0", "--out", "{t}/o"], "--max-time must be positive"),
+    ("max-grad-norm-negative", [*PRETRAIN, "--max-steps", "2", "--max-grad-norm", "-1", "--out", "{t}/o"], "--max-grad-norm must be positive"),
+    ("lr-nan", [*PRETRAIN, "--max-steps", "2", "--lr", "nan", "--out", "{t}/o"], "--lr must be a finite number"),
+    ("lr-inf", [*PRETRAIN, "--max-steps", "2", "--lr", "inf", "--out", "{t}/o"], "--lr must be a finite number"),
+    ("dropout-2", [*PRETRAIN, "--max-steps", "2", "--dropout", "2", "--out", "{t}/o"], "--dropout must be in \\[0, 1\\)"),
+    ("batch-size-0", [*PRETRAIN, "--max-steps", "2", "--batch-size", "0", "--out", "{t}/o"], "--batch-size must be positive"),
+    ("warmup-ratio-1.5", [*PRETRAIN, "--max-steps", "2", "--warmup-ratio", "1.5", "--out", "{t}/o"], "--warmup-ratio must be in"),
+    ("mask-prob-0", [*PRETRAIN, "--max-steps", "2", "--mask-prob", "0", "--out", "{t}/o"], "--mask-prob must be in \\(0, 1\\)"),
+    ("seed-negative", [*PRETRAIN, "--max-steps", "2", "--seed", "-1", "--out", "{t}/o"], "--seed must be zero or more"),
+    ("grad-accum-not-dividing", [*PRETRAIN, "--max-steps", "2", "--grad-accum", "3", "--out", "{t}/o"], "multiple of --grad-accum"),
+    ("config-lr-string", [*PRETRAIN, "--max-steps", "2", "--config", "{w}/run.yaml", "--out", "{t}/o"], "--lr must be a number"),
+    ("epochs-0", [*CLASSIFY, "--epochs", "0", "--out", "{t}/o"], "--epochs must be positive"),
+    ("finetune-lr-negative", [*CLASSIFY, "--lr", "-1", "--out", "{t}/o"], "--lr must be positive"),
+    ("finetune-batch-0", [*CLASSIFY, "--batch-size", "0", "--out", "{t}/o"], "--batch-size must be positive"),
+    ("top-k-negative", ["predict", "fill-mask", "--model", "{w}/model", "--top-k", "-1", "a [MASK]"], "--top-k: must be positive"),
+    ("predict-batch-0", ["predict", "classify", "--model", "{w}/model", "--batch-size", "0", "x"], "--batch-size: must be positive"),
+    ("tokenizer-vocab-0", [*TOKENIZER[:-4], "--vocab-size", "0", "--out", "{t}/o"], "--vocab-size: must be positive"),
+    ("doc-stride-negative", ["evaluate", "squad", "--data", "{w}/squad.json", "--model", "{w}/model", "--doc-stride", "-3"], "--doc-stride must be zero or more"),
+    # a model and a tokenizer that do not belong together
+    ("init-other-tokenizer", ["pretrain", "--data", "{w}/corpus.txt", "--init", "{w}/model", "--tokenizer", "{w}/tok",
+                              "--max-steps", "2", "--out", "{t}/o", "--no-progress"], "do not belong together"),
+    ("predict-smaller-tokenizer", ["predict", "fill-mask", "--model", "{w}/mismatch", "a [MASK]"], "do not belong together"),
+    ("finetune-smaller-tokenizer", [*CLASSIFY[:3], "{w}/mismatch", *CLASSIFY[4:], "--out", "{t}/o"], "do not belong together"),
+    # malformed records name the file, the record and the field
+    ("squad-null-context", ["evaluate", "squad", "--data", "{w}/squad-null-context.json", "--predictions", "{w}/preds.json"],
+     "paragraphs\\[0\\]: 'context' must be a string, not null"),
+    ("squad-null-question", ["evaluate", "squad", "--data", "{w}/squad-null-question.json", "--predictions", "{w}/preds.json"],
+     "qas\\[0\\] \\(id q1\\): 'question' must be a string"),
+    ("squad-answer-start-text", ["evaluate", "squad", "--data", "{w}/squad-bad-start.json", "--predictions", "{w}/preds.json"],
+     "answers\\[0\\]: 'answer_start' must be an integer, not str"),
+    ("classify-record-without-label", [*CLASSIFY[:4], "--train", "{w}/nolabel.jsonl", "--validation", "{w}/cls.jsonl",
+                                       "--out", "{t}/o"], "nolabel.jsonl: record 2 has no 'label' field"),
+    ("predict-corrupt-weights", ["predict", "fill-mask", "--model", "{w}/corrupt", "a [MASK]"], "cannot read"),
+    ("resume-nothing", ["pretrain", "--out", "{t}/o", "--resume"], "nothing to resume"),
+]
+
+
+@pytest.mark.parametrize("name,argv,message", CASES, ids=[c[0] for c in CASES])
+def test_hostile_input(name, argv, message, world, tmp_path, capsys, monkeypatch):
+    import re
+
+    monkeypatch.chdir(world)  # "--out ." names the folder holding the user's corpus
+    argv = [a.format(w=world, t=tmp_path) for a in argv]
+    before = snapshot(world, tmp_path)
+    rc = main(["--quiet", *argv])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and err[0].startswith("error: "), (rc, err)
+    assert re.search(message, err[0]), err[0]
+    after = snapshot(world, tmp_path)
+    assert after == before, sorted(set(after.items()) ^ set(before.items()))
+
+
+def test_overwrite_replaces_only_our_own_output(world, tmp_path, capsys):
+    out = tmp_path / "tok"
+    base = [*[a.format(w=world) for a in TOKENIZER], "--out", str(out)]
+    assert main(["--quiet", *base]) == 0
+    first = (out / "vocab.txt").read_text()
+    assert main(["--quiet", *base, "--vocab-size", "10"]) == 2  # not without --overwrite
+    assert "pass --overwrite" in capsys.readouterr().err
+    assert (out / "vocab.txt").read_text() == first
+    assert main(["--quiet", *base, "--vocab-size", "10", "--overwrite"]) == 0
+    assert (out / "vocab.txt").read_text() != first and len((out / "vocab.txt").read_text().split()) == 10
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(".")]  # no lock or temporary file left
+    capsys.readouterr()
+
+
+def test_a_second_run_on_the_same_output_is_refused(world, tmp_path, capsys):
+    from bertforge.files import OutputLock
+
+    out = tmp_path / "run"
+    with OutputLock(str(out)):  # a first run holds the output
+        rc = main(["--quiet", *[a.format(w=world) for a in PRETRAIN], "--max-steps", "2", "--out", str(out)])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 2 and len(err) == 1 and "another bertforge run is writing" in err[0]
+        assert not out.exists()
+    assert main(["--quiet", *[a.format(w=world) for a in PRETRAIN], "--max-steps", "2", "--out", str(out)]) == 0
+
+
+def test_squad_questions_without_answers_are_counted_not_fatal(world, tmp_path, capsys):
+    data = json.loads((world / "squad.json").read_text())
+    data["data"][0]["paragraphs"][0]["qas"].append({"id": "q2", "question": "Who?", "answers": []})
+    data["data"][0]["paragraphs"][0]["qas"].append({"id": "q3", "question": "What?"})
+    (tmp_path / "s.json").write_text(json.dumps(data))
+    assert main(["evaluate", "squad", "--data", str(tmp_path / "s.json"), "--predictions", str(world / "preds.json")]) == 0
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert res["questions"] == 1 and res["questions_without_answers"] == 2 and res["exact_match"] == 100.0
