@@ -32,7 +32,8 @@ def test_fill_mask_json_equals_transformers_pipeline(pretrained_tiny, capsys):
         ref = [ref] if isinstance(ref[0], dict) else ref  # one mask: a flat list
         assert len(row["masks"]) == len(ref)
         for mine, theirs in zip(row["masks"], ref):
-            assert [c["token_id"] for c in mine] == [c["token"] for c in theirs]
+            assert [c["token"] for c in mine] == [c["token"] for c in theirs]
+            assert [c["token_str"] for c in mine] == [c["token_str"] for c in theirs]
             assert max(abs(c["score"] - t["score"]) for c, t in zip(mine, theirs)) < 1e-5
 
 
@@ -40,7 +41,7 @@ def test_python_pipeline_objects(pretrained_tiny):
     fm = bertforge.pipeline("fill-mask", model=pretrained_tiny)
     one = fm("the dog sat on the [MASK].", top_k=3)
     assert isinstance(one, list) and len(one) == 1 and len(one[0]) == 3
-    assert set(one[0][0]) == {"token", "token_id", "score"} and 0 < one[0][0]["score"] <= 1
+    assert set(one[0][0]) == {"score", "token", "token_str", "sequence", "token_id"} and 0 < one[0][0]["score"] <= 1
     ns = bertforge.pipeline("next-sentence", model=pretrained_tiny)
     r = ns("Tom went to the park.", "He saw a dog.")
     assert set(r) == {"is_next", "label"} and 0 <= r["is_next"] <= 1

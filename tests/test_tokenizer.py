@@ -137,3 +137,14 @@ def test_cli_tokenizer_train(tmp_path, small_text_corpus):
     assert load_tokenizer(str(tmp_path / "tok")).get_vocab_size() <= 200
     assert main(["tokenizer", "train", "--input", str(tmp_path / "nope.txt"), "--vocab-size", "200", "--out", str(tmp_path / "x")]) == 2
     assert not (tmp_path / "x").exists()
+
+
+def test_the_same_text_gives_the_same_vocabulary_file(tmp_path):
+    """The trainers order tokens of equal frequency as a hash map iterates; the saved order does not depend on
+    it.  (WordPiece's merges can still differ between runs where pair counts tie: a limit of the tokenizers
+    library's trainer.)"""
+    from bertforge.tokenizer import train_tokenizer, vocab_tokens
+
+    texts = ["The cat sat on the mat. The dog ran far away.", "A bird sang a lovely song today."] * 3
+    runs = {tuple(vocab_tokens(train_tokenizer(texts, 300, kind="wordlevel", min_frequency=1))) for _ in range(4)}
+    assert len(runs) == 1

@@ -1,5 +1,11 @@
-"""bertforge: pretrain BERT from scratch and fine-tune it, in PyTorch."""
+"""bertforge: pretrain BERT from scratch and fine-tune it, in PyTorch.
 
+The Python API mirrors the commands (:mod:`bertforge.api`): :func:`train_tokenizer`, :func:`run_pretraining`,
+:func:`run_finetuning`, :func:`evaluate_classifier`, :func:`evaluate_squad` and :func:`pipeline`; the model
+classes load and save Hugging Face BERT directories (``from_pretrained`` / ``save_pretrained``).
+"""
+
+from .api import evaluate_classifier, evaluate_squad, run_finetuning, run_pretraining, train_tokenizer
 from .config import BertConfig
 from .errors import UserError
 from .model import (
@@ -15,7 +21,8 @@ __version__ = "0.2.0"
 
 
 def pipeline(task: str, model: str, **kw):
-    """``bertforge.pipeline("fill-mask" | "next-sentence" | "classify" | "qa", model=DIR)``; see bertforge.predict."""
+    """A model directory ready for one task: ``"fill-mask"``, ``"next-sentence"``, ``"text-classification"``
+    (or ``"classify"``), ``"question-answering"`` (or ``"qa"``); see :mod:`bertforge.predict`."""
     from .predict import pipeline as _pipeline
 
     return _pipeline(task, model, **kw)
@@ -31,5 +38,10 @@ __all__ = [
     "UserError",
     "load_tokenizer",
     "pipeline",
+    "train_tokenizer",
+    "run_pretraining",
+    "run_finetuning",
+    "evaluate_classifier",
+    "evaluate_squad",
     "__version__",
 ]

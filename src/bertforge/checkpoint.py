@@ -29,7 +29,7 @@ from safetensors.torch import load_file, save_file
 
 from .config import BertConfig
 from .errors import UserError
-from .files import atomic_dir, fault_point, fsync
+from .files import atomic_dir, fault_point, follow_umask, fsync
 
 log = logging.getLogger("bertforge")
 
@@ -78,6 +78,7 @@ def save_pretrained(model, path: str, tokenizer=None) -> None:
         fault_point("write")
         for name in sorted(os.listdir(tmp)):
             src = os.path.join(tmp, name)
+            follow_umask(src)
             fsync(src)
             os.replace(src, os.path.join(path, name))
             fault_point("rename")

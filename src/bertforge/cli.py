@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import logging
 import os
 import sys
@@ -38,6 +39,11 @@ class _Parser(argparse.ArgumentParser):
         kw.setdefault("formatter_class", _HelpFormatter)
         super().__init__(*args, **kw)
 
+    def set_defaults(self, **kw):
+        if "func" in kw:
+            kw.setdefault("_parser", self)  # the command's own parser, for hints on unknown flags
+        super().set_defaults(**kw)
+
     def add_argument(self, *args, **kw):
         if kw.get("help") is None and kw.get("default") not in (None, False, argparse.SUPPRESS):
             kw["help"] = "(default: %(default)s)"  # argparse prints no line at all for a flag without help
@@ -62,6 +68,7 @@ def setup_logging(quiet: bool = False) -> None:
         if isinstance(h, _TqdmHandler):
             log.removeHandler(h)
     h = _TqdmHandler()
+    h.addFilter(lambda r: not getattr(r, "bar_shown", False))  # what the progress bar already shows
     h.setFormatter(logging.Formatter("%(message)s"))
     h.setLevel(logging.WARNING if quiet else logging.INFO)
     log.addHandler(h)
@@ -71,6 +78,26 @@ def setup_logging(quiet: bool = False) -> None:
 
 # ------------------------------------------------------------------------------------------------ flags
 _TYPES = {"int": int, "float": float, "str": str}
+
+# transformers' names (TrainingArguments, run_mlm.py, run_glue.py, run_qa.py) for the same settings
+TRANSFORMERS_NAMES = {
+    "out": "--output_dir", "epochs": "--num_train_epochs", "lr": "--learning_rate", "log_every": "--logging_steps",
+    "save_every": "--save_steps", "eval_every": "--eval_steps", "keep_checkpoints": "--save_total_limit",
+    "grad_accum": "--gradient_accumulation_steps", "model": "--model_name_or_path", "mask_prob": "--mlm_probability",
+    "eval_batch_size": "--per_device_eval_batch_size", "warmup_steps": "--warmup_steps", "report_to": "--report_to",
+    "max_eval_instances": "--max_eval_samples", "max_train_examples": "--max_train_samples",
+}
+# names that look alike but mean something else here: answered with a hint, not taken
+NOT_THE_SAME = {
+    "--per_device_train_batch_size": "--batch-size (the global batch: all processes and accumulation steps together)",
+    "--train_batch_size": "--batch-size (the global batch)",
+    "--line_by_line": "--doc-separator line",
+    "--do_train": "the command itself (bertforge pretrain / finetune)",
+    "--fp16": "--precision fp16",
+    "--train_file": "--data (pretraining) or --train (fine-tuning)",
+    "--validation_file": "--eval-data (pretraining) or --validation (fine-tuning)",
+    "--bf16": "--precision bf16",
+}
 
 
 def add_setting_flags(p: argparse.ArgumentParser, cfg: Any, only: Sequence[str] | None = None,
@@ -101,7 +128,11 @@ def add_setting_flags(p: argparse.ArgumentParser, cfg: Any, only: Sequence[str] 
             kw["type"] = _TYPES[typ]
             if f.metadata.get("choices"):
                 kw["choices"] = f.metadata["choices"]
-        p.add_argument(flag_of(f), **kw)
+        names = [flag_of(f)]
+        for alias in ("--" + name, "--" + flag_of(f)[2:].replace("-", "_"), TRANSFORMERS_NAMES.get(name)):
+            if alias and alias not in names and alias not in p._option_string_actions:
+                names.append(alias)  # underscores as in config files, and transformers' name
+        p.add_argument(*names, **kw)
         dests.append(name)
     return dests
 
@@ -134,23 +165,10 @@ def _progress(a: argparse.Namespace) -> bool:
 
 # ------------------------------------------------------------------------------------------------ tokenizer
 def cmd_tokenizer_train(a: argparse.Namespace) -> int:
-    from .corpus import expand_paths, iter_texts
-    from .files import OutputLock, atomic_dir, check_output, recover_beside, write_marker
-    from .tokenizer import save_tokenizer, train_tokenizer
+    from .api import train_tokenizer
 
-    check_output(a.out, "tokenizer", a.overwrite)
-    expand_paths(a.input)  # every input exists, before any work
-    with OutputLock(a.out):
-        recover_beside(a.out)  # an interrupted earlier run's leftovers, then the rule again
-        replace = check_output(a.out, "tokenizer", a.overwrite)
-        tok = train_tokenizer(
-            iter_texts(a.input, a.text_field or "text", a.doc_separator or "file"),
-            a.vocab_size, kind=a.model, lowercase=not a.cased, min_frequency=a.min_frequency, show_progress=sys.stderr.isatty(),
-        )
-        with atomic_dir(a.out, replace=replace) as tmp:
-            save_tokenizer(tok, tmp)
-            write_marker(tmp, "tokenizer")
-    log.info("wrote a %s vocabulary of %d tokens to %s", a.model, tok.get_vocab_size(), a.out)
+    train_tokenizer(a.input, a.out, a.vocab_size, a.model, bool(a.cased), a.min_frequency, a.text_field or "text",
+                    a.doc_separator or "file", a.overwrite, progress=sys.stderr.isatty())
     return 0
 
 
@@ -165,43 +183,19 @@ def _add_pretrain_args(p: argparse.ArgumentParser) -> None:
     p.set_defaults(setting_flags=add_setting_flags(p, PretrainConfig(), exclude=("epochs",)))
 
 
-def pretrain_config_from_args(a: argparse.Namespace):
-    """defaults <- saved config (on --resume) <- --config file <- explicit flags."""
-    from .config import PretrainConfig, parse_duration, read_config_file
-    from .files import read_json_object
-    from .pretrain import CONFIG_FILE
-
-    cfg = PretrainConfig()
-    if a.resume and a.out and os.path.isfile(os.path.join(a.out, CONFIG_FILE)):
-        cfg = PretrainConfig.from_dict(read_json_object(os.path.join(a.out, CONFIG_FILE), CONFIG_FILE))
-    if a.config:
-        flat = read_config_file(a.config)
-        if "max_time" in flat or "max-time" in flat:
-            key = "max_time" if "max_time" in flat else "max-time"
-            flat[key] = parse_duration(flat[key])
-        if "cased" in flat:
-            flat["lowercase"] = not flat.pop("cased")
-        cfg.update_flat(flat, where=f"config file {a.config}")
-    explicit = explicit_flags(a, a.setting_flags)
-    if a.cased:
-        explicit["lowercase"] = False
-    if "max_time" in explicit:
-        explicit["max_time"] = parse_duration(explicit["max_time"])
-    cfg.update_flat(explicit, where="flags")
-    if cfg.train.eval_every == 0:
-        cfg.train.eval_every = None
-    if cfg.train.save_every == 0:
-        cfg.train.save_every = None
-    if a.progress is None and not sys.stderr.isatty():
-        cfg.impl.progress = False
-    return cfg
-
-
 def cmd_pretrain(a: argparse.Namespace) -> int:
-    from .pretrain import run_pretraining
+    """defaults <- saved config (on --resume) <- --config file <- explicit flags (:func:`bertforge.api.run_pretraining`)."""
+    from .api import run_pretraining
 
-    cfg = pretrain_config_from_args(a)
-    metrics = run_pretraining(cfg, resume=a.resume, overwrite=a.overwrite)
+    explicit = explicit_flags(a, a.setting_flags)
+    out = explicit.pop("out", None)
+    if not out:
+        raise UserError("--out is required")
+    if a.cased:
+        explicit["cased"] = True
+    if a.progress is None and not sys.stderr.isatty():
+        explicit["progress"] = False
+    metrics = run_pretraining(out, resume=a.resume, overwrite=a.overwrite, config=a.config, **explicit)
     if metrics:
         _print_json({k: metrics[k] for k in ("mlm_accuracy", "nsp_accuracy", "mlm_loss", "nsp_loss", "steps",
                                              "tokens_per_second") if k in metrics})
@@ -212,7 +206,7 @@ def cmd_pretrain(a: argparse.Namespace) -> int:
 _FINETUNE_FLAGS = (
     "model", "out", "freeze_embeddings", "train_file", "validation_file", "max_seq_length", "max_train_examples", "eval_batch_size",
     "epochs", "lr", "batch_size", "warmup_ratio", "warmup_steps", "weight_decay", "max_grad_norm", "adam_beta1",
-    "adam_beta2", "adam_eps", "log_every", "seed", "device", "precision", "threads", "progress",
+    "adam_beta2", "adam_eps", "log_every", "seed", "device", "precision", "threads", "progress", "report_to",
 )
 
 
@@ -223,13 +217,14 @@ def _task_class(name: str):
 
 
 def cmd_finetune(a: argparse.Namespace) -> int:
-    task_cls = _task_class(a.task)
-    cfg = task_cls.config(**explicit_flags(a, a.setting_flags))
-    cfg.impl.progress = _progress(a)
-    task = task_cls(a.task_settings(**explicit_flags(a, a.task_flags)))
-    from .finetune import run_finetuning
+    from .api import run_finetuning
 
-    m = run_finetuning(task, cfg, overwrite=a.overwrite)
+    flags = explicit_flags(a, a.setting_flags)
+    names = {"model": None, "train_file": None, "validation_file": None, "out": None}
+    given = {k: flags.pop(k, None) for k in names}
+    flags["progress"] = _progress(a)
+    m = run_finetuning(a.task, given["model"] or "", given["train_file"] or "", given["validation_file"] or "",
+                       given["out"] or "", overwrite=a.overwrite, **flags, **explicit_flags(a, a.task_flags))
     keys = {"classify": ("accuracy", "macro_f1", "loss"), "squad": ("exact_match", "f1", "precision", "recall")}[a.task]
     _print_json({k: m[k] for k in (*keys, "best_epoch", "train_seconds")})
     return 0
@@ -258,32 +253,20 @@ def _print_json(d: dict) -> None:
 
 # ------------------------------------------------------------------------------------------------ evaluate
 def cmd_evaluate_squad(a: argparse.Namespace) -> int:
+    from .api import evaluate_squad
     from .config import SquadConfig
-    from .tasks import squad
 
-    if a.predictions and a.model:
-        raise UserError("give --predictions or --model, not both")
-    if a.predictions:
-        res = squad.evaluate_predictions_file(a.data, a.predictions)
-    elif a.model:
-        if a.write_predictions:
-            from .files import check_output_file
-
-            check_output_file(a.write_predictions, a.overwrite, "--write-predictions")
-        res = squad.evaluate_squad_model(a.model, a.data, _task_settings(a, SquadConfig), a.max_seq_length, a.batch_size,
-                                         a.device, a.write_predictions)
-    else:
-        raise UserError("give --predictions FILE or --model DIR")
-    _print_json(res)
+    _print_json(evaluate_squad(a.data, a.predictions, a.model, a.max_seq_length, a.batch_size, a.device,
+                               a.write_predictions, a.overwrite, **dataclasses.asdict(_task_settings(a, SquadConfig))))
     return 0
 
 
 def cmd_evaluate_classify(a: argparse.Namespace) -> int:
+    from .api import evaluate_classifier
     from .config import ClassifyConfig
-    from .tasks.classify import evaluate_classifier
 
-    res = evaluate_classifier(a.model, a.data, _task_settings(a, ClassifyConfig), a.max_seq_length, a.batch_size, a.device)
-    _print_json(res)
+    _print_json(evaluate_classifier(a.model, a.data, a.max_seq_length, a.batch_size, a.device,
+                                    **dataclasses.asdict(_task_settings(a, ClassifyConfig))))
     return 0
 
 
@@ -373,7 +356,7 @@ def cmd_predict(a: argparse.Namespace) -> int:
             for t, masks in zip(texts, rows):
                 yield t
                 for k, cands in enumerate(masks):
-                    yield f"  [MASK] {k + 1}: " + "  ".join(f"{c['token']} {c['score']:.3f}" for c in cands)
+                    yield f"  [MASK] {k + 1}: " + "  ".join(f"{c['token_str']} {c['score']:.3f}" for c in cands)
 
         _emit(a, [{"text": t, "masks": m} for t, m in zip(texts, res)] if a.json else res, table)
     elif a.task == "next-sentence":
@@ -447,9 +430,11 @@ def _add_predict_parsers(sub) -> None:
 
 # ------------------------------------------------------------------------------------------------ parser
 def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
     from .config import TOKENIZER_MODELS, PretrainDataConfig
 
     p = _Parser(prog="bertforge", description="Pretrain BERT from scratch and fine-tune it.")
+    p.add_argument("--version", action="version", version=f"bertforge {__version__}")
     p.add_argument("--quiet", action="store_true", help="only warnings and errors on stderr")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
@@ -521,11 +506,34 @@ def cmd_bench(a: argparse.Namespace) -> int:
     return 0
 
 
+def _unknown(extra: list[str], a: argparse.Namespace) -> str:
+    """The error for unknown arguments, with the flag meant where one is near (or known by another name)."""
+    parser = getattr(a, "_parser", None)
+    known = list(parser._option_string_actions) if parser is not None else []
+    hints = []
+    for arg in extra:
+        flag = arg.split("=", 1)[0]
+        if not flag.startswith("--"):
+            continue
+        if flag in NOT_THE_SAME:
+            hints.append(f"{flag}: here it is {NOT_THE_SAME[flag]}")
+            continue
+        close = difflib.get_close_matches(flag, known, n=1, cutoff=0.7)
+        if not close:
+            close = difflib.get_close_matches(flag.replace("_", "-"), known, n=1, cutoff=0.7)
+        if close:
+            hints.append(f"{flag}: did you mean {close[0]}?")
+    return "unrecognized arguments: " + " ".join(extra) + (f" ({'; '.join(hints)})" if hints else "")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
-        a = parser.parse_args(argv)
-    except SystemExit as e:  # --help, or a usage error already printed
+        a, extra = parser.parse_known_args(argv)
+        if extra:
+            print(f"error: {_unknown(extra, a)}", file=sys.stderr)
+            return 2
+    except SystemExit as e:  # --help, --version, or a usage error already printed
         return int(e.code or 0)
     setup_logging(a.quiet)
     try:

@@ -29,7 +29,7 @@ PRESETS: dict[str, tuple[int, int, int]] = {
 
 SUPPORTED_ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
 TOKENIZER_MODELS = ("wordpiece", "wordlevel")
-DOC_SEPARATORS = ("file", "blank-line")
+DOC_SEPARATORS = ("file", "blank-line", "line")
 
 
 @dataclass
@@ -257,7 +257,9 @@ class ImplConfig:
     """How to run (no effect on the results on a given machine): device, precision, compilation."""
 
     device: str = setting("auto", "auto, cpu, cuda or cuda:N")
-    precision: str = setting("auto", "auto (bf16 autocast on CUDA, fp32 on the CPU), fp32 or bf16")
+    precision: str = setting("auto", "auto (bf16 autocast on CUDA, fp16 with loss scaling on GPUs without bf16, "
+                                     "fp32 on the CPU), fp32, bf16 or fp16")
+    report_to: str = setting("none", "where metrics go besides metrics.jsonl", choices=("none", "tensorboard"))
     compile: bool = setting(False, "torch.compile the model")
     threads: int | None = setting(None, "CPU threads (default: all cores, shared among local processes)", check="positive")
     progress: bool = setting(True, "show a progress bar (default: when stderr is a terminal)")
@@ -324,8 +326,9 @@ class PretrainDataConfig:
     data: list[str] = setting(help="training corpus: .txt/.jsonl/.gz/.parquet files, directories, globs, hf:NAME", factory=list)
     eval_data: list[str] | None = setting(None, "held-out corpus (default: documents held out of --data)")
     text_field: str = setting("text", "JSONL/parquet field holding the text")
-    doc_separator: str = setting("file", "txt files: one document per file, or blank-line (one sentence per line, "
-                                         "a blank line between documents)", choices=DOC_SEPARATORS)
+    doc_separator: str = setting("file", "txt files: one document per file; blank-line (one sentence per line, a "
+                                         "blank line between documents); line (one example per line)",
+                                 choices=DOC_SEPARATORS)
     tokenizer: str | None = setting(None, "tokenizer or model directory, or vocab.txt (default: train one on --data)")
     vocab_size: int = setting(30522, "vocabulary size of a tokenizer trained on --data", check="positive")
     tokenizer_model: str = setting("wordpiece", "the kind of a tokenizer trained on --data", choices=TOKENIZER_MODELS)

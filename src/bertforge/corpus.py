@@ -4,7 +4,8 @@ Accepted inputs (files, directories searched recursively, and glob patterns, mix
 
 * ``.txt``: by default one file is one document, hard-wrapped prose welcome; with
   ``doc_separator="blank-line"`` it is Google BERT's own format: one sentence per line, a blank line
-  between documents.
+  between documents; with ``doc_separator="line"`` every non-blank line is one document (one example per
+  line).
 * ``.jsonl``: one JSON object per line, the text in field ``text`` (another with ``text_field``); one line is
   one document.
 * ``.gz`` of either (``.txt.gz``, ``.jsonl.gz``).
@@ -178,8 +179,10 @@ def file_documents(path: str, text_field: str = "text", doc_separator: str = "fi
             return
         elif doc_separator == "file":
             texts = iter([text])
+        elif doc_separator == "line":  # one example per line, as transformers' run_mlm.py --line_by_line
+            texts = (line for line in text.splitlines() if line.strip())
         else:
-            raise UserError(f"unknown doc separator {doc_separator!r}; expected file or blank-line")
+            raise UserError(f"unknown doc separator {doc_separator!r}; expected file, blank-line or line")
     for t in texts:
         sents = split_sentences(t)
         if sents:

@@ -14,6 +14,7 @@ paper, in the docstring of :mod:`bertforge.model`.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import logging
@@ -38,6 +39,18 @@ log = logging.getLogger("bertforge")
 
 CACHE_VERSION = 1
 MAX_SENTENCE_TOKENS = 256
+
+
+def cut_into_documents(corpus: TokenizedCorpus, parts: int) -> TokenizedCorpus:
+    """The corpus with its sentences regrouped into about ``parts`` documents of equal sentence counts, the
+    original document boundaries kept (for a corpus of a few long texts, e.g. a single .txt file)."""
+    n = len(corpus.sent_ends)
+    cuts = np.linspace(0, n, parts + 1).round().astype(np.int64)[1:]
+    ends = np.union1d(cuts, np.asarray(corpus.doc_ends, dtype=np.int64))
+    ends = ends[ends > 0]
+    cut = copy.copy(corpus)
+    cut.doc_ends, cut.meta = ends, {**corpus.meta, "n_documents": int(len(ends))}
+    return cut
 
 
 def default_cache_dir() -> str:

@@ -80,15 +80,24 @@ def setup_backend(device: torch.device, impl: ImplConfig, d: Dist | None = None)
         torch.backends.cudnn.allow_tf32 = True
 
 
-def autocast_context(device: torch.device, impl: ImplConfig):
-    """bf16 autocast on CUDA (default there); fp32 on the CPU, where bf16 matmuls are ~500x slower here."""
+def resolve_precision(device: torch.device, impl: ImplConfig) -> str:
+    """``auto``: bf16 autocast on CUDA GPUs that have it, fp16 (with loss scaling) on those that do not (T4,
+    V100), fp32 on the CPU, where half-precision matmuls are hundreds of times slower here."""
     precision = impl.precision
     if precision == "auto":
-        precision = "bf16" if device.type == "cuda" else "fp32"
-    if precision == "bf16":
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    if precision != "fp32":
-        raise UserError(f"unknown precision {impl.precision!r}; expected auto, fp32 or bf16")
-    return contextlib.nullcontext()
+        if device.type != "cuda":
+            return "fp32"
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    if precision not in ("fp32", "bf16", "fp16"):
+        raise UserError(f"unknown precision {impl.precision!r}; expected auto, fp32, bf16 or fp16")
+    return precision
+
+
+def autocast_context(device: torch.device, impl: ImplConfig):
+    """The autocast of :func:`resolve_precision`'s choice (none for fp32)."""
+    precision = resolve_precision(device, impl)
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
 
 

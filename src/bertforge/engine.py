@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .config import ImplConfig, TrainConfig
-from .devices import Dist, autocast_context
+from .devices import Dist, autocast_context, resolve_precision
 from .errors import TrainingError
 
 log = logging.getLogger("bertforge")
@@ -176,6 +176,8 @@ class Engine:
         self.schedule = schedule
         self.max_grad_norm = cfg.max_grad_norm
         self.autocast = autocast_context(device, impl)
+        # fp16 needs its loss scaled (bf16 and fp32 do not): a scaler that skips steps whose gradients overflow
+        self.scaler = torch.amp.GradScaler(device.type, enabled=resolve_precision(device, impl) == "fp16")
         module = objective if objective is not None else model
         self.ddp = None
         if self.dist.enabled:
@@ -221,15 +223,23 @@ class Engine:
             with contextlib.nullcontext() if last else self.ddp.no_sync():
                 with self.autocast:
                     loss, parts = loss_fn(self.module, b)
-                (loss * self.dist.world).backward()  # DDP averages over processes; the loss is a global mean
+                self.scaler.scale(loss * self.dist.world).backward()  # DDP averages over processes; the loss is a global mean
             for k, v in parts.items():
                 sums[k] = sums.get(k, 0.0) + float(v)
         totals = dict(zip(sums, self.dist.all_sum(list(sums.values()), self.device)))
+        scaled = self.scaler.is_enabled()
+        if scaled:
+            self.scaler.unscale_(self.optimizer)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self._params, self.max_grad_norm, foreach=True))
-        if not all(math.isfinite(v) for v in (grad_norm, *totals.values())):
+        # with fp16 loss scaling an overflowing gradient is expected now and then: the scaler skips that step
+        if not all(math.isfinite(v) for v in (*totals.values(), *(() if scaled else (grad_norm,)))):
             self.optimizer.zero_grad(set_to_none=True)
             raise NonFiniteLoss(self.state.step + 1, lr)
-        self.optimizer.step()
+        if scaled:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.state.step += 1
         return {**totals, "grad_norm": grad_norm, "lr": lr if lr is not None else self.optimizer.param_groups[0]["lr"]}

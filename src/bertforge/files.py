@@ -73,6 +73,18 @@ def read_json_object(path: str, what: str = "JSON file") -> dict:
 
 
 # ------------------------------------------------------------------------------------------------ atomic writes
+def current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def follow_umask(path: str) -> None:
+    """Give a file the mode the umask asks for (some writers, safetensors' among them, make them private)."""
+    if os.path.isfile(path) and not os.path.islink(path):
+        os.chmod(path, 0o666 & ~current_umask())
+
+
 def fsync(path: str) -> None:
     """Flush a file or a folder (its entries) to disk; best effort."""
     with contextlib.suppress(OSError):
@@ -87,6 +99,7 @@ def atomic_write_text(path: str, text: str) -> None:
     """Write ``text`` to ``path`` through a temporary file in the same folder, then rename."""
     d = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=d)
+    os.fchmod(fd, 0o666 & ~current_umask())  # mkstemp makes it private; outputs follow the umask
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
@@ -117,9 +130,11 @@ def atomic_dir(path: str, replace: bool = True) -> Iterator[str]:
     parent = os.path.dirname(path)
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.tmp-", dir=parent)
+    os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp makes it private; outputs follow the umask
     try:
         yield tmp
         for name in os.listdir(tmp):
+            follow_umask(os.path.join(tmp, name))
             fsync(os.path.join(tmp, name))
         fsync(tmp)
         old = None

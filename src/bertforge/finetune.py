@@ -30,7 +30,7 @@ from .devices import resolve_device, setup_backend
 from .engine import Engine, LinearSchedule, NonFiniteLoss
 from .errors import TrainingError, UserError
 from .files import OutputLock, atomic_dir, check_output, recover_beside, write_marker
-from .logs import MetricsLog, rounded
+from .logs import MetricsLog, duration, file_log, log_step, rounded
 from .plots import plot_finetuning
 from .tasks import ClassificationTask, FinetuneTask, SquadTask
 from .tokenizer import check_vocab_fits, load_tokenizer
@@ -75,7 +75,7 @@ def _run(task: FinetuneTask, cfg: FinetuneConfig, replace: bool) -> dict:
     setup_backend(device, cfg.impl)
     torch.manual_seed(cfg.train.seed)
     model = task.model_class.from_pretrained(cfg.model, config=config, reinit_head=reinit_head).to(device)
-    with atomic_dir(cfg.out, replace=replace) as tmp:
+    with atomic_dir(cfg.out, replace=replace) as tmp, file_log(tmp):
         write_marker(tmp, "finetune")
         t0 = time.perf_counter()
         best, history = train_epochs(model, features, collate, task, cfg, tmp, device)
@@ -114,7 +114,7 @@ def train_epochs(model: torch.nn.Module, features: list[dict], collate: Callable
         model.base_model.embeddings.word_embeddings.weight.requires_grad_(False)
     total = math.ceil(len(features) / t.batch_size) * t.epochs
     engine = Engine(model, t, cfg.impl, device, schedule=LinearSchedule(t.lr, total, None, t.warmup_steps, t.warmup_ratio))
-    metrics = MetricsLog(out_dir, tensorboard=False)
+    metrics = MetricsLog(out_dir, tensorboard=cfg.impl.report_to == "tensorboard")
     gen = torch.Generator().manual_seed(t.seed)
     history: list[EpochResult] = []
     best: EpochResult | None = None
@@ -130,14 +130,18 @@ def train_epochs(model: torch.nn.Module, features: list[dict], collate: Callable
                 out = engine.step([batch], _loss)
             except NonFiniteLoss as err:
                 raise TrainingError(f"{err}; try a lower --lr") from None
-            engine.state.add(loss=out["loss"], n=1)
+            engine.state.add(loss=out["loss"], grad_norm=out["grad_norm"], n=1)
             bar.update(1)
             step = engine.state.step
             if step % t.log_every == 0 or step == total:
                 m = engine.state.take_meters()
+                elapsed = engine.tick()
                 metrics.write({"type": "train", "step": step, "epoch": epoch, "loss": m["loss"] / m["n"], "lr": out["lr"],
-                               "elapsed": engine.tick()})
+                               "elapsed": elapsed})
                 bar.set_postfix(loss=f"{m['loss'] / m['n']:.4f}", lr=f"{out['lr']:.2e}")
+                log_step(f"step {step}/{total}  epoch {epoch}  loss {m['loss'] / m['n']:.4f}  lr {out['lr']:.2e}  "
+                         f"grad-norm {m['grad_norm'] / m['n']:.3f}  elapsed {duration(elapsed)}  "
+                         f"eta {duration(elapsed * (total - step) / step)}", bar_shown=not bar.disable)
         res, artifacts = task.evaluate(model, device)
         model.train()
         result = EpochResult(epoch, engine.state.step, res, artifacts)

@@ -11,6 +11,18 @@ import os
 from .files import atomic_write_text
 
 log = logging.getLogger("bertforge")
+steps_log = logging.getLogger("bertforge.steps")  # the training lines: train.log always, the terminal without a bar
+
+
+def log_step(line: str, bar_shown: bool) -> None:
+    """A training line: always in train.log; on stderr only when no progress bar shows the same figures
+    (under nohup, a job scheduler, or --no-progress)."""
+    steps_log.info(line, extra={"bar_shown": bar_shown})
+
+
+def duration(seconds: float) -> str:
+    s = int(max(0, seconds))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
 def parse_lines(lines) -> list[dict]:
@@ -31,7 +43,7 @@ class MetricsLog:
     """``metrics.jsonl`` in ``out`` (and TensorBoard, when asked and installed); silent when not ``enabled``
     (the processes other than rank 0)."""
 
-    def __init__(self, out: str, enabled: bool = True, tensorboard: bool = True):
+    def __init__(self, out: str, enabled: bool = True, tensorboard: bool = False):
         self.path = os.path.join(out, "metrics.jsonl")
         self.enabled = enabled
         self.tb = None
@@ -40,8 +52,9 @@ class MetricsLog:
                 from torch.utils.tensorboard import SummaryWriter
 
                 self.tb = SummaryWriter(os.path.join(out, "tensorboard"))
-            except Exception:  # tensorboard not installed
-                self.tb = None
+            except Exception as e:  # tensorboard not installed
+                log.warning("--report-to tensorboard: TensorBoard cannot be used (%s; pip install tensorboard); "
+                            "metrics go to metrics.jsonl only", e)
 
     def truncate_after(self, step: int) -> None:
         """Drop lines written after ``step`` (by a run that was interrupted before its next checkpoint), and a

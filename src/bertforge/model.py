@@ -320,6 +320,9 @@ class BertPreTrainedModel(nn.Module):
 
 
 class BertModel(BertPreTrainedModel):
+    """The bare encoder: ``forward(input_ids, attention_mask, token_type_ids)`` gives ``last_hidden_state``
+    (B, T, C) and ``pooler_output`` (B, C).  Loads any BERT checkpoint, with or without the ``bert.`` prefix."""
+
     head_prefixes = ("pooler.",)
 
     def __init__(self, config: BertConfig, add_pooling_layer: bool = True):
@@ -416,6 +419,9 @@ def _mlm_logits(head: BertLMPredictionHead, seq: torch.Tensor, labels, dense_log
 
 
 class BertForPreTraining(BertPreTrainedModel):
+    """The encoder with BERT's two pretraining heads: masked-LM ``prediction_logits`` and next-sentence
+    ``seq_relationship_logits`` (0 = IsNext); losses when ``labels`` / ``next_sentence_label`` are given."""
+
     head_prefixes = ("cls.", "bert.pooler.")
 
     def __init__(self, config: BertConfig):
@@ -464,6 +470,8 @@ class BertForPreTraining(BertPreTrainedModel):
 
 
 class BertForMaskedLM(BertPreTrainedModel):
+    """The encoder with the masked-LM head only (``logits`` (B, T, V); a loss when ``labels`` are given)."""
+
     head_prefixes = ("cls.",)
 
     def __init__(self, config: BertConfig):
@@ -490,6 +498,9 @@ class BertForMaskedLM(BertPreTrainedModel):
 
 
 class BertForSequenceClassification(BertPreTrainedModel):
+    """The encoder with a classifier over the pooled [CLS] state: ``logits`` (B, num_labels), the labels named
+    by ``config.id2label``; cross-entropy with ``labels`` (mean squared error with one label)."""
+
     head_prefixes = ("classifier.", "bert.pooler.")
 
     def __init__(self, config: BertConfig):
@@ -514,6 +525,9 @@ class BertForSequenceClassification(BertPreTrainedModel):
 
 
 class BertForQuestionAnswering(BertPreTrainedModel):
+    """The encoder with a span head: ``start_logits`` and ``end_logits`` (B, T) for extractive question
+    answering; a loss with ``start_positions`` / ``end_positions``."""
+
     head_prefixes = ("qa_outputs.",)
 
     def __init__(self, config: BertConfig):

@@ -102,7 +102,9 @@ class FillMaskPipeline(Pipeline):
         return BertForMaskedLM.from_pretrained(self.dir)
 
     def __call__(self, texts: str | list[str], top_k: int = 5) -> list:
-        """For each text, for each [MASK]: the top-k ``{"token", "token_id", "score"}`` (probabilities)."""
+        """For each text, for each [MASK]: the top-k candidates as transformers' fill-mask gives them,
+        ``{"score", "token" (the id), "token_str", "sequence" (the text with that [MASK] filled)}``, and
+        ``token_id`` (the id again, as bertforge 0.1 named it)."""
         single = isinstance(texts, str)
         texts = [texts] if single else list(texts)
         encs = self.tok.encode_batch(texts)
@@ -122,11 +124,13 @@ class FillMaskPipeline(Pipeline):
             probs = out.logits.float().softmax(-1)  # (B, T, V)
             rows = []
             for i in range(probs.shape[0]):
-                where = (b["input_ids"][i] == self.sp.mask).nonzero().flatten().tolist()
+                ids = b["input_ids"][i][b["attention_mask"][i].bool()].tolist()
+                where = [p for p, t in enumerate(ids) if t == self.sp.mask]
                 per_mask = []
                 for p in where:
                     top = probs[i, p].topk(top_k)
-                    per_mask.append([{"token": self.tok.id_to_token(int(t)), "token_id": int(t), "score": float(s)}
+                    per_mask.append([{"score": float(s), "token": int(t), "token_str": self.tok.id_to_token(int(t)),
+                                      "sequence": self.tok.decode(ids[:p] + [int(t)] + ids[p + 1 :]), "token_id": int(t)}
                                      for s, t in zip(top.values, top.indices)])
                 rows.append(per_mask)
             return rows
@@ -212,12 +216,15 @@ class QAPipeline(Pipeline):
 
 
 _PIPELINES = {"fill-mask": FillMaskPipeline, "next-sentence": NextSentencePipeline, "classify": ClassifyPipeline, "qa": QAPipeline}
+ALIASES = {"text-classification": "classify", "sentiment-analysis": "classify", "question-answering": "qa"}  # transformers' names
 
 
 def pipeline(task: str, model: str, device: str = "auto", batch_size: int = 32, progress: bool = False) -> Pipeline:
-    """A ready pipeline: ``pipeline("fill-mask", model="runs/demo/pretrained")("the [MASK] sat")``."""
+    """A ready pipeline: ``pipeline("fill-mask", model="runs/demo/pretrained")("the [MASK] sat")``.  Task names
+    are transformers' (``text-classification``, ``question-answering``) or ours (``classify``, ``qa``)."""
+    task = ALIASES.get(task, task)
     if task not in _PIPELINES:
-        raise UserError(f"unknown task {task!r}; expected one of {', '.join(TASKS)}")
+        raise UserError(f"unknown task {task!r}; expected one of {', '.join([*TASKS, *ALIASES])}")
     return _PIPELINES[task](model, device=device, batch_size=batch_size, progress=progress)
 
 

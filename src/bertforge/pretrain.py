@@ -34,13 +34,30 @@ from . import checkpoint as ckpt
 from .batching import to_device
 from .config import BertConfig, PretrainConfig
 from .corpus import iter_texts
-from .data import Masker, MaskingConfig, PretrainingLoader, TokenizedCorpus, build_corpus, eval_batches, split_documents
+from .data import (
+    Masker,
+    MaskingConfig,
+    PretrainingLoader,
+    TokenizedCorpus,
+    build_corpus,
+    cut_into_documents,
+    eval_batches,
+    split_documents,
+)
 from .devices import Dist, init_distributed, resolve_device, setup_backend
 from .engine import Engine, LinearSchedule, LossFn, NonFiniteLoss, rng_state, set_rng_state
 from .errors import TrainingError, UserError
 from .evaluation import evaluate_pretraining, fill_mask_samples
-from .files import OutputLock, atomic_write_json, check_output, remove_output, remove_stale_temporaries, write_marker
-from .logs import MetricsLog, file_log, rounded
+from .files import (
+    OutputLock,
+    atomic_write_json,
+    check_output,
+    read_json_object,
+    remove_output,
+    remove_stale_temporaries,
+    write_marker,
+)
+from .logs import MetricsLog, duration, file_log, log_step, rounded
 from .model import BertForMaskedLM, BertForPreTraining, flops_per_token
 from .ops.dropout import DropoutKeys
 from .plots import plot_pretraining
@@ -49,6 +66,7 @@ from .tokenizer import check_vocab_fits, load_tokenizer, save_tokenizer, special
 log = logging.getLogger("bertforge")
 
 CONFIG_FILE = "pretrain_config.json"
+CUT_PARTS = 20  # the documents a corpus of too few is cut into
 
 
 # ------------------------------------------------------------------------------------------------ the loss
@@ -131,6 +149,10 @@ def prepare_tokenizer(cfg: PretrainConfig, resume: bool, d: Dist) -> Tokenizer:
             iter_texts(dc.data, dc.text_field, dc.doc_separator), dc.vocab_size, kind=dc.tokenizer_model,
             lowercase=dc.lowercase, show_progress=cfg.impl.progress,
         )
+        size = tok.get_vocab_size(with_added_tokens=True)
+        if size < dc.vocab_size:
+            log.warning("asked for a vocabulary of %d tokens; the corpus gave %d (too little text or too few "
+                        "distinct words): the model is built for %d", dc.vocab_size, size, size)
         text = tok.to_str()
     return Tokenizer.from_str(_broadcast_str(d, text))
 
@@ -155,6 +177,22 @@ def prepare_model_config(cfg: PretrainConfig, tok: Tokenizer, resume: bool) -> B
             f"{config.max_position_embeddings}"
         )
     return config
+
+
+SCHEDULE = ("lr", "max_steps", "max_time", "warmup_steps", "warmup_ratio", "batch_size")
+
+
+def warn_if_schedule_changed(out: str, cfg: PretrainConfig) -> None:
+    """On resume: say so when the settings that shape the learning-rate schedule differ from the saved run's."""
+    try:
+        saved = PretrainConfig.from_dict(read_json_object(os.path.join(out, CONFIG_FILE), CONFIG_FILE)).train
+    except UserError:
+        return
+    changed = [f"--{k.replace('_', '-')} {getattr(saved, k)} -> {getattr(cfg.train, k)}" for k in SCHEDULE
+               if getattr(saved, k) != getattr(cfg.train, k)]
+    if changed:
+        log.warning("resuming with %s: the learning-rate schedule is recomputed from here with the new values, so "
+                    "the run no longer reproduces an uninterrupted run of either setting", ", ".join(changed))
 
 
 def most_frequent_token(corpus: TokenizedCorpus, exclude: set[int], sample: int = 20_000_000) -> int:
@@ -196,11 +234,12 @@ class Pretraining:
         self.masker = Masker(self.tok, MaskingConfig(dc.max_seq_length, dc.mask_prob, dc.short_seq_prob, dc.nsp,
                                                      dc.whole_word_mask))
         self.corpus = self._corpus(dc.data)
+        need = (2 if dc.nsp else 1) + (0 if dc.eval_data else 1)  # training documents, and one to hold out
+        if self.corpus.n_documents < need:
+            self.corpus = self._cut(self.corpus, need)
         if dc.eval_data:
             self.eval_corpus = self._corpus(dc.eval_data)
             self.train_docs, self.eval_docs = np.arange(self.corpus.n_documents), np.arange(self.eval_corpus.n_documents)
-            if dc.nsp and self.corpus.n_documents < 2:
-                raise UserError("next sentence prediction needs at least 2 training documents (or --no-nsp)")
         else:
             self.eval_corpus = self.corpus
             self.train_docs, self.eval_docs = split_documents(self.corpus, t.seed, need_train=2 if dc.nsp else 1)
@@ -219,7 +258,7 @@ class Pretraining:
         torch.manual_seed(t.seed + d.rank)  # dropout streams differ by rank
 
         out = cfg.out
-        self.metrics = MetricsLog(out, d.is_main)
+        self.metrics = MetricsLog(out, d.is_main, tensorboard=cfg.impl.report_to == "tensorboard")
         if d.is_main:
             if replace:
                 remove_output(out, "pretrain")
@@ -230,11 +269,31 @@ class Pretraining:
                 save_tokenizer(self.tok, out, model_max_length=self.config.max_position_embeddings)
                 self.model.save_pretrained(out)
                 write_marker(out, "pretrain")
+            else:
+                warn_if_schedule_changed(out, cfg)
             atomic_write_json(os.path.join(out, CONFIG_FILE), cfg.to_dict())
         d.barrier()
         schedule = LinearSchedule(t.lr, t.max_steps, t.max_time, t.warmup_steps, t.warmup_ratio)
         self.engine = Engine(self.model, t, cfg.impl, self.device, d, PretrainingObjective(self.model), schedule)
         self.session_tokens, self.session_time = 0, 0.0
+
+    def _cut(self, corpus: TokenizedCorpus, need: int) -> TokenizedCorpus:
+        """A corpus of fewer documents than the run needs (a single text file): cut at sentence boundaries."""
+        n_sent = len(corpus.sent_ends)
+        parts = min(CUT_PARTS, n_sent)
+        if parts < need:
+            raise UserError(
+                f"the corpus holds {corpus.n_documents} document(s) of {n_sent} sentence(s) in all; this run needs at "
+                f"least {need} documents or sentences ({'2 for next sentence prediction' if self.cfg.data.nsp else '1'} "
+                f"to train on{', 1 to hold out for evaluation' if not self.cfg.data.eval_data else ''}): add text, "
+                "give --eval-data, or pass --no-nsp"
+            )
+        cut = cut_into_documents(corpus, parts)
+        log.warning("the corpus holds %d document(s): cut into %d parts of about %d sentences at sentence boundaries "
+                    "(NotNext segments come from other parts of the same text)%s", corpus.n_documents,
+                    cut.n_documents, n_sent // cut.n_documents,
+                    "" if self.cfg.data.eval_data else "; the held-out evaluation text is drawn from these parts")
+        return cut
 
     def _corpus(self, paths: list[str]) -> TokenizedCorpus:
         dc, c = self.cfg.data, None
@@ -250,6 +309,7 @@ class Pretraining:
             self._restore()
         self._prepare_evaluation()
         e.start_clock()  # the run's clock counts training, evaluation and saves, not the set-up
+        self.start_elapsed, self.start_progress = st.elapsed, e.schedule.progress(st.step, st.elapsed)  # for the ETA
         bar = tqdm(total=t.max_steps, initial=st.step, desc="pretraining", unit="step",
                    disable=not (cfg.impl.progress and self.d.is_main), dynamic_ncols=True)
         last_eval = None
@@ -298,6 +358,13 @@ class Pretraining:
         t = self.cfg.train
         if t.max_time and not t.max_steps:
             bar.set_postfix_str(bar.postfix + f", left={max(0, t.max_time - st.elapsed):.0f}s")
+        done = self.engine.schedule.progress(st.step, st.elapsed)
+        run_time = st.elapsed - self.start_elapsed
+        eta = run_time * (1 - done) / max(done - self.start_progress, 1e-9) if done > self.start_progress else 0.0
+        parts = f" (mlm {row['mlm_loss']:.4f}, nsp {row['nsp_loss']:.4f})" if "nsp_loss" in row else ""
+        log_step(f"step {st.step}{f'/{t.max_steps}' if t.max_steps else ''}  loss {row.get('loss', row['mlm_loss']):.4f}{parts}  "
+                 f"lr {lr:.2e}  grad-norm {row['grad_norm']:.3f}  {row['tokens_per_second']:,.0f} tokens/s  "
+                 f"elapsed {duration(st.elapsed)}  eta {duration(eta)}", bar_shown=not bar.disable)
 
     # ---- evaluation, checkpoints, the end
     def _prepare_evaluation(self) -> None:
@@ -336,6 +403,8 @@ class Pretraining:
         if self.d.is_main:
             e = self.engine
             state = {**e.state.state_dict(), "loader": self.loader.state_dict(), "rng": states}
+            if e.scaler.is_enabled():
+                state["scaler"] = e.scaler.state_dict()
             ckpt.save_checkpoint(self.cfg.out, e.state.step, self.model, e.optimizer, state, self.cfg.train.keep_checkpoints)
             ckpt.save_pretrained(self.model, self.cfg.out)
         self.d.barrier()
@@ -355,6 +424,8 @@ class Pretraining:
         else:
             raise UserError(f"no checkpoint in {os.path.join(self.cfg.out, ckpt.CHECKPOINTS)} loads; nothing to resume")
         self.engine.state.load_state_dict(state)
+        if "scaler" in state and self.engine.scaler.is_enabled():
+            self.engine.scaler.load_state_dict(state["scaler"])
         self.loader.load_state_dict(state["loader"])
         rank = self.d.rank
         set_rng_state(state["rng"][rank] if rank < len(state["rng"]) else state["rng"][0])

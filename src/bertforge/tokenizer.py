@@ -148,8 +148,11 @@ def train_tokenizer(
     tok.train_from_iterator(iter(texts), trainer=trainer, length=length)
     if tok.get_vocab_size() <= len(SPECIAL_TOKENS):
         raise UserError("no vocabulary could be learned: the training text is empty")
-    # rebuild from the learned vocabulary so that a trained and a loaded tokenizer are configured alike
-    return from_vocab(tok.get_vocab(), kind, lowercase)
+    # Rebuild from the learned vocabulary so that a trained and a loaded tokenizer are configured alike.  The
+    # trainers order tokens of equal frequency as a hash map iterates (differently in every process): the
+    # special tokens first, then the others sorted, so that the same text gives the same vocabulary file.
+    learned = tok.get_vocab()
+    return from_vocab(SPECIAL_TOKENS + sorted(t for t in learned if t not in SPECIAL_TOKENS), kind, lowercase)
 
 
 def vocab_tokens(tok: Tokenizer) -> list[str]:

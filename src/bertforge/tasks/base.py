@@ -20,6 +20,7 @@ class FinetuneTask:
 
     name: ClassVar[str] = ""
     model_class: ClassVar[type] = type(None)
+    settings_class: ClassVar[type] = type(None)  # the task's own settings dataclass
     select: ClassVar[str] = ""  # the metric that picks the best epoch (higher is better)
     plotted: ClassVar[list[tuple[str, str]]] = []  # (metric, label) drawn per epoch
     defaults: ClassVar[dict[str, Any]] = {}  # this task's defaults of FinetuneConfig fields (by flat name)

@@ -129,6 +129,7 @@ class ClassificationTask(FinetuneTask):
 
     name = "classify"
     model_class = BertForSequenceClassification
+    settings_class = ClassifyConfig
     select = "accuracy"
     plotted = [("accuracy", "accuracy"), ("macro_f1", "macro-F1")]
     defaults = {}

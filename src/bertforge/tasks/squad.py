@@ -210,6 +210,7 @@ class SquadTask(FinetuneTask):
 
     name = "squad"
     model_class = BertForQuestionAnswering
+    settings_class = SquadConfig
     select = "f1"
     plotted = [("exact_match", "exact match"), ("f1", "F1")]
     defaults = {"max_seq_length": 384, "epochs": 2, "batch_size": 16}

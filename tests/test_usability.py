@@ -1,0 +1,184 @@
+"""What a transformers user expects on day one: training lines without a terminal, any text file as a
+corpus, outputs that follow the umask, familiar flag names, a Python API equal to the commands, fp16 with
+loss scaling, and warnings where a run would silently differ from what was asked."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import bertforge
+from bertforge.cli import main
+from bertforge.demo_corpus import generate_stories
+
+from .helpers import tiny_model_dir
+
+
+@pytest.fixture(scope="module")
+def book(tmp_path_factory):
+    """One plain, hard-wrapped .txt file: a single document as the reader sees it."""
+    d = tmp_path_factory.mktemp("book")
+    import textwrap
+
+    paragraphs = [" ".join(s) for s in generate_stories(60, seed=1)]
+    (d / "book.txt").write_text("\n\n".join(textwrap.fill(p, 70) for p in paragraphs) + "\n")  # hard-wrapped prose
+    return d / "book.txt"
+
+
+@pytest.fixture(scope="module")
+def tok(book, tmp_path_factory):
+    out = tmp_path_factory.mktemp("tok") / "tok"
+    assert main(["--quiet", "tokenizer", "train", "--input", str(book), "--vocab-size", "300", "--out", str(out)]) == 0
+    return str(out)
+
+
+def _pretrain(book, tok, out, *extra):
+    return ["pretrain", "--data", str(book), "--tokenizer", tok, "--out", str(out), "--preset", "tiny",
+            "--max-seq-length", "32", "--batch-size", "8", "--max-eval-instances", "16", *extra]
+
+
+def test_a_single_text_file_pretrains_and_log_lines_need_no_terminal(book, tok, tmp_path, capsys):
+    out = tmp_path / "pt"
+    assert main(_pretrain(book, tok, out, "--max-steps", "6", "--log-every", "2", "--eval-every", "0", "--no-progress")) == 0
+    err = capsys.readouterr().err
+    assert "cut into" in err and "held-out evaluation text" in err  # said, not refused
+    lines = [x for x in err.splitlines() if x.startswith("step ")]
+    assert [x.split()[1] for x in lines] == ["2/6", "4/6", "6/6"]
+    for word in ("loss", "mlm", "nsp", "lr", "grad-norm", "tokens/s", "elapsed", "eta"):
+        assert word in lines[0], word
+    log = (out / "train.log").read_text()
+    assert sum("step 4/6" in x for x in log.splitlines()) == 1
+    # with a progress bar the terminal shows the bar, and train.log still gets every line
+    out2 = tmp_path / "pt2"
+    assert main(_pretrain(book, tok, out2, "--max-steps", "4", "--log-every", "2", "--eval-every", "0", "--progress")) == 0
+    assert not [x for x in capsys.readouterr().err.splitlines() if x.startswith("step ")]
+    assert "step 4/4" in (out2 / "train.log").read_text()
+
+
+def test_one_example_per_line(tmp_path, capsys):
+    from bertforge.corpus import iter_documents
+
+    f = tmp_path / "lines.txt"
+    f.write_text("The first example is here. It has two sentences.\n\nA second example.\nA third one!\n")
+    assert list(iter_documents([str(f)], doc_separator="line")) == [
+        ["The first example is here.", "It has two sentences."], ["A second example."], ["A third one!"]]
+    assert len(list(iter_documents([str(f)]))) == 1  # the default: one file, one document
+    many = tmp_path / "many.txt"
+    many.write_text("".join(" ".join(s) + "\n" for s in generate_stories(80, seed=2)))
+    assert main(["--quiet", "pretrain", "--data", str(many), "--doc-separator", "line", "--vocab-size", "200",
+                 "--out", str(tmp_path / "pt"), "--preset", "tiny", "--max-seq-length", "32", "--batch-size", "8",
+                 "--max-steps", "2", "--eval-every", "0", "--max-eval-instances", "8", "--no-progress"]) == 0
+    assert "cut into" not in capsys.readouterr().err  # 80 documents: nothing to cut
+
+
+def test_too_little_text_is_one_message(tmp_path, tok, capsys):
+    f = tmp_path / "tiny.txt"
+    f.write_text("Only one sentence here.")
+    assert main(["--quiet", "pretrain", "--data", str(f), "--tokenizer", tok, "--out", str(tmp_path / "o"), "--max-steps", "2",
+                 "--preset", "tiny", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "1 sentence(s)" in err[0] and "--no-nsp" in err[0] and "--eval-data" in err[0]
+
+
+def test_outputs_follow_the_umask(book, tok, tmp_path, capsys):
+    old = os.umask(0o022)
+    try:
+        out = tmp_path / "pt"
+        assert main(["--quiet", *_pretrain(book, tok, out, "--max-steps", "2", "--eval-every", "0", "--no-progress")]) == 0
+        model = tiny_model_dir(tmp_path / "m", ["good fun", "bad mess"] * 4, vocab_size=20, kind="wordlevel")
+        (tmp_path / "t.jsonl").write_text('{"text": "good fun", "label": "pos"}\n{"text": "bad mess", "label": "neg"}\n')
+        ft = tmp_path / "ft"
+        assert main(["--quiet", "finetune", "classify", "--model", model, "--train", str(tmp_path / "t.jsonl"),
+                     "--validation", str(tmp_path / "t.jsonl"), "--out", str(ft), "--epochs", "1", "--no-progress"]) == 0
+    finally:
+        os.umask(old)
+    for folder in (out, ft, out / "checkpoints" / "step-00000002"):
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o755, folder
+    for f in (out / "model.safetensors", out / "metrics.json", out / "pretrain_config.json", ft / "model.safetensors",
+              ft / "metrics.json", out / "checkpoints" / "step-00000002" / "optimizer.pt"):
+        assert stat.S_IMODE(f.stat().st_mode) == 0o644, f
+    capsys.readouterr()
+
+
+def test_transformers_names_underscores_and_version(book, tok, tmp_path, capsys):
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"bertforge {bertforge.__version__}"
+    out = tmp_path / "pt"
+    assert main(["--quiet", "pretrain", "--data", str(book), "--tokenizer", tok, "--output_dir", str(out), "--preset", "tiny",
+                 "--max_seq_length", "32", "--batch_size", "8",
+                 "--max_steps", "2", "--learning_rate", "1e-3", "--eval_steps", "0", "--no-progress"]) == 0
+    capsys.readouterr()
+    saved = json.loads((out / "pretrain_config.json").read_text())
+    assert saved["train"]["lr"] == 1e-3 and saved["train"]["max_steps"] == 2 and saved["data"]["max_seq_length"] == 32
+    assert main(["pretrain", "--data", str(book), "--out", str(tmp_path / "x"), "--per_device_train_batch_size", "8",
+                 "--max-steps", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--batch-size (the global batch" in err[0]
+    assert main(["pretrain", "--data", str(book), "--out", str(tmp_path / "x"), "--max-stepz", "3"]) == 2
+    assert "did you mean --max-steps?" in capsys.readouterr().err
+
+
+def test_the_python_api_equals_the_commands(book, tok, tmp_path, capsys):
+    args = ["--max-steps", "3", "--eval-every", "0", "--seed", "3", "--no-progress"]
+    assert main(["--quiet", *_pretrain(book, tok, tmp_path / "cli", *args)]) == 0
+    m = bertforge.run_pretraining(str(tmp_path / "api"), data=str(book), tokenizer=tok, preset="tiny", max_seq_length=32,
+                                  batch_size=8, max_eval_instances=16, max_steps=3, eval_every=0, seed=3, progress=False)
+    cli_m = json.loads((tmp_path / "cli" / "metrics.json").read_text())
+    assert m["mlm_loss"] == cli_m["mlm_loss"] and m["steps"] == 3
+    a, b = load_file(tmp_path / "cli" / "model.safetensors"), load_file(tmp_path / "api" / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    rows = [{"text": t, "label": lab} for t, lab in [("a fine day", "pos"), ("a grim day", "neg")] * 4]
+    (tmp_path / "c.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    ft = ["--epochs", "1", "--lr", "1e-3", "--max-seq-length", "16"]
+    assert main(["--quiet", "finetune", "classify", "--model", str(tmp_path / "cli"), "--train", str(tmp_path / "c.jsonl"),
+                 "--validation", str(tmp_path / "c.jsonl"), "--out", str(tmp_path / "ft-cli"), *ft, "--no-progress"]) == 0
+    cli_ft = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    api_ft = bertforge.run_finetuning("classify", str(tmp_path / "cli"), str(tmp_path / "c.jsonl"), str(tmp_path / "c.jsonl"),
+                                      str(tmp_path / "ft-api"), epochs=1, lr=1e-3, max_seq_length=16, progress=False)
+    assert api_ft["accuracy"] == cli_ft["accuracy"] and api_ft["loss"] == cli_ft["loss"]
+    ev = bertforge.evaluate_classifier(str(tmp_path / "ft-api"), str(tmp_path / "c.jsonl"), max_seq_length=16)
+    assert ev["accuracy"] == api_ft["accuracy"]
+    # word level: reproducible run to run (WordPiece merges may differ where counts tie, see the README)
+    info = bertforge.train_tokenizer(str(book), str(tmp_path / "tok-api"), 300, model="wordlevel")
+    assert main(["--quiet", "tokenizer", "train", "--input", str(book), "--vocab-size", "300", "--model", "wordlevel",
+                 "--out", str(tmp_path / "tok-cli")]) == 0
+    vocab = (tmp_path / "tok-cli" / "vocab.txt").read_text()
+    assert (tmp_path / "tok-api" / "vocab.txt").read_text() == vocab and info["vocab_size"] == len(vocab.split())
+    # transformers' pipeline names
+    assert bertforge.pipeline("text-classification", model=str(tmp_path / "ft-api"))("a fine day")["label"] in ("pos", "neg")
+
+
+def test_fp16_with_loss_scaling_trains_and_resumes(book, tok, tmp_path, capsys):
+    """The GPU-without-bf16 path, forced on the CPU: fp16 autocast with a gradient scaler whose state is
+    checkpointed and restored."""
+    out = tmp_path / "fp16"
+    args = _pretrain(book, tok, out, "--precision", "fp16", "--device", "cpu", "--eval-every", "0", "--save-every", "2",
+                     "--no-progress")
+    assert main(["--quiet", *args, "--max-steps", "2"]) == 0
+    state = torch.load(out / "checkpoints" / "step-00000002" / "trainer_state.pt", weights_only=True)
+    assert state["scaler"]["scale"] > 0
+    assert main(["pretrain", "--out", str(out), "--resume", "--max-steps", "4", "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert "--max-steps 2 -> 4" in err and "schedule is recomputed" in err  # a changed schedule is said
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["steps"] == 4 and m["mlm_loss"] == m["mlm_loss"]  # finite
+
+
+def test_report_to_tensorboard_and_small_vocabularies_are_said(book, tmp_path, capsys):
+    out = tmp_path / "pt"
+    assert main(["pretrain", "--data", str(book), "--vocab-size", "5000", "--out", str(out), "--preset", "tiny",
+                 "--max-seq-length", "32", "--batch-size", "8", "--max-steps", "1", "--eval-every", "0",
+                 "--max-eval-instances", "8", "--report-to", "tensorboard", "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert "asked for a vocabulary of 5000 tokens; the corpus gave" in err
+    try:
+        import torch.utils.tensorboard  # noqa: F401
+
+        assert (out / "tensorboard").is_dir()
+    except Exception:
+        assert "--report-to tensorboard: TensorBoard cannot be used" in err
