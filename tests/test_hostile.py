@@ -46,6 +46,11 @@ def world(tmp_path_factory) -> pathlib.Path:
     (w / "squad-null-question.json").write_text(json.dumps(bad))
     (w / "preds.json").write_text(json.dumps({"q1": "the mat"}))
     (w / "run.yaml").write_text("lr: abc\n")
+    (w / "broken.yaml").write_text("a: [\n")
+    assert main(["--quiet", "pretrain", "--data", str(w / "corpus.jsonl"), "--tokenizer", str(w / "model"), "--out", str(w / "run"),
+                 "--preset", "tiny", "--max-seq-length", "32", "--batch-size", "4", "--max-steps", "1", "--eval-every", "0",
+                 "--max-eval-instances", "4", "--no-progress"]) == 0  # an earlier pretraining output ...
+    (w / "run" / "book.jsonl").write_text((w / "corpus.jsonl").read_text())  # ... where the user keeps a corpus
     (w / "corrupt").mkdir()
     for name in os.listdir(w / "model"):
         (w / "corrupt" / name).write_bytes((w / "model" / name).read_bytes())
@@ -58,10 +63,11 @@ def world(tmp_path_factory) -> pathlib.Path:
 
 
 def snapshot(*roots: pathlib.Path) -> dict[str, tuple[int, int] | str]:
-    """Every file (size, modification time) and folder under ``roots``."""
+    """Every file (size, modification time) and folder under ``roots``, but the tokenized-corpus cache
+    (``BERTFORGE_CACHE``, a cache by design, written before the data's size is known)."""
     return {
         str(p): (p.stat().st_size, p.stat().st_mtime_ns) if p.is_file() else "folder"
-        for root in roots for p in sorted(root.rglob("*"))
+        for root in roots for p in sorted(root.rglob("*")) if "cache" not in p.relative_to(root).parts[:1]
     }
 
 
@@ -126,6 +132,19 @@ CASES = [
                                        "--out", "{t}/o"], "nolabel.jsonl: record 2 has no 'label' field"),
     ("predict-corrupt-weights", ["predict", "fill-mask", "--model", "{w}/corrupt", "a [MASK]"], "cannot read"),
     ("resume-nothing", ["pretrain", "--out", "{t}/o", "--resume"], "nothing to resume"),
+    # found by hostile testing
+    ("write-predictions-overwrite-foreign", ["evaluate", "squad", "--data", "{w}/squad.json", "--model", "{w}/model",
+                                            "--write-predictions", "{w}/file.txt", "--overwrite"], "replaces only a predictions file"),
+    ("write-predictions-over-the-data", ["evaluate", "squad", "--data", "{w}/squad.json", "--model", "{w}/model",
+                                         "--write-predictions", "{w}/squad.json", "--overwrite"], "is one of the inputs"),
+    ("pretrain-overwrite-own-output-holding-data", [*PRETRAIN[:2], "{w}/run/book.jsonl", *PRETRAIN[3:], "--max-steps", "2",
+                                                    "--out", "{w}/run", "--overwrite"], "also holds files bertforge did not write \\(book.jsonl\\)"),
+    ("pretrain-batch-larger-than-the-data", [*PRETRAIN, "--max-steps", "2", "--batch-size", "100000", "--out", "{t}/o"],
+     "fewer than one batch of 100000"),
+    ("config-yaml-syntax", [*PRETRAIN, "--max-steps", "2", "--config", "{w}/broken.yaml", "--out", "{t}/o"], "cannot parse config file"),
+    ("evaluate-model-without-qa-head", ["evaluate", "squad", "--data", "{w}/squad.json", "--model", "{w}/model"],
+     "has no trained question-answering head"),
+    ("weight-decay-huge", [*CLASSIFY, "--weight-decay", "1e23", "--out", "{t}/o"], "--weight-decay must be in \\[0, 1\\]"),
 ]
 
 
@@ -178,3 +197,20 @@ def test_squad_questions_without_answers_are_counted_not_fatal(world, tmp_path, 
     assert main(["evaluate", "squad", "--data", str(tmp_path / "s.json"), "--predictions", str(world / "preds.json")]) == 0
     res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert res["questions"] == 1 and res["questions_without_answers"] == 2 and res["exact_match"] == 100.0
+
+
+def test_a_new_run_that_fails_before_its_first_checkpoint_leaves_nothing(world, tmp_path, capsys, monkeypatch):
+    import bertforge.model as model_mod
+
+    real = model_mod.BertEmbeddings.forward
+
+    def poisoned(self, *a, **k):
+        x = real(self, *a, **k)
+        return x * float("nan") if self.training else x
+
+    monkeypatch.setattr(model_mod.BertEmbeddings, "forward", poisoned)
+    out = tmp_path / "run"
+    rc = main(["--quiet", *[a.format(w=world) for a in PRETRAIN], "--max-steps", "4", "--save-every", "2", "--out", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 1 and len(err) == 1 and "not finite at step 1" in err[0]
+    assert not out.exists() and not [n for n in os.listdir(tmp_path) if n.startswith(".")]

@@ -29,7 +29,7 @@ def train_tokenizer(inputs: list[str] | str, out: str, vocab_size: int, model: s
 
     from .config import DOC_SEPARATORS, TOKENIZER_MODELS
     from .corpus import expand_paths, iter_texts
-    from .files import OutputLock, atomic_dir, check_output, recover_beside, write_marker
+    from .files import OutputLock, atomic_dir, check_inputs_outside, check_output, recover_beside, write_marker
     from .tokenizer import save_tokenizer
     from .tokenizer import train_tokenizer as train
 
@@ -38,7 +38,8 @@ def train_tokenizer(inputs: list[str] | str, out: str, vocab_size: int, model: s
         raise UserError(f"model must be one of {TOKENIZER_MODELS} and doc_separator one of {DOC_SEPARATORS}")
     if not isinstance(vocab_size, int) or vocab_size < 1 or min_frequency < 0:
         raise UserError("--vocab-size must be positive and --min-frequency zero or more")
-    check_output(out, "tokenizer", overwrite)
+    if check_output(out, "tokenizer", overwrite):
+        check_inputs_outside(out, inputs)
     expand_paths(inputs)  # every input exists, before any work
     with OutputLock(out):
         recover_beside(out)  # an interrupted earlier run's leftovers, then the rule again
@@ -133,7 +134,7 @@ def evaluate_squad(data: str, predictions: str | None = None, model: str | None 
     if predictions:
         return squad.evaluate_predictions_file(data, predictions)
     if write_predictions:
-        check_output_file(write_predictions, overwrite, "--write-predictions")
+        check_output_file(write_predictions, overwrite, "--write-predictions", inputs=(data,))
     cfg = SquadConfig(**settings)
     validate_fields(cfg)
     return squad.evaluate_squad_model(model, data, cfg, max_seq_length, batch_size, device, write_predictions)

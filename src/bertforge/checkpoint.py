@@ -205,6 +205,12 @@ def checkpoint_keys(path: str) -> set[str]:
     return set()
 
 
+def has_weight(path: str, name: str) -> bool:
+    """Whether a model directory stores ``name`` (with or without the ``bert.`` prefix), read without loading."""
+    keys = checkpoint_keys(path)
+    return name in keys or f"bert.{name}" in keys
+
+
 # ------------------------------------------------------------------------------------------------ training
 CHECKPOINTS = "checkpoints"
 _STEP_DIR = re.compile(r"^step-(\d{8})$")

@@ -230,7 +230,7 @@ class TrainConfig:
     lr: float = setting(1e-4, "peak learning rate", check="positive")
     warmup_steps: int | None = setting(None, "warmup steps (default: --warmup-ratio of the run)", check="non-negative")
     warmup_ratio: float = setting(0.06, "warmup as a fraction of the run", check="fraction")
-    weight_decay: float = setting(0.01, "AdamW weight decay (none on biases and LayerNorm weights)", check="non-negative")
+    weight_decay: float = setting(0.01, "AdamW weight decay (none on biases and LayerNorm weights)", check="probability")
     adam_beta1: float = setting(0.9, "AdamW beta1", check="fraction")
     adam_beta2: float = setting(0.999, "AdamW beta2", check="fraction")
     adam_eps: float = setting(1e-6, "AdamW epsilon", check="positive")
@@ -409,7 +409,7 @@ def read_config_file(path: str) -> dict[str, Any]:
 
             d = yaml.safe_load(text)
     except Exception as e:  # json or yaml syntax errors
-        raise UserError(f"cannot parse config file {path}: {e}") from None
+        raise UserError(f"cannot parse config file {path}: {' '.join(str(e).split())}") from None
     if d is None:
         d = {}
     if not isinstance(d, dict):

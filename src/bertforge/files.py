@@ -203,6 +203,34 @@ def fault_point(event: str) -> None:
 _FAULT_COUNTS: dict[str, int] = {}
 
 
+# what each kind of output holds: ``--overwrite`` removes a folder only when it holds nothing else
+_MODEL_FILES = {"config.json", "model.safetensors", "vocab.txt", "tokenizer.json", "tokenizer_config.json",
+                "special_tokens_map.json", MARKER}
+OUTPUT_ENTRIES = {
+    "tokenizer": _MODEL_FILES - {"config.json", "model.safetensors"},
+    "pretrain": _MODEL_FILES | {"pretrain_config.json", "metrics.jsonl", "metrics.json", "train.log", "plots", "checkpoints",
+                                "tensorboard"},
+    "finetune": _MODEL_FILES | {"finetune_config.json", "metrics.jsonl", "metrics.json", "train.log", "plots", "tensorboard",
+                                "predictions.json", "predictions.jsonl"},
+    "demo": {MARKER, ".bertforge-demo", "data", "cache", "pretrained", "scratch-init", "sentiment-pretrained",
+             "sentiment-scratch", "summary.json", "metrics.json", "report.md", "report.html", "results.png"},
+}
+
+
+def _ours(name: str, kind: str) -> bool:
+    return name in OUTPUT_ENTRIES[kind] or (name.startswith(".") and any(t in name for t in (".tmp-", ".old-", ".damaged-")))
+
+
+def check_inputs_outside(out: str, inputs: list, flag: str = "--out") -> None:
+    """Refuse an output folder that holds one of the run's inputs (replacing it would delete them)."""
+    root = os.path.realpath(out)
+    for p in inputs:
+        if p and not str(p).startswith("hf:"):
+            real = os.path.realpath(p)
+            if real == root or real.startswith(root + os.sep):
+                raise UserError(f"{flag} {out} holds the input {p}; write the output somewhere else")
+
+
 def check_output(path: str, kind: str, overwrite: bool = False, resume: bool = False, flag: str = "--out") -> bool:
     """The one rule for outputs, applied before anything is read or written.
 
@@ -231,17 +259,34 @@ def check_output(path: str, kind: str, overwrite: bool = False, resume: bool = F
     if found != kind:
         what = f"a bertforge {found} output" if found else "not a folder that bertforge wrote"
         raise UserError(f"--overwrite replaces only a {kind} output that bertforge wrote; {path} is {what}")
+    others = sorted(n for n in os.listdir(path) if not _ours(n, kind))
+    if others:
+        more = f" and {len(others) - 3} more" if len(others) > 3 else ""
+        raise UserError(f"{path} also holds files bertforge did not write ({', '.join(others[:3])}{more}); "
+                        "--overwrite would delete them: move them out first")
     return True
 
 
-def check_output_file(path: str, overwrite: bool, flag: str) -> None:
-    """A single output file: refused when it exists, unless ``overwrite`` and it is a regular file."""
+def check_output_file(path: str, overwrite: bool, flag: str, inputs: tuple = ()) -> None:
+    """A predictions file: refused when it exists, unless ``overwrite`` and it is a predictions file (a JSON
+    object of strings, as bertforge writes them); never one of the run's ``inputs``."""
     if not path or not path.strip():
         raise UserError(f"{flag} must name a file")
     if os.path.isdir(path):
         raise UserError(f"{flag} {path} is a folder; name a file")
+    if os.path.exists(path) and any(p and os.path.exists(p) and os.path.samefile(p, path) for p in inputs):
+        raise UserError(f"{flag} {path} is one of the inputs; write the predictions somewhere else")
     if os.path.lexists(path) and not overwrite:
         raise UserError(f"{flag} {path} already exists; pass --overwrite to replace it, or choose another file")
+    if os.path.lexists(path):
+        try:
+            with open(path, encoding="utf-8") as f:
+                earlier = json.load(f)
+            ours = isinstance(earlier, dict) and all(isinstance(v, str) for v in earlier.values())
+        except (OSError, ValueError):
+            ours = False
+        if not ours or os.path.islink(path):
+            raise UserError(f"--overwrite replaces only a predictions file; {path} is not one")
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise UserError(f"{flag} {path}: its folder {parent} does not exist")

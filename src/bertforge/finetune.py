@@ -29,7 +29,7 @@ from .config import BertConfig, ClassifyConfig, FinetuneConfig, SquadConfig, val
 from .devices import resolve_device, setup_backend
 from .engine import Engine, LinearSchedule, NonFiniteLoss
 from .errors import TrainingError, UserError
-from .files import OutputLock, atomic_dir, check_output, recover_beside, write_marker
+from .files import OutputLock, atomic_dir, check_inputs_outside, check_output, recover_beside, write_marker
 from .logs import MetricsLog, duration, file_log, log_step, rounded
 from .plots import plot_finetuning
 from .tasks import ClassificationTask, FinetuneTask, SquadTask
@@ -54,7 +54,8 @@ def run_finetuning(task: FinetuneTask, cfg: FinetuneConfig, overwrite: bool = Fa
     """
     cfg.validate()
     validate_fields(task.settings)
-    check_output(cfg.out, "finetune", overwrite=overwrite)
+    if check_output(cfg.out, "finetune", overwrite=overwrite):
+        check_inputs_outside(cfg.out, [cfg.model, cfg.data.train_file, cfg.data.validation_file])
     if not os.path.isdir(cfg.model):
         raise UserError(f"model directory not found: {cfg.model}")
     with OutputLock(cfg.out):

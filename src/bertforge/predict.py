@@ -128,7 +128,7 @@ class FillMaskPipeline(Pipeline):
                 where = [p for p, t in enumerate(ids) if t == self.sp.mask]
                 per_mask = []
                 for p in where:
-                    top = probs[i, p].topk(top_k)
+                    top = probs[i, p].topk(min(top_k, probs.shape[-1]))
                     per_mask.append([{"score": float(s), "token": int(t), "token_str": self.tok.id_to_token(int(t)),
                                       "sequence": self.tok.decode(ids[:p] + [int(t)] + ids[p + 1 :]), "token_id": int(t)}
                                      for s, t in zip(top.values, top.indices)])

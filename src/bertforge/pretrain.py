@@ -19,6 +19,7 @@ from its newest checkpoint ends, on the CPU, with exactly the weights of an unin
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -51,6 +52,7 @@ from .evaluation import evaluate_pretraining, fill_mask_samples
 from .files import (
     OutputLock,
     atomic_write_json,
+    check_inputs_outside,
     check_output,
     read_json_object,
     remove_output,
@@ -119,6 +121,9 @@ def check_run(cfg: PretrainConfig, resume: bool, overwrite: bool = False) -> boo
         raise UserError(f"{cfg.out} already holds a training run; pass --resume to continue it, --overwrite to "
                         "replace it, or choose another --out")
     replace = check_output(cfg.out, "pretrain", overwrite=overwrite, resume=resume)
+    if replace:
+        m, dc = cfg.model, cfg.data
+        check_inputs_outside(cfg.out, [*dc.data, *(dc.eval_data or []), dc.tokenizer, m.init, m.model_config])
     cfg.validate(resume)
     if cfg.model.init and not os.path.isdir(cfg.model.init):
         raise UserError(f"--init directory not found: {cfg.model.init}")
@@ -211,10 +216,19 @@ def run_pretraining(cfg: PretrainConfig, resume: bool = False, overwrite: bool =
     an earlier pretraining output there.  Any other existing, non-empty ``cfg.out`` is refused.
     """
     replace = check_run(cfg, resume, overwrite)
-    with OutputLock(cfg.out, enabled=int(os.environ.get("RANK", "0")) == 0):  # rank 0 writes, so rank 0 locks
-        run = Pretraining(cfg, resume, replace)
-        with file_log(cfg.out, run.d.is_main):
-            return run.train()
+    main_rank = int(os.environ.get("RANK", "0")) == 0
+    new = not resume and (replace or not os.path.exists(cfg.out) or not os.listdir(cfg.out))
+    with OutputLock(cfg.out, enabled=main_rank):  # rank 0 writes, so rank 0 locks
+        try:
+            run = Pretraining(cfg, resume, replace)
+            with file_log(cfg.out, run.d.is_main):
+                return run.train()
+        except BaseException:
+            # a new run that fails before its first checkpoint leaves nothing behind (no half-written output)
+            if main_rank and new and os.path.isdir(cfg.out) and not ckpt.list_checkpoints(cfg.out):
+                with contextlib.suppress(UserError, OSError):
+                    remove_output(cfg.out, "pretrain")
+            raise
 
 
 class Pretraining:
@@ -247,6 +261,10 @@ class Pretraining:
         self.micro = t.batch_size // d.world // t.grad_accum
         if self.micro < 1:
             raise UserError(f"--batch-size {t.batch_size} is smaller than processes x --grad-accum")
+        n_instances = len(self.loader.instances(0)[0]) if not resume else t.batch_size
+        if n_instances < t.batch_size:  # before anything is written
+            raise UserError(f"the training data yields {n_instances} instances per epoch, fewer than one batch of "
+                            f"{t.batch_size}; lower --batch-size or add data")
 
         torch.manual_seed(t.seed)
         model_cls = BertForPreTraining if dc.nsp else BertForMaskedLM
@@ -341,7 +359,8 @@ class Pretraining:
                     e.tick()
         except KeyboardInterrupt:
             bar.close()
-            raise TrainingError(f"interrupted at step {st.step}; continue with --resume{self._last_checkpoint(' (from step {step})')}") from None
+            where = self._last_checkpoint("; continue with --resume (from step {step})") or " before the first checkpoint"
+            raise TrainingError(f"interrupted at step {st.step}{where}") from None
         bar.close()
         return self._finish(last_eval)
 

@@ -14,6 +14,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from ..batching import length_sorted_batches, pad_batch, to_device
+from ..checkpoint import has_weight as require_head
 from ..config import BertConfig, ClassifyConfig, FinetuneConfig
 from ..errors import UserError
 from ..evaluation import classification_metrics, eval_mode
@@ -200,10 +201,10 @@ def evaluate_classifier(model_dir: str, data: str, task: ClassifyConfig, max_seq
     y = _labels_to_ids(rows, label_col, config.label2id, data)
     tok = load_tokenizer(model_dir)
     check_vocab_fits(tok, BertConfig.load(model_dir).vocab_size, model_dir)
+    if not require_head(model_dir, "classifier.weight"):
+        raise UserError(f"{model_dir} has no trained classification head")
     dev = resolve_device(ImplConfig(device=device))
     model = BertForSequenceClassification.from_pretrained(model_dir).to(dev)
-    if model.loading_info["newly_initialized"]:
-        raise UserError(f"{model_dir} has no trained classification head")
     feats, _ = encode_rows(tok, rows, text, pair, max_seq_length)
     res, _ = score(model, feats, y, special_ids(tok).pad, dev, batch_size)
     res["examples"] = len(rows)

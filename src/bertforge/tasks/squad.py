@@ -21,6 +21,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from ..batching import length_sorted_batches, pad_batch, to_device
+from ..checkpoint import has_weight as require_head
 from ..config import BertConfig, FinetuneConfig, SquadConfig
 from ..errors import UserError
 from ..evaluation import eval_mode, squad_evaluate
@@ -258,10 +259,10 @@ def evaluate_squad_model(model_dir: str, data: str, task: SquadConfig, max_seq_l
     examples, data_list = read_examples(data)
     tok = load_tokenizer(model_dir)
     check_vocab_fits(tok, BertConfig.load(model_dir).vocab_size, model_dir)
+    if not require_head(model_dir, "qa_outputs.weight"):
+        raise UserError(f"{model_dir} has no trained question-answering head (qa_outputs)")
     dev = resolve_device(ImplConfig(device=device))
     model = BertForQuestionAnswering.from_pretrained(model_dir).to(dev)
-    if model.loading_info["newly_initialized"]:
-        raise UserError(f"{model_dir} has no trained question-answering head (qa_outputs)")
     preds, _ = predict_answers(model, tok, examples, task, max_seq_length, dev, batch_size)
     if predictions_out:
         atomic_write_text(predictions_out, json.dumps(preds, indent=1, ensure_ascii=False))
