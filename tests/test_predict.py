@@ -88,7 +88,10 @@ def test_qa_equals_finetuning_postprocessing_on_real_minilm(minilm_dir, tmp_path
     got = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     ref, _ = predict_answers(qa.eval(), load_tokenizer(minilm_dir), [Example("q", question, context, [])],
                              SquadConfig(doc_stride=32), 128, torch.device("cpu"))
-    assert got["answer"] == ref["q"] and context[got["start"] : got["end"]] == got["answer"]
+    # the same span as fine-tuning's post-processing, widened to whole words
+    a, b = got["start"], got["end"]
+    assert ref["q"] in got["answer"] and context[a:b] == got["answer"]
+    assert (a == 0 or not context[a - 1].isalnum()) and (b == len(context) or not context[b].isalnum())
 
 
 def test_refusals(minilm_dir, pretrained_tiny, tmp_path, capsys):
@@ -108,3 +111,14 @@ def test_refusals(minilm_dir, pretrained_tiny, tmp_path, capsys):
     assert main(["predict", "fill-mask", "--model", pretrained_tiny, "the [MASK] ran . " + "the dog ran . " * 200]) == 0
     assert "truncated" in capsys.readouterr().err
     assert "not found" in err_of(["predict", "classify", "--model", str(tmp_path / "none"), "x"])
+
+
+def test_qa_answers_are_whole_words():
+    from bertforge.predict import whole_words
+
+    c = "The singers were singing loudly, near St. Paul's."
+    assert whole_words(c, c.index("ing"), c.index("ing") + 3) == (c.index("singers"), c.index("singers") + 7)
+    assert whole_words(c, c.index("singing"), c.index("singing") + 4) == (c.index("singing"), c.index("singing") + 7)
+    assert whole_words(c, c.index("loudly"), c.index("loudly") + 6) == (c.index("loudly"), c.index("loudly") + 6)
+    assert whole_words(c, c.index("Paul"), c.index("Paul") + 4) == (c.index("Paul"), c.index("Paul") + 4)  # stops at "'"
+    assert whole_words(c, -1, -1) == (-1, -1)

@@ -132,3 +132,32 @@ def test_bad_squad_files(tmp_path, capsys):
         {"id": "x", "question": "what", "answers": [{"text": "nowhere", "answer_start": 3}]}]}]}]}))
     assert main(["finetune", "squad", "--model", model, "--train", str(wrong), "--validation", str(wrong), "--out", str(out)]) == 2
     assert "no training question has an answer that matches" in capsys.readouterr().err
+
+
+def test_the_qa_loss_does_not_depend_on_padding():
+    """A sequence's loss is the same batched with a longer one (padded) or alone; so is a classifier's."""
+    import torch
+
+    from bertforge import BertConfig, BertForQuestionAnswering, BertForSequenceClassification
+
+    torch.manual_seed(0)
+    cfg = BertConfig.preset("tiny", vocab_size=200, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    a, b = torch.randint(5, 200, (1, 20)), torch.randint(5, 200, (1, 60))
+    padded = torch.cat([torch.cat([a, torch.zeros(1, 40, dtype=torch.long)], 1), b])  # (2, 60)
+    am = torch.ones(2, 60, dtype=torch.long)
+    am[0, 20:] = 0
+    qa = BertForQuestionAnswering(cfg).eval()
+    s, e = torch.tensor([[3], [10]]), torch.tensor([[7], [30]])
+    with torch.no_grad():
+        both = qa(padded, am, start_positions=s, end_positions=e).loss
+        one = qa(a, torch.ones_like(a), start_positions=s[:1], end_positions=e[:1]).loss
+        two = qa(b, torch.ones_like(b), start_positions=s[1:], end_positions=e[1:]).loss
+        out = qa(padded, am)
+    assert abs(float(both) - float(one + two) / 2) < 1e-5
+    assert bool((out.start_logits[0, 20:] < -1e30).all()) and bool((out.start_logits.softmax(-1)[0, 20:] == 0).all())
+    cls = BertForSequenceClassification(cfg).eval()
+    y = torch.tensor([0, 1])
+    with torch.no_grad():
+        both = cls(padded, am, labels=y).loss
+        alone = (cls(a, torch.ones_like(a), labels=y[:1]).loss + cls(b, torch.ones_like(b), labels=y[1:]).loss) / 2
+    assert abs(float(both) - float(alone)) < 1e-5

@@ -30,6 +30,10 @@ The model:
   ``dense_logits=True`` for transformers' (B, T, V) logits with labels.
 * ``hidden_act="gelu"`` is the exact erf GELU of BERT and transformers; ``"gelu_new"`` the tanh form.
 * NSP label 0 = IsNext, 1 = NotNext, as in Google's and transformers' checkpoints.
+* Question answering: the start and end logits at pad positions are the lowest float, so padding takes no
+  part in the softmax of the loss or of any probability; a sequence's loss is the same batched with padding
+  or alone.  transformers leaves pad positions in the softmax (their logits equal the head's bias), so its
+  loss depends on the padding of the batch; its logits at real positions are ours.
 * On the CPU, dropout masks come from 16-bit random numbers (:mod:`bertforge.ops.dropout`): the drop
   probability is ``p`` rounded to a multiple of 1/65536.  In CPU pretraining each sequence's masks come from
   a generator of its own, keyed by (seed, step, the sequence's index in the epoch, the dropout site), so that
@@ -541,6 +545,10 @@ class BertForQuestionAnswering(BertPreTrainedModel):
     ) -> QuestionAnsweringOutput:
         seq = self.bert(input_ids, attention_mask, token_type_ids, position_ids).last_hidden_state
         start_logits, end_logits = self.qa_outputs(seq).unbind(-1)  # 2 x (B, T)
+        if attention_mask is not None:  # padding is no answer: out of the softmax, in the loss and in any probability
+            pad = ~attention_mask.bool()
+            lowest = torch.finfo(start_logits.dtype).min
+            start_logits, end_logits = start_logits.masked_fill(pad, lowest), end_logits.masked_fill(pad, lowest)
         loss = None
         if start_positions is not None and end_positions is not None:
             # as transformers: positions outside the input are clamped to T and ignored

@@ -1,7 +1,8 @@
 """Using a trained model: ``bertforge.pipeline(task, model=DIR)`` and ``bertforge predict``.
 
 Tasks: ``fill-mask`` (each [MASK] filled, top-k tokens with probabilities), ``next-sentence`` (IsNext
-probability of a sentence pair), ``classify`` (label probabilities), ``qa`` (extractive answer).  They work
+probability of a sentence pair), ``classify`` (label probabilities), ``qa`` (extractive answer, widened to
+whole words).  They work
 on any BERT directory, ours or a transformers checkpoint, and refuse clearly when the directory lacks the
 head a task needs (all-MiniLM-L6-v2 has no MLM head) instead of predicting from random weights.
 
@@ -209,10 +210,26 @@ class QAPipeline(Pipeline):
         s, e = qa_logits(self.model, feats, self.sp.pad, self.device, self.batch_size)
         spans: dict = {}
         answers, scores = postprocess(examples, feats, s, e, squad.n_best, squad.max_answer_length, spans=spans)
+        for ex in examples:  # whole words, as transformers' QA pipeline gives them (SQuAD scoring keeps the spans)
+            a, b = whole_words(ex.context, *spans.get(ex.id, (-1, -1)))
+            if a >= 0:
+                spans[ex.id], answers[ex.id] = (a, b), ex.context[a:b]
         if not single:
             return answers
         start, end = spans.get("q", (-1, -1))
         return {"answer": answers["q"], "score": scores["q"], "start": start, "end": end}
+
+
+def whole_words(context: str, start: int, end: int) -> tuple[int, int]:
+    """The span [start, end) of ``context`` widened to whole words where it cuts one (subword tokens can
+    start or end inside a word: "##ing"); (-1, -1) stays as it is."""
+    if start < 0 or end <= start:
+        return start, end
+    while start > 0 and context[start - 1].isalnum() and context[start].isalnum():
+        start -= 1
+    while end < len(context) and context[end].isalnum() and context[end - 1].isalnum():
+        end += 1
+    return start, end
 
 
 _PIPELINES = {"fill-mask": FillMaskPipeline, "next-sentence": NextSentencePipeline, "classify": ClassifyPipeline, "qa": QAPipeline}
