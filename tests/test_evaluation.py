@@ -79,3 +79,38 @@ def test_classification_metrics():
     assert r["accuracy"] == pytest.approx(3 / 5)
     # per class F1: c0: tp1 fp1 fn1 -> 0.5; c1: tp2 fp1 fn0 -> 0.8; c2: tp0 fn1 -> 0
     assert r["macro_f1"] == pytest.approx((0.5 + 0.8 + 0.0) / 3)
+
+
+def test_evaluate_mlm_equals_transformers_on_the_same_masked_tokens(tmp_path, capsys):
+    """``evaluate mlm`` on a transformers-saved BertForMaskedLM gives what transformers computes directly on
+    the protocol's masked tokens; the protocol masks ~15% of the tokens, never [CLS]/[SEP], the same per seed."""
+    import torch
+
+    transformers = pytest.importorskip("transformers")
+    from bertforge.corpus import iter_documents
+    from bertforge.demo_corpus import write_story_corpus
+    from bertforge.evaluation import mlm_blocks
+    from bertforge.tokenizer import load_tokenizer, save_tokenizer, train_tokenizer
+
+    data = write_story_corpus(tmp_path / "held-out.jsonl", n_docs=60, seed=5)
+    tok = train_tokenizer([line for line in open(data)], 300, kind="wordlevel", min_frequency=1)
+    d = tmp_path / "hf"
+    save_tokenizer(tok, str(d))
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(vocab_size=tok.get_vocab_size(), hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                  intermediate_size=128, max_position_embeddings=64)
+    hf = transformers.BertForMaskedLM(cfg).eval()
+    hf.save_pretrained(str(d))
+    assert main(["evaluate", "mlm", "--model", str(d), "--data", data, "--max-seq-length", "32", "--device", "cpu"]) == 0
+    ours = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    ids, labels = mlm_blocks(load_tokenizer(str(d)), iter_documents([data]), 32, seed=0)
+    sel = labels != -100
+    assert 0.12 < float(sel.float().mean()) < 0.16 and not sel[:, 0].any() and not sel[:, -1].any()
+    again, _ = mlm_blocks(load_tokenizer(str(d)), iter_documents([data]), 32, seed=0)
+    assert torch.equal(again, ids)
+    with torch.no_grad():
+        logits = hf(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[sel]
+    acc = float((logits.argmax(-1) == labels[sel]).float().mean())
+    loss = float(torch.nn.functional.cross_entropy(logits, labels[sel]))
+    assert ours["masked_tokens"] == int(sel.sum()) and ours["blocks"] == len(ids)
+    assert abs(ours["mlm_accuracy"] - acc) < 1e-9 and abs(ours["mlm_loss"] - loss) < 1e-4

@@ -144,6 +144,9 @@ CASES = [
     ("config-yaml-syntax", [*PRETRAIN, "--max-steps", "2", "--config", "{w}/broken.yaml", "--out", "{t}/o"], "cannot parse config file"),
     ("evaluate-model-without-qa-head", ["evaluate", "squad", "--data", "{w}/squad.json", "--model", "{w}/model"],
      "has no trained question-answering head"),
+    ("evaluate-mlm-corrupt-weights", ["evaluate", "mlm", "--model", "{w}/corrupt", "--data", "{w}/corpus.txt"], "cannot read"),
+    ("evaluate-mlm-text-too-short", ["evaluate", "mlm", "--model", "{w}/model", "--data", "{w}/corpus.txt", "--max-seq-length",
+                                     "512"], "fewer than one block of 510"),
     ("weight-decay-huge", [*CLASSIFY, "--weight-decay", "1e23", "--out", "{t}/o"], "--weight-decay must be in \\[0, 1\\]"),
 ]
 

@@ -5,7 +5,7 @@ The Python API mirrors the commands (:mod:`bertforge.api`): :func:`train_tokeniz
 classes load and save Hugging Face BERT directories (``from_pretrained`` / ``save_pretrained``).
 """
 
-from .api import evaluate_classifier, evaluate_squad, run_finetuning, run_pretraining, train_tokenizer
+from .api import evaluate_classifier, evaluate_mlm, evaluate_squad, run_finetuning, run_pretraining, train_tokenizer
 from .config import BertConfig
 from .errors import UserError
 from .model import (
@@ -43,5 +43,6 @@ __all__ = [
     "run_finetuning",
     "evaluate_classifier",
     "evaluate_squad",
+    "evaluate_mlm",
     "__version__",
 ]

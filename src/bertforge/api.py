@@ -140,4 +140,41 @@ def evaluate_squad(data: str, predictions: str | None = None, model: str | None 
     return squad.evaluate_squad_model(model, data, cfg, max_seq_length, batch_size, device, write_predictions)
 
 
-__all__ = ["evaluate_classifier", "evaluate_squad", "run_finetuning", "run_pretraining", "train_tokenizer"]
+def evaluate_mlm(model: str, data: list[str] | str, max_seq_length: int = 128, seed: int = 0, batch_size: int = 32,
+                 max_blocks: int | None = None, text_field: str = "text", doc_separator: str = "file",
+                 device: str = "auto") -> dict:
+    """``bertforge evaluate mlm``: held-out masked-LM accuracy on a fixed protocol
+    (:func:`bertforge.evaluation.mlm_blocks`: running text in blocks, 15% of the tokens replaced by [MASK],
+    seeded), the same tokens for any two models with one tokenizer: ours, or a transformers checkpoint with
+    an MLM head.  Returns accuracy and loss over the masked positions."""
+    import os
+
+    from .checkpoint import has_weight
+    from .config import BertConfig, ImplConfig
+    from .corpus import iter_documents
+    from .devices import resolve_device
+    from .evaluation import masked_lm_accuracy, mlm_blocks
+    from .model import BertForMaskedLM
+    from .tokenizer import check_vocab_fits, load_tokenizer
+
+    if not os.path.isdir(model):
+        raise UserError(f"model directory not found: {model}")
+    for name, v in (("--max-seq-length", max_seq_length), ("--batch-size", batch_size)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 3:
+            raise UserError(f"{name} must be an integer of at least 3, not {v!r}")
+    if not has_weight(model, "cls.predictions.transform.dense.weight"):
+        raise UserError(f"{model} has no masked-LM head (cls.predictions); evaluate mlm needs one")
+    config = BertConfig.load(model)
+    if max_seq_length > config.max_position_embeddings:
+        raise UserError(f"--max-seq-length {max_seq_length} exceeds the model's {config.max_position_embeddings} positions")
+    tok = load_tokenizer(model)
+    check_vocab_fits(tok, config.vocab_size, model)
+    paths = [data] if isinstance(data, str) else list(data)
+    ids, labels = mlm_blocks(tok, iter_documents(paths, text_field, doc_separator), max_seq_length, seed,
+                             max_blocks=max_blocks)
+    dev = resolve_device(ImplConfig(device=device))
+    m = BertForMaskedLM.from_pretrained(model).to(dev)
+    return {**masked_lm_accuracy(m, ids, labels, dev, batch_size), "max_seq_length": max_seq_length, "seed": seed}
+
+
+__all__ = ["evaluate_classifier", "evaluate_mlm", "evaluate_squad", "run_finetuning", "run_pretraining", "train_tokenizer"]

@@ -270,6 +270,14 @@ def cmd_evaluate_classify(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_evaluate_mlm(a: argparse.Namespace) -> int:
+    from .api import evaluate_mlm
+
+    _print_json(evaluate_mlm(a.model, a.data, a.max_seq_length, a.seed, a.batch_size, a.max_blocks,
+                             a.text_field or "text", a.doc_separator or "file", a.device))
+    return 0
+
+
 def _task_settings(a: argparse.Namespace, kind: type):
     """The task's settings dataclass from its flags (see :func:`add_setting_flags`), checked."""
     from .config import validate_fields
@@ -280,7 +288,7 @@ def _task_settings(a: argparse.Namespace, kind: type):
 
 
 def _add_evaluate_parsers(sub) -> None:
-    from .config import ClassifyConfig, SquadConfig
+    from .config import ClassifyConfig, PretrainDataConfig, SquadConfig
 
     ev = sub.add_parser("evaluate", help="score predictions or a saved model")
     evs = ev.add_subparsers(dest="task", metavar="TASK", parser_class=_Parser)
@@ -304,6 +312,16 @@ def _add_evaluate_parsers(sub) -> None:
     c.add_argument("--device", default="auto")
     add_setting_flags(c, ClassifyConfig())
     c.set_defaults(func=cmd_evaluate_classify)
+    m = evs.add_parser("mlm", help="held-out masked-LM accuracy on a fixed protocol (any model with an MLM head)")
+    m.add_argument("--model", required=True, help="a BERT directory with a masked-LM head, ours or transformers'")
+    m.add_argument("--data", required=True, nargs="+", metavar="PATH", help="held-out text: .txt/.jsonl/.gz files")
+    m.add_argument("--max-seq-length", type=positive_int, default=128)
+    m.add_argument("--seed", type=non_negative_int, default=0, help="seed of the masked positions")
+    m.add_argument("--batch-size", type=positive_int, default=32)
+    m.add_argument("--max-blocks", type=positive_int, help="evaluate only the first N blocks")
+    m.add_argument("--device", default="auto")
+    add_setting_flags(m, PretrainDataConfig(), only=("text_field", "doc_separator"))
+    m.set_defaults(func=cmd_evaluate_mlm)
 
 
 # ------------------------------------------------------------------------------------------------ predict

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from .batching import to_device
+from .errors import UserError
 
 
 @contextlib.contextmanager
@@ -65,6 +66,48 @@ def evaluate_pretraining(model, batches: list[dict], device, autocast=None, base
     if nsp_n:
         res.update(nsp_loss=nsp_sum / nsp_n, nsp_accuracy=nsp_ok / nsp_n, sequences=int(nsp_n))
     return res
+
+
+def mlm_blocks(tok, documents, max_seq_length: int, seed: int = 0, mask_prob: float = 0.15,
+               max_blocks: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fixed masked-LM evaluation protocol: the documents' tokens run together and cut into blocks of
+    ``max_seq_length`` ([CLS] block [SEP]), each other token replaced by [MASK] with probability ``mask_prob``
+    (a seeded generator; every chosen token becomes [MASK], none is kept or randomised).  Returns
+    (input_ids, labels) of shape (blocks, max_seq_length); labels are -100 except at the masked tokens.
+    The same for any model with this tokenizer, whatever its training masking was."""
+    from .tokenizer import special_ids
+
+    sp = special_ids(tok)
+    run: list[int] = []
+    for enc in tok.encode_batch([" ".join(d) for d in documents], add_special_tokens=False):
+        run.extend(enc.ids)
+    n = max_seq_length - 2
+    blocks = [run[i : i + n] for i in range(0, len(run) - n + 1, n)][: max_blocks or None]
+    if not blocks:
+        raise UserError(f"the text holds {len(run)} tokens, fewer than one block of {n}; lower --max-seq-length")
+    ids = torch.tensor([[sp.cls, *b, sp.sep] for b in blocks], dtype=torch.long)  # (N, T)
+    rng = np.random.default_rng(seed)
+    chosen = torch.from_numpy(rng.random(ids.shape) < mask_prob)
+    chosen[:, 0] = chosen[:, -1] = False
+    labels = torch.where(chosen, ids, torch.full_like(ids, -100))
+    return ids.masked_fill(chosen, sp.mask), labels
+
+
+def masked_lm_accuracy(model, ids: torch.Tensor, labels: torch.Tensor, device, batch_size: int = 32) -> dict:
+    """Accuracy and loss of a masked-LM model over the masked positions of :func:`mlm_blocks`' blocks."""
+    ok = total = 0
+    loss_sum = 0.0
+    with eval_mode(model):
+        for i in range(0, len(ids), batch_size):
+            x, y = ids[i : i + batch_size].to(device), labels[i : i + batch_size].to(device)
+            out = model(x, torch.ones_like(x), labels=y, loss_reduction="sum")
+            logits = out.prediction_logits if hasattr(out, "prediction_logits") else out.logits  # (M, V) sparse
+            target = y[y != -100]
+            ok += int((logits.argmax(-1) == target).sum())
+            loss_sum += float(out.mlm_loss if hasattr(out, "mlm_loss") else out.loss)
+            total += target.numel()
+    return {"mlm_accuracy": ok / max(1, total), "mlm_loss": loss_sum / max(1, total), "masked_tokens": total,
+            "blocks": len(ids)}
 
 
 def fill_mask_samples(model, tok, batch: dict, device, n: int = 3, k: int = 5) -> list[str]:
