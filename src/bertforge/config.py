@@ -146,13 +146,14 @@ class BertConfig:
         return cls.from_dict(read_json_object(path, "config.json"))
 
 
-def dataclass_from_dict(cls: type, d: dict[str, Any], where: str = "config") -> Any:
-    """Build dataclass ``cls`` from ``d``; an unknown key is a UserError naming it."""
-    names = {f.name for f in dataclasses.fields(cls)}
+def dataclass_from_dict(base: Any, d: dict[str, Any], where: str = "config") -> Any:
+    """A copy of dataclass instance ``base`` with the fields ``d`` gives (the others keep ``base``'s values);
+    an unknown key is a UserError naming it."""
+    names = {f.name for f in dataclasses.fields(base)}
     unknown = sorted(set(d) - names)
     if unknown:
         raise UserError(f"unknown key(s) in {where}: {', '.join(unknown)}")
-    return cls(**d)
+    return dataclasses.replace(base, **d)
 
 
 def setting(default: Any = None, help: str = "", factory=None, flag: bool | str = True,  # noqa: A002
@@ -282,11 +283,7 @@ class Sections:
                 given = d.pop(f.name, {}) or {}
                 if not isinstance(given, dict):
                     raise UserError(f"config section {f.name!r} must be a mapping, not {given!r}")
-                section = f.default_factory()
-                unknown = sorted(set(given) - {g.name for g in dataclasses.fields(section)})
-                if unknown:
-                    raise UserError(f"unknown key(s) in config section {f.name!r}: {', '.join(unknown)}")
-                kw[f.name] = dataclasses.replace(section, **given)
+                kw[f.name] = dataclass_from_dict(f.default_factory(), given, where=f"config section {f.name!r}")
             elif f.name in d:
                 kw[f.name] = d.pop(f.name)
         if d:

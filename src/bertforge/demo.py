@@ -3,7 +3,7 @@
 Generated stories -> a word-level (or WordPiece) vocabulary -> MLM + NSP pretraining of a tiny BERT ->
 sentiment fine-tuning, from the pretrained model and, as a baseline, from random initialisation ->
 evaluation on held-out data, sample predictions, plots and a report.  It runs the same engine and
-commands as real runs (``run_pretraining``, ``run_classification``, ``pipeline``): no separate toy code.
+commands as real runs (``run_pretraining``, ``run_finetuning``, ``pipeline``): no separate toy code.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from .config import BertConfig, ClassifyConfig, PretrainConfig
 from .corpus import iter_texts
 from .demo_corpus import generate_stories, write_sentiment, write_story_corpus
 from .files import OutputLock, check_output, remove_output, write_marker
-from .finetune import run_classification
+from .finetune import run_finetuning
 from .model import BertForPreTraining
 from .predict import pipeline
 from .pretrain import run_pretraining
@@ -108,7 +108,7 @@ def _run_demo(out: str, s: DemoSettings, wordpiece: bool, progress: bool) -> dic
             epochs=s.finetune_epochs, lr=s.finetune_lr, batch_size=16, max_seq_length=64, seed=s.seed, progress=progress,
             # 200 labels name 12 adjectives; the other 36 must keep what pretraining taught them
             freeze_embeddings=True)
-        run_classification(ft, ClassifyConfig())
+        run_finetuning(ClassificationTask(ClassifyConfig()), ft)
         results[name] = evaluate_classifier(ft.out, senti["test"], ClassifyConfig(), max_seq_length=64)
     shutil.rmtree(scratch_init, ignore_errors=True)
     shutil.rmtree(os.path.join(out, "cache"), ignore_errors=True)

@@ -25,14 +25,14 @@ from tqdm import tqdm
 
 from .batching import to_device
 from .checkpoint import save_pretrained
-from .config import BertConfig, ClassifyConfig, FinetuneConfig, SquadConfig, validate_fields
+from .config import BertConfig, FinetuneConfig, validate_fields
 from .devices import resolve_device, setup_backend
 from .engine import Engine, LinearSchedule, NonFiniteLoss
 from .errors import TrainingError, UserError
 from .files import OutputLock, atomic_dir, check_inputs_outside, check_output, recover_beside, write_marker
 from .logs import MetricsLog, duration, file_log, log_step, rounded
 from .plots import plot_finetuning
-from .tasks import ClassificationTask, FinetuneTask, SquadTask
+from .tasks import FinetuneTask
 from .tokenizer import check_vocab_fits, load_tokenizer
 
 log = logging.getLogger("bertforge")
@@ -157,12 +157,3 @@ def train_epochs(model: torch.nn.Module, features: list[dict], collate: Callable
     model.load_state_dict(best_state)
     return best, history
 
-
-def run_classification(cfg: FinetuneConfig, settings: ClassifyConfig | None = None) -> dict:
-    """``bertforge finetune classify``: returns the best epoch's metrics (also in OUT/metrics.json)."""
-    return run_finetuning(ClassificationTask(settings or ClassifyConfig()), cfg)
-
-
-def run_squad(cfg: FinetuneConfig, settings: SquadConfig | None = None) -> dict:
-    """``bertforge finetune squad``: returns the best epoch's metrics (also in OUT/metrics.json)."""
-    return run_finetuning(SquadTask(settings or SquadConfig()), cfg)
