@@ -2,6 +2,7 @@
 # The long benchmarks behind the README's figures (hours on two cores; none of them is a timed test).
 #   DATA=../shared/data OUT=runs/bench bash benchmarks/run_all.sh [step...]
 # Steps: learn pretrain-mini sst2-minilm sst2-scratch squad-scratch squad-minilm tokenize bench pretrain-speed
+#        budget-90m budget-squad budget-sst2 (issue 14's long run: rerun the same command to resume it)
 set -euo pipefail
 DATA=${DATA:-${BERTFORGE_DATA:-../shared/data}}
 OUT=${OUT:-runs/bench}
@@ -38,6 +39,19 @@ for s in $steps; do
       $BF pretrain --data "$DATA/gutenberg/validation.jsonl" --tokenizer "$MINILM" --out "$OUT/pretrain-speed" \
         --preset mini --max-seq-length 128 --batch-size 32 --max-steps 60 --eval-every 0 --save-every 0 \
         --max-eval-instances 64 --no-progress ;;
+    budget-90m)  # mini, the budget recipe (the defaults), 90 minutes on all of gutenberg/; resumes if interrupted
+      resume=(); [ -d "$OUT/budget-90m/checkpoints" ] && resume=(--resume)
+      $BF pretrain --data "$DATA/gutenberg/train-00*.jsonl" --eval-data "$DATA/gutenberg/validation.jsonl" \
+        --tokenizer "$MINILM" --out "$OUT/budget-90m" --preset mini --max-time 90m --save-every 500 \
+        --eval-every 1000 --no-progress "${resume[@]}"
+      $BF evaluate mlm --model "$OUT/budget-90m" --data "$DATA/gutenberg/validation.jsonl" --max-blocks 2000 ;;
+    budget-squad)
+      $BF finetune squad --model "$OUT/budget-90m" --train "$DATA/squad/train-8k-v1.1.json" \
+        --validation "$DATA/squad/dev-v1.1.json" --out "$OUT/budget-squad" --overwrite --epochs 2 --lr 3e-4 \
+        --batch-size 32 --max-seq-length 256 --no-progress ;;
+    budget-sst2)
+      $BF finetune classify --model "$OUT/budget-90m" --train "$DATA/sst2/train.tsv" --validation "$DATA/sst2/dev.tsv" \
+        --out "$OUT/budget-sst2" --overwrite --epochs 2 --lr 1e-4 --batch-size 32 --no-progress ;;
     tokenize)
       $PY benchmarks/tokenize_speed.py "$DATA/gutenberg/validation.jsonl" ;;
     bench)

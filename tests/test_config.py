@@ -70,11 +70,12 @@ def test_bad_duration():
 def test_help_shows_each_default_from_its_one_definition(capsys):
     """Flags and their help come from the config dataclasses; each task's own defaults show."""
     from bertforge.cli import main
-    from bertforge.config import FINETUNE_TRAIN_DEFAULTS, TrainConfig
+    from bertforge.config import FINETUNE_TRAIN_DEFAULTS, RECIPES
 
     assert main(["pretrain", "--help"]) == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert f"peak learning rate (default: {TrainConfig().lr})" in out and "(default: mini)" in out
+    lr, bert_lr = RECIPES["budget"]["lr"], RECIPES["bert"]["lr"]
+    assert f"peak learning rate (default: {lr}) [--recipe bert: {bert_lr}]" in out and "(default: mini)" in out
     assert main(["finetune", "squad", "--help"]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "(default: 384)" in out and f"(default: {FINETUNE_TRAIN_DEFAULTS['lr']})" in out and "--doc-stride" in out

@@ -47,6 +47,7 @@ def world(tmp_path_factory) -> pathlib.Path:
     (w / "preds.json").write_text(json.dumps({"q1": "the mat"}))
     (w / "run.yaml").write_text("lr: abc\n")
     (w / "broken.yaml").write_text("a: [\n")
+    (w / "recipe.yaml").write_text("recipe: [budget]\n")
     assert main(["--quiet", "pretrain", "--data", str(w / "corpus.jsonl"), "--tokenizer", str(w / "model"), "--out", str(w / "run"),
                  "--preset", "tiny", "--max-seq-length", "32", "--batch-size", "4", "--max-steps", "1", "--eval-every", "0",
                  "--max-eval-instances", "4", "--no-progress"]) == 0  # an earlier pretraining output ...
@@ -141,6 +142,11 @@ CASES = [
                                                     "--out", "{w}/run", "--overwrite"], "also holds files bertforge did not write \\(book.jsonl\\)"),
     ("pretrain-batch-larger-than-the-data", [*PRETRAIN, "--max-steps", "2", "--batch-size", "100000", "--out", "{t}/o"],
      "fewer than one batch of 100000"),
+    ("config-recipe-list", [*PRETRAIN, "--max-steps", "2", "--config", "{w}/recipe.yaml", "--out", "{t}/o"], "--recipe must be one of"),
+    ("recipe-unknown", [*PRETRAIN, "--max-steps", "2", "--recipe", "roberta", "--out", "{t}/o"], "invalid choice"),
+    ("electra-with-nsp", [*PRETRAIN, "--max-steps", "2", "--objective", "electra", "--nsp", "--out", "{t}/o"], "without next sentence"),
+    ("generator-size-1", [*PRETRAIN, "--max-steps", "2", "--objective", "electra", "--generator-size", "1", "--out", "{t}/o"],
+     "--generator-size must be in \\(0, 1\\)"),
     ("config-yaml-syntax", [*PRETRAIN, "--max-steps", "2", "--config", "{w}/broken.yaml", "--out", "{t}/o"], "cannot parse config file"),
     ("evaluate-model-without-qa-head", ["evaluate", "squad", "--data", "{w}/squad.json", "--model", "{w}/model"],
      "has no trained question-answering head"),

@@ -16,7 +16,7 @@ def pretrained_tiny(small_text_corpus, tmp_path_factory):
     """A tiny BERT pretrained for a few dozen steps on the story corpus (MLM + NSP heads)."""
     d = tmp_path_factory.mktemp("pt")
     out = d / "model"
-    assert main(["--quiet", "pretrain", "--data", str(small_text_corpus), "--out", str(out), "--preset", "tiny",
+    assert main(["--quiet", "pretrain", "--recipe", "bert", "--data", str(small_text_corpus), "--out", str(out), "--preset", "tiny",
                  "--vocab-size", "400", "--tokenizer-model", "wordlevel", "--max-seq-length", "64", "--batch-size", "32",
                  "--lr", "2e-3", "--max-steps", "60", "--eval-every", "0", "--no-progress", "--cache-dir", str(d / "c")]) == 0
     return str(out)

@@ -25,8 +25,9 @@ def story_tok_dir(small_text_corpus, tmp_path_factory):
     return str(d)
 
 
-def _args(corpus, tok, out, *extra):
-    return ["pretrain", "--data", str(corpus), "--tokenizer", tok, "--out", str(out), "--preset", "tiny",
+def _args(corpus, tok, out, *extra, recipe="bert"):
+    """BERT's recipe (NSP and dropout on) by default: the machinery under its heaviest load."""
+    return ["pretrain", "--recipe", recipe, "--data", str(corpus), "--tokenizer", tok, "--out", str(out), "--preset", "tiny",
             "--max-seq-length", "64", "--batch-size", "16", "--lr", "1e-3", "--log-every", "5",
             "--max-eval-instances", "64", "--no-progress", *extra]
 
@@ -50,7 +51,7 @@ def test_outputs_and_transformers_loading(small_text_corpus, story_tok_dir, tmp_
     out = tmp_path / "run"
     assert main(["--quiet", *_args(small_text_corpus, story_tok_dir, out, "--max-steps", "20", "--eval-every", "10")]) == 0
     for name in ("config.json", "model.safetensors", "vocab.txt", "tokenizer.json", "tokenizer_config.json",
-                 "special_tokens_map.json", "metrics.jsonl", "metrics.json", "pretrain_config.json", "train.log"):
+                 "special_tokens_map.json", "metrics.jsonl", "metrics.json", "pretrain_config.json", "train.log", "README.md"):
         assert (out / name).is_file(), name
     assert {p.name for p in (out / "plots").iterdir()} == {"loss.png", "accuracy.png", "lr.png"}
     m = json.loads((out / "metrics.json").read_text())
@@ -61,6 +62,8 @@ def test_outputs_and_transformers_loading(small_text_corpus, story_tok_dir, tmp_
     assert [r["step"] for r in rows if r["type"] == "train"] == [5, 10, 15, 20]
     assert [r["step"] for r in rows if r["type"] == "eval"] == [10, 20]
     assert "true=" in (out / "train.log").read_text()  # sample fill-mask predictions are logged
+    card = (out / "README.md").read_text()
+    assert "20 steps" in card and f"| mlm_accuracy | {m['mlm_accuracy']:.4g} |" in card and "--recipe bert" in card
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["steps"] == 20
     # the output directory is a transformers BERT directory with the same logits
     transformers = pytest.importorskip("transformers")
@@ -331,3 +334,83 @@ def test_compiled_objective_equals_eager():
     assert got[0] == pytest.approx(eager[0], rel=1e-5)
     for a, b in zip(got[1], eager[1]):
         assert (a - b).abs().max() < 1e-5
+
+
+# ------------------------------------------------------------------------------------------------ recipes
+def test_the_budget_recipe_is_the_default_and_bert_is_one_flag_away(small_text_corpus, story_tok_dir, tmp_path):
+    """Budget defaults (MLM only, no dropout in training, lr 1e-3, ...), explicit flags winning over either
+    recipe, the resolved recipe saved and kept on --resume, and config.json keeping BERT's dropout for
+    fine-tuning."""
+    from bertforge.config import RECIPES, PretrainConfig
+
+    assert PretrainConfig().recipe == "budget" and PretrainConfig().train.lr == RECIPES["budget"]["lr"]
+    assert PretrainConfig.for_recipe("bert").data.nsp is True and PretrainConfig.for_recipe("bert").train.lr == 1e-4
+    base = ["pretrain", "--data", str(small_text_corpus), "--tokenizer", story_tok_dir, "--preset", "tiny",
+            "--max-seq-length", "64", "--batch-size", "16", "--max-eval-instances", "64", "--no-progress",
+            "--eval-every", "0", "--save-every", "2"]
+    budget, bert = tmp_path / "budget", tmp_path / "bert"
+    assert main(["--quiet", *base, "--out", str(budget), "--max-steps", "2"]) == 0
+    saved = json.loads((budget / "pretrain_config.json").read_text())
+    assert saved["recipe"] == "budget" and saved["data"]["nsp"] is False and saved["model"]["dropout"] == 0.0
+    assert saved["train"]["lr"] == 1e-3 and saved["train"]["adam_beta2"] == 0.98 and saved["train"]["max_grad_norm"] == 0.5
+    config = json.loads((budget / "config.json").read_text())
+    assert config["architectures"] == ["BertForMaskedLM"]
+    assert config["hidden_dropout_prob"] == 0.1 and config["attention_probs_dropout_prob"] == 0.1  # for fine-tuning
+    m = json.loads((budget / "metrics.json").read_text())
+    assert 0 <= m["mlm_accuracy_masked"] <= 1 and "nsp_accuracy" not in m
+
+    assert main(["--quiet", *base, "--out", str(bert), "--max-steps", "2", "--recipe", "bert", "--lr", "3e-4"]) == 0
+    saved = json.loads((bert / "pretrain_config.json").read_text())
+    assert saved["recipe"] == "bert" and saved["data"]["nsp"] is True and saved["model"]["dropout"] is None
+    assert saved["train"]["lr"] == 3e-4 and saved["train"]["adam_beta2"] == 0.999  # the flag wins, the rest is BERT's
+    assert "nsp_accuracy" in json.loads((bert / "metrics.json").read_text())
+
+    # resume keeps the run's recipe (dropout 0 again in training, though config.json says 0.1)
+    assert main(["--quiet", "pretrain", "--out", str(budget), "--resume", "--recipe", "bert", "--no-progress"]) == 2
+    assert main(["--quiet", "pretrain", "--out", str(budget), "--resume", "--max-steps", "4", "--no-progress"]) == 0
+    saved = json.loads((budget / "pretrain_config.json").read_text())
+    assert saved["recipe"] == "budget" and saved["model"]["dropout"] == 0.0 and saved["train"]["lr"] == 1e-3
+    assert json.loads((budget / "metrics.json").read_text())["steps"] == 4
+
+
+def test_budget_training_runs_without_dropout_and_saves_the_models_own(monkeypatch, small_text_corpus, story_tok_dir, tmp_path):
+    """``--dropout`` is pretraining's: the model trains with it and config.json keeps the model's dropout."""
+    from bertforge import pretrain
+    from bertforge.ops import Dropout
+
+    seen = []
+    real = pretrain.Pretraining.train
+
+    def spy(self):
+        seen.extend(m.p for m in self.model.modules() if isinstance(m, Dropout))
+        seen.extend(m.dropout_p for m in self.model.modules() if hasattr(m, "dropout_p"))
+        return real(self)
+
+    monkeypatch.setattr(pretrain.Pretraining, "train", spy)
+    out = tmp_path / "run"
+    assert main(["--quiet", *_args(small_text_corpus, story_tok_dir, out, "--max-steps", "1", "--dropout", "0.25",
+                                   recipe="budget")]) == 0
+    assert seen and set(seen) == {0.25}
+    assert json.loads((out / "config.json").read_text())["hidden_dropout_prob"] == 0.1
+
+
+def test_mask_only_accuracy_counts_the_mask_positions_only():
+    """``mlm_accuracy_masked`` is the accuracy over the selected positions whose input is [MASK]."""
+    from bertforge.config import BertConfig
+    from bertforge.evaluation import evaluate_pretraining
+    from bertforge.model import BertForMaskedLM
+
+    torch.manual_seed(0)
+    model = BertForMaskedLM(BertConfig.preset("tiny", vocab_size=50))
+    ids = torch.randint(5, 50, (4, 16))
+    labels = torch.full_like(ids, -100)
+    labels[:, 3:9] = ids[:, 3:9]
+    ids[:, 3:6] = 4  # [MASK] at three of the six selected positions; the others kept (copyable)
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids), "labels": labels}
+    res = evaluate_pretraining(model, [batch], "cpu", mask_id=4)
+    with torch.no_grad():
+        pred = model.eval()(ids, torch.ones_like(ids)).logits.argmax(-1)
+    at_mask = (pred == labels)[:, 3:6].float().mean().item()
+    assert res["mlm_accuracy_masked"] == pytest.approx(at_mask)
+    assert res["mlm_accuracy"] == pytest.approx((pred == labels)[:, 3:9].float().mean().item())
+    assert "mlm_accuracy_masked" not in evaluate_pretraining(model, [batch], "cpu")

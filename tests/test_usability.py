@@ -44,7 +44,8 @@ def _pretrain(book, tok, out, *extra):
 
 def test_a_single_text_file_pretrains_and_log_lines_need_no_terminal(book, tok, tmp_path, capsys):
     out = tmp_path / "pt"
-    assert main(_pretrain(book, tok, out, "--max-steps", "6", "--log-every", "2", "--eval-every", "0", "--no-progress")) == 0
+    assert main(_pretrain(book, tok, out, "--max-steps", "6", "--log-every", "2", "--eval-every", "0", "--no-progress",
+                          "--nsp")) == 0
     err = capsys.readouterr().err
     assert "cut into" in err and "held-out evaluation text" in err  # said, not refused
     lines = [x for x in err.splitlines() if x.startswith("step ")]

@@ -69,10 +69,16 @@ def run_pretraining(out: str, data: list[str] | str | None = None, resume: bool 
     from .pretrain import CONFIG_FILE
     from .pretrain import run_pretraining as run
 
-    cfg = PretrainConfig()
+    from_file = read_config_file(config) if config else {}
+    recipe = settings.get("recipe", from_file.get("recipe"))
     if resume and out and os.path.isfile(os.path.join(out, CONFIG_FILE)):
         cfg = PretrainConfig.from_dict(read_json_object(os.path.join(out, CONFIG_FILE), CONFIG_FILE))
-    for flat, where in ((read_config_file(config) if config else {}, f"config file {config}"), (settings, "settings")):
+        if recipe is not None and recipe != cfg.recipe:
+            raise UserError(f"--recipe {recipe}: the run in {out} was started with --recipe {cfg.recipe}, and a "
+                            "resumed run keeps its settings")
+    else:  # the recipe's defaults, then the config file's and the explicit settings over them
+        cfg = PretrainConfig.for_recipe(recipe if recipe is not None else "budget")
+    for flat, where in ((from_file, f"config file {config}"), (settings, "settings")):
         flat = {k.replace("-", "_"): v for k, v in flat.items()}
         if "max_time" in flat:
             flat["max_time"] = parse_duration(flat["max_time"])
@@ -153,6 +159,7 @@ def evaluate_mlm(model: str, data: list[str] | str, max_seq_length: int = 128, s
     from .config import BertConfig, ImplConfig
     from .corpus import iter_documents
     from .devices import resolve_device
+    from .electra import ElectraForMaskedLM, generator_config_of, is_generator_dir
     from .evaluation import masked_lm_accuracy, mlm_blocks
     from .model import BertForMaskedLM
     from .tokenizer import check_vocab_fits, load_tokenizer
@@ -162,9 +169,11 @@ def evaluate_mlm(model: str, data: list[str] | str, max_seq_length: int = 128, s
     for name, v in (("--max-seq-length", max_seq_length), ("--batch-size", batch_size)):
         if not isinstance(v, int) or isinstance(v, bool) or v < 3:
             raise UserError(f"{name} must be an integer of at least 3, not {v!r}")
-    if not has_weight(model, "cls.predictions.transform.dense.weight"):
-        raise UserError(f"{model} has no masked-LM head (cls.predictions); evaluate mlm needs one")
-    config = BertConfig.load(model)
+    electra = is_generator_dir(model)  # an ELECTRA run's generator/
+    if not electra and not has_weight(model, "cls.predictions.transform.dense.weight"):
+        raise UserError(f"{model} has no masked-LM head (cls.predictions); evaluate mlm needs one (of an ELECTRA "
+                        "run, evaluate its generator/ folder)")
+    config = generator_config_of(model)[0] if electra else BertConfig.load(model)
     if max_seq_length > config.max_position_embeddings:
         raise UserError(f"--max-seq-length {max_seq_length} exceeds the model's {config.max_position_embeddings} positions")
     tok = load_tokenizer(model)
@@ -173,7 +182,7 @@ def evaluate_mlm(model: str, data: list[str] | str, max_seq_length: int = 128, s
     ids, labels = mlm_blocks(tok, iter_documents(paths, text_field, doc_separator), max_seq_length, seed,
                              max_blocks=max_blocks)
     dev = resolve_device(ImplConfig(device=device))
-    m = BertForMaskedLM.from_pretrained(model).to(dev)
+    m = (ElectraForMaskedLM if electra else BertForMaskedLM).from_pretrained(model).to(dev)
     return {**masked_lm_accuracy(m, ids, labels, dev, batch_size), "max_seq_length": max_seq_length, "seed": seed}
 
 

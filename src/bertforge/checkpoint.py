@@ -43,16 +43,28 @@ _TIED = "cls.predictions.decoder.weight"
 
 
 # ------------------------------------------------------------------------------------------------ save
+def tied_keys(model: torch.nn.Module) -> set[str]:
+    """State-dict keys that are views of other parameters: left out when saving, restored by tying."""
+    own = getattr(model, "tied_keys", None)
+    return {_TIED} | (own() if callable(own) else set())
+
+
 def model_state_for_saving(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The state dict as written: transformers' names, the tied decoder weight left out (as transformers does)."""
+    """The state dict as written: transformers' names, tied weights left out (as transformers does)."""
     sd = model.state_dict()
-    sd.pop(_TIED, None)
+    for k in tied_keys(model):
+        sd.pop(k, None)
     return {k: v.detach().to("cpu").contiguous() for k, v in sd.items()}
 
 
 def write_model_files(model, folder: str, tokenizer=None) -> None:
     """Write config.json, model.safetensors and tokenizer files into an existing folder (not atomic)."""
-    model.config.save(os.path.join(folder, CONFIG_NAME), architectures=[type(model).__name__])
+    if hasattr(model, "config_dict"):  # a model that is not a BERT (ELECTRA's generator)
+        with open(os.path.join(folder, CONFIG_NAME), "w", encoding="utf-8") as f:
+            json.dump(model.config_dict(), f, indent=2, sort_keys=True)
+            f.write("\n")
+    else:
+        model.config.save(os.path.join(folder, CONFIG_NAME), architectures=[type(model).__name__])
     save_file(model_state_for_saving(model), os.path.join(folder, WEIGHTS_NAME), metadata={"format": "pt"})
     if tokenizer is not None:
         from .tokenizer import save_tokenizer
@@ -252,7 +264,7 @@ def load_checkpoint(path: str, model, optimizer) -> dict:
     """Restore ``model`` and ``optimizer`` from checkpoint folder ``path``; return its training state."""
     sd = load_file(os.path.join(path, WEIGHTS_NAME))
     missing, unexpected = model.load_state_dict(sd, strict=False)
-    if unexpected or [k for k in missing if k != _TIED]:
+    if unexpected or [k for k in missing if k not in tied_keys(model)]:
         raise UserError(f"checkpoint {path} does not fit the model: missing {missing}, unexpected {unexpected}")
     model.tie_weights()
     optimizer.load_state_dict(torch.load(os.path.join(path, "optimizer.pt"), weights_only=True, map_location="cpu"))

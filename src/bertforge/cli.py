@@ -101,7 +101,7 @@ NOT_THE_SAME = {
 
 
 def add_setting_flags(p: argparse.ArgumentParser, cfg: Any, only: Sequence[str] | None = None,
-                      exclude: Sequence[str] = ()) -> list[str]:
+                      exclude: Sequence[str] = (), notes: dict[str, str] | None = None) -> list[str]:
     """A flag for each field of ``cfg`` (a dataclass, or a :class:`~bertforge.config.Sections` run config),
     its help text and default taken from the field: ``--max-seq-length`` sets ``max_seq_length``.  Every flag
     defaults to None, so that only explicit flags override.  Returns the flags' destinations."""
@@ -116,6 +116,8 @@ def add_setting_flags(p: argparse.ArgumentParser, cfg: Any, only: Sequence[str] 
         default = getattr(holder, f.name)
         if "(default" not in help_ and default not in (None, "", []):
             help_ += f" (default: {'on' if default is True else 'off' if default is False else default})"
+        if notes and name in notes:
+            help_ += f" [{notes[name]}]"
         kw: dict[str, Any] = dict(dest=name, default=None, help=help_.replace("%", "%%"))
         typ = str(f.type).replace(" | None", "")
         if typ == "bool":
@@ -174,13 +176,15 @@ def cmd_tokenizer_train(a: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------------------------------------ pretrain
 def _add_pretrain_args(p: argparse.ArgumentParser) -> None:
-    from .config import PretrainConfig
+    from .config import RECIPES, PretrainConfig
 
     p.add_argument("--config", help="YAML or JSON file with the same settings as the flags (flags override it)")
     p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint in --out")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier pretraining output that bertforge wrote in --out")
     p.add_argument("--cased", dest="cased", action="store_true", default=None, help="a cased vocabulary (trained tokenizer)")
-    p.set_defaults(setting_flags=add_setting_flags(p, PretrainConfig(), exclude=("epochs",)))
+    bert = {k: "--recipe bert: " + ("the model's" if v is None else "on" if v is True else "off" if v is False else str(v))
+            for k, v in RECIPES["bert"].items() if v != RECIPES["budget"][k]}
+    p.set_defaults(setting_flags=add_setting_flags(p, PretrainConfig(), exclude=("epochs",), notes=bert))
 
 
 def cmd_pretrain(a: argparse.Namespace) -> int:
@@ -197,7 +201,7 @@ def cmd_pretrain(a: argparse.Namespace) -> int:
         explicit["progress"] = False
     metrics = run_pretraining(out, resume=a.resume, overwrite=a.overwrite, config=a.config, **explicit)
     if metrics:
-        _print_json({k: metrics[k] for k in ("mlm_accuracy", "nsp_accuracy", "mlm_loss", "nsp_loss", "steps",
+        _print_json({k: metrics[k] for k in ("mlm_accuracy", "mlm_accuracy_masked", "nsp_accuracy", "mlm_loss", "nsp_loss", "steps",
                                              "tokens_per_second") if k in metrics})
     return 0
 
@@ -554,6 +558,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as e:  # --help, --version, or a usage error already printed
         return int(e.code or 0)
     setup_logging(a.quiet)
+    from . import modelcard
+
+    modelcard.COMMAND = ["bertforge", *(sys.argv[1:] if argv is None else argv)]  # for the model cards
     try:
         return int(a.func(a) or 0)
     except UserError as e:

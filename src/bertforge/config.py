@@ -29,6 +29,7 @@ PRESETS: dict[str, tuple[int, int, int]] = {
 
 SUPPORTED_ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
 TOKENIZER_MODELS = ("wordpiece", "wordlevel")
+OBJECTIVES = ("mlm", "electra")
 DOC_SEPARATORS = ("file", "blank-line", "line")
 
 
@@ -349,20 +350,60 @@ class PretrainModelConfig:
     preset: str = setting("mini", "model size: " + ", ".join(PRESETS))
     model_config: str | None = setting(None, "a BERT config.json to build the model from")
     init: str | None = setting(None, "continue from a BERT directory (ours or a transformers checkpoint)")
-    dropout: float | None = setting(None, "hidden and attention dropout (default: the model's, 0.1)", check="fraction")
+    objective: str = setting("mlm", "mlm (masked LM, with --nsp also next sentence prediction) or electra (ELECTRA's "
+                                    "replaced-token detection: a small generator fills the masks, the model finds "
+                                    "the replaced tokens)", choices=OBJECTIVES)
+    generator_size: float = setting(0.25, "ELECTRA: the generator's width as a fraction of the model's",
+                                    check="open-fraction")
+    dropout: float | None = setting(None, "hidden and attention dropout during pretraining (none = the model's); the "
+                                          "saved config.json keeps the model's own, for fine-tuning", check="fraction")
 
     def validate(self) -> None:
         validate_fields(self)
         check_preset(self.preset)
 
 
+# ------------------------------------------------------------------------------------------------ recipes
+# The pretraining settings that decide what a compute budget buys, by recipe (flat names, as the flags).
+# "budget" (the default) is measured for the best model per hour on one machine (benchmarks/README.md,
+# "The budget recipe"); "bert" is BERT's (Devlin et al., 2019), as bertforge ran it before 0.3.  Explicit
+# flags and config-file keys win over the recipe; the resolved values are saved with the run.
+RECIPES: dict[str, dict[str, Any]] = {
+    "budget": dict(lr=1e-3, warmup_ratio=0.06, adam_beta2=0.98, max_grad_norm=0.5, dropout=0.0, nsp=False, mask_prob=0.15),
+    "bert": dict(lr=1e-4, warmup_ratio=0.06, adam_beta2=0.999, max_grad_norm=1.0, dropout=None, nsp=True, mask_prob=0.15),
+}
+
+
+def recipe_section(name: str, section: type) -> dict[str, Any]:
+    """The values recipe ``name`` gives to the fields of dataclass ``section``."""
+    own = {f.name for f in dataclasses.fields(section)}
+    return {k: v for k, v in RECIPES[name].items() if k in own}
+
+
 @dataclass
 class PretrainConfig(Sections):
+    """A pretraining run.  ``PretrainConfig()`` holds the budget recipe's defaults;
+    :meth:`for_recipe` another recipe's (``recipe`` records which one the defaults came from)."""
+
     out: str = setting("", "output directory (a Hugging Face BERT directory, with metrics and checkpoints)")
-    model: PretrainModelConfig = field(default_factory=PretrainModelConfig)
-    data: PretrainDataConfig = field(default_factory=PretrainDataConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
+    recipe: str = setting("budget", "the defaults of the settings that decide what a budget buys: budget (the best "
+                                    "model per hour measured here: masked LM only, lr 1e-3, dropout off, ...) or bert "
+                                    "(BERT's: NSP, lr 1e-4, dropout 0.1, ...); explicit flags win",
+                          choices=tuple(RECIPES))
+    model: PretrainModelConfig = field(default_factory=lambda: PretrainModelConfig(**recipe_section("budget", PretrainModelConfig)))
+    data: PretrainDataConfig = field(default_factory=lambda: PretrainDataConfig(**recipe_section("budget", PretrainDataConfig)))
+    train: TrainConfig = field(default_factory=lambda: TrainConfig(**recipe_section("budget", TrainConfig)))
     impl: ImplConfig = field(default_factory=ImplConfig)
+
+    @classmethod
+    def for_recipe(cls, name: str) -> PretrainConfig:
+        """The defaults of recipe ``name``."""
+        if not isinstance(name, str) or name not in RECIPES:
+            raise UserError(f"--recipe must be one of {', '.join(RECIPES)}, not {name!r}")
+        cfg = cls()
+        cfg.update_flat(RECIPES[name])
+        cfg.recipe = name
+        return cfg
 
     SECTIONS = ("model", "data", "train", "impl")
 
@@ -375,6 +416,10 @@ class PretrainConfig(Sections):
         for sec in (self.model, self.data, self.train):
             sec.validate()
         validate_fields(self.impl)
+        if self.model.objective == "electra" and self.data.nsp:
+            raise UserError("--objective electra trains without next sentence prediction; pass --no-nsp")
+        if self.model.objective == "electra" and self.model.init and not resume:
+            raise UserError("--objective electra starts from scratch; --init is not supported with it")
 
 
 def parse_duration(text: str | float | int | None) -> float | None:

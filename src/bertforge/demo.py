@@ -50,10 +50,12 @@ class DemoSettings:
         return cls(stories=2000, pretrain_steps=180, finetune_epochs=6)
 
 
-def _model_config(vocab_size: int) -> str:
-    """The demo's tiny BERT: 2 layers, hidden 128, 4 heads, 64 positions."""
-    return json.dumps(BertConfig.preset("tiny", vocab_size=vocab_size, num_attention_heads=4,
-                                        max_position_embeddings=64).to_dict(["BertForPreTraining"]))
+def _model_config(vocab_size: int, dropout: float) -> str:
+    """The demo's tiny BERT: 2 layers, hidden 128, 4 heads, 64 positions; ``dropout`` in pretraining and
+    fine-tuning alike."""
+    return json.dumps(BertConfig.preset("tiny", vocab_size=vocab_size, num_attention_heads=4, max_position_embeddings=64,
+                                        hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout,
+                                        ).to_dict(["BertForPreTraining"]))
 
 
 def run_demo(out: str = "demo-output", quick: bool = False, wordpiece: bool = False, progress: bool = False,
@@ -82,16 +84,17 @@ def _run_demo(out: str, s: DemoSettings, wordpiece: bool, progress: bool) -> dic
     save_tokenizer(tok, tok_dir, model_max_length=64)
     model_cfg = os.path.join(data, "model_config.json")
     with open(model_cfg, "w", encoding="utf-8") as f:
-        f.write(_model_config(tok.get_vocab_size()))
+        f.write(_model_config(tok.get_vocab_size(), s.dropout))
     log.info("demo: %d stories, %s vocabulary of %d tokens", s.stories, kind, tok.get_vocab_size())
 
     # 2. pretraining (MLM + NSP), with the engine of real runs
-    cfg = PretrainConfig(out=os.path.join(out, "pretrained"))
+    cfg = PretrainConfig.for_recipe("bert")  # MLM + NSP, as BERT; with the demo's own lr, and its dropout in config.json
+    cfg.out = os.path.join(out, "pretrained")
     cfg.update_flat({
         "data": [stories], "tokenizer": tok_dir, "model_config": model_cfg, "max_seq_length": 64,
         "batch_size": s.batch_size, "lr": s.lr, "max_steps": s.pretrain_steps, "eval_every": max(20, s.pretrain_steps // 6),
         "save_every": s.pretrain_steps, "log_every": 10, "seed": s.seed, "progress": progress, "warmup_ratio": 0.06,
-        "cache_dir": os.path.join(out, "cache"), "dropout": s.dropout,
+        "cache_dir": os.path.join(out, "cache"),
     })
     t0 = time.perf_counter()
     pre = run_pretraining(cfg)

@@ -209,9 +209,9 @@ _MODEL_FILES = {"config.json", "model.safetensors", "vocab.txt", "tokenizer.json
 OUTPUT_ENTRIES = {
     "tokenizer": _MODEL_FILES - {"config.json", "model.safetensors"},
     "pretrain": _MODEL_FILES | {"pretrain_config.json", "metrics.jsonl", "metrics.json", "train.log", "plots", "checkpoints",
-                                "tensorboard"},
+                                "tensorboard", "generator", "README.md"},
     "finetune": _MODEL_FILES | {"finetune_config.json", "metrics.jsonl", "metrics.json", "train.log", "plots", "tensorboard",
-                                "predictions.json", "predictions.jsonl"},
+                                "predictions.json", "predictions.jsonl", "README.md"},
     "demo": {MARKER, ".bertforge-demo", "data", "cache", "pretrained", "scratch-init", "sentiment-pretrained",
              "sentiment-scratch", "summary.json", "metrics.json", "report.md", "report.html", "results.png"},
 }

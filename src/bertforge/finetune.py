@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from . import modelcard
 from .batching import to_device
 from .checkpoint import save_pretrained
 from .config import BertConfig, FinetuneConfig, validate_fields
@@ -89,11 +90,27 @@ def _run(task: FinetuneTask, cfg: FinetuneConfig, replace: bool) -> dict:
             json.dump(metrics, f, indent=2)
         with open(os.path.join(tmp, "finetune_config.json"), "w", encoding="utf-8") as f:
             json.dump({"finetune": cfg.to_dict(), "task": dataclasses.asdict(task.settings)}, f, indent=2)
+        _write_card(tmp, task, cfg, metrics)
         try:
             plot_finetuning(os.path.join(tmp, "metrics.jsonl"), os.path.join(tmp, "plots"), task.plotted)
         except Exception as e:  # plots never cost a finished run
             log.warning("could not draw plots: %s", e)
     return metrics
+
+
+def _write_card(folder: str, task: FinetuneTask, cfg: FinetuneConfig, metrics: dict) -> None:
+    t = cfg.train
+    summary = (f"`{cfg.model}` fine-tuned for {task.name} on `{cfg.data.train_file}` ({metrics['best_epoch']} of "
+               f"{t.epochs} epoch(s) kept, the best by {task.select} on `{cfg.data.validation_file}`).")
+    settings = {"task": task.name, "epochs": t.epochs, "batch_size": t.batch_size, "lr": t.lr, "warmup_ratio": t.warmup_ratio,
+                "weight_decay": t.weight_decay, "max_seq_length": cfg.data.max_seq_length,
+                "max_train_examples": cfg.data.max_train_examples, "seed": t.seed, **dataclasses.asdict(task.settings)}
+    shown = {k: v for k, v in metrics.items() if k != "epochs"}
+    modelcard.write(folder, modelcard.render(
+        f"{task.name} model fine-tuned by bertforge", summary,
+        "question-answering" if task.name == "squad" else "text-classification", shown, settings,
+        [cfg.data.train_file, cfg.data.validation_file], cfg.model, modelcard.base_license(cfg.model),
+        load=task.model_class.__name__))
 
 
 def _loss(model, batch: dict):

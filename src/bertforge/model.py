@@ -65,6 +65,15 @@ Training (:mod:`bertforge.engine`, :mod:`bertforge.pretrain`): AdamW (decoupled 
 and LayerNorm weights) instead of BERT's Adam with L2 folded in; linear warmup then linear decay to zero, by
 steps or by the time budget; the MLM loss is averaged over the masked tokens of the whole global batch; a
 step whose loss or gradient norm is not finite stops the run before the optimizer applies it.
+
+The default recipe (``--recipe budget``, :data:`bertforge.config.RECIPES`) departs from BERT's settings for
+short runs on one machine, after cramming (Geiping & Goldstein, 2023) and RoBERTa, each change measured
+(benchmarks/README.md, "The budget recipe"): masked LM only (no NSP), no dropout during pretraining (the
+saved ``config.json`` keeps the model's 0.1, so fine-tuning uses dropout), peak learning rate 1e-3 instead of
+1e-4, Adam beta2 0.98 instead of 0.999, gradient clipping at 0.5 instead of 1.0.  ``--recipe bert`` restores
+BERT's.  The architecture is BERT's under either recipe.
+
+ELECTRA (``--objective electra``, :mod:`bertforge.electra`): its own departures are listed there.
 """
 
 from __future__ import annotations
@@ -295,6 +304,15 @@ class BertPreTrainedModel(nn.Module):
         self.apply(self._init_weights)
         self.tie_weights()
 
+    def set_dropout(self, p: float) -> None:
+        """Use dropout ``p`` (hidden and attention) from now on, leaving ``config`` (what is saved) as it is:
+        pretraining without dropout still saves the model's own dropout for fine-tuning."""
+        for m in self.modules():
+            if isinstance(m, Dropout):
+                m.p = p
+            if isinstance(m, BertSelfAttention):
+                m.dropout_p = p
+
     def tie_weights(self) -> None:
         """Tie the MLM decoder to the word embeddings (no-op for models without an MLM head)."""
         cls = getattr(self, "cls", None)
@@ -340,7 +358,7 @@ class BertModel(BertPreTrainedModel):
                 dropout_keys=None) -> BaseModelOutput:
         """``dropout_keys`` (:class:`~bertforge.ops.dropout.DropoutKeys`): dropout masks keyed by sequence."""
         padding = self._padding(input_ids, attention_mask, dropout_keys)
-        x = self.embeddings(input_ids, token_type_ids, position_ids, padding)  # (N, C), or (B, T, C) without padding
+        x = self.embed(input_ids, token_type_ids, position_ids, padding)  # (N, C), or (B, T, C) without padding
         x = self.encoder(x, padding)  # (N, C) or (B, T, C)
         x = padding.pad(x)  # (B, T, C)
         pooled = self.pooler(x) if self.pooler is not None else None
@@ -355,11 +373,15 @@ class BertModel(BertPreTrainedModel):
         positions, inverse = torch.unique(positions, return_inverse=True)  # the row gathers need unique rows
         padding = self._padding(input_ids, attention_mask, dropout_keys).flat()
         rows = padding.rows_of(positions)  # (M',) indices among the flat rows, sorted
-        x = self.embeddings(input_ids, token_type_ids, padding=padding)  # (N, C) flat rows
+        x = self.embed(input_ids, token_type_ids, None, padding)  # (N, C) flat rows
         *layers, last = self.encoder.layer
         for layer in layers:
             x = layer(x, padding)
         return last.forward_rows(x, rows, padding)[inverse]  # (M, C) in the order of ``positions``
+
+    def embed(self, input_ids, token_type_ids=None, position_ids=None, padding: Padding | None = None) -> torch.Tensor:
+        """The encoder's input: the embeddings (ELECTRA's generator projects them to its width)."""
+        return self.embeddings(input_ids, token_type_ids, position_ids, padding)
 
     def _padding(self, input_ids, attention_mask, dropout_keys=None) -> Padding:
         B, T = input_ids.shape

@@ -56,13 +56,18 @@ def plot_pretraining(metrics_path: str, out_dir: str) -> list[str]:
             [
                 ("MLM loss", [("train", "mlm_loss", "train"), ("eval", "mlm_loss", "held-out")]),
                 ("NSP loss", [("train", "nsp_loss", "train"), ("eval", "nsp_loss", "held-out")]),
+                ("ELECTRA discriminator loss", [("train", "disc_loss", "train"), ("eval", "disc_loss", "held-out")]),
             ],
             rows, os.path.join(out_dir, "loss.png"), "Pretraining loss", "step",
         ),
         _figure(
             [
-                ("MLM accuracy (masked tokens)", [("eval", "mlm_accuracy", "held-out"), ("eval", "mlm_baseline_accuracy", "most frequent token")]),
+                ("MLM accuracy (selected tokens)", [("eval", "mlm_accuracy", "all selected"), ("eval", "mlm_accuracy_masked", "[MASK] only"),
+                                                    ("eval", "mlm_baseline_accuracy", "most frequent token")]),
                 ("NSP accuracy", [("eval", "nsp_accuracy", "held-out")]),
+                ("ELECTRA discriminator accuracy", [("eval", "disc_accuracy_replaced", "replaced tokens"),
+                                                    ("eval", "disc_accuracy_original", "original tokens"),
+                                                    ("eval", "replaced_fraction", "fraction replaced")]),
             ],
             rows, os.path.join(out_dir, "accuracy.png"), "Pretraining accuracy", "step",
         ),

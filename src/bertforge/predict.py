@@ -25,6 +25,7 @@ from .batching import length_sorted_batches, pad_batch, to_device
 from .checkpoint import checkpoint_keys
 from .config import BertConfig, ImplConfig, SquadConfig
 from .devices import resolve_device
+from .electra import ElectraForMaskedLM, generator_config_of, is_generator_dir
 from .errors import UserError
 from .evaluation import eval_mode
 from .model import (
@@ -56,11 +57,14 @@ class Pipeline:
         if not os.path.isdir(model):
             raise UserError(f"model directory not found: {model}")
         key, what, how = _HEADS[self.task]
+        self.electra = self.task == "fill-mask" and is_generator_dir(model)  # an ELECTRA run's generator/
+        if self.electra:
+            key = "generator_predictions.dense.weight"
         keys = checkpoint_keys(model)
         if not any(k in keys for k in (key, key.replace("cls.", "bert.cls.", 1))):
             raise UserError(f"{model} has no {what}, so it cannot do {self.task}; {how} first")
         self.dir = model
-        self.config = BertConfig.load(model)
+        self.config = generator_config_of(model)[0] if self.electra else BertConfig.load(model)
         self.tok: Tokenizer = load_tokenizer(model)
         check_vocab_fits(self.tok, self.config.vocab_size, model)
         self.sp = special_ids(self.tok)
@@ -100,7 +104,7 @@ class FillMaskPipeline(Pipeline):
     task = "fill-mask"
 
     def _load(self):
-        return BertForMaskedLM.from_pretrained(self.dir)
+        return (ElectraForMaskedLM if self.electra else BertForMaskedLM).from_pretrained(self.dir)
 
     def __call__(self, texts: str | list[str], top_k: int = 5) -> list:
         """For each text, for each [MASK]: the top-k candidates as transformers' fill-mask gives them,

@@ -32,6 +32,7 @@ from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from . import checkpoint as ckpt
+from . import modelcard
 from .batching import to_device
 from .config import BertConfig, PretrainConfig
 from .corpus import iter_texts
@@ -46,9 +47,11 @@ from .data import (
     split_documents,
 )
 from .devices import Dist, init_distributed, resolve_device, setup_backend
+from .electra import DISCRIMINATOR_WEIGHT, ElectraPretraining, generator_config, save_generator
+from .electra import flops_per_token as electra_flops
 from .engine import Engine, LinearSchedule, LossFn, NonFiniteLoss, rng_state, set_rng_state
 from .errors import TrainingError, UserError
-from .evaluation import evaluate_pretraining, fill_mask_samples
+from .evaluation import evaluate_pretraining, evaluate_replaced_token_detection, fill_mask_samples
 from .files import (
     OutputLock,
     atomic_write_json,
@@ -84,6 +87,40 @@ class PretrainingObjective(torch.nn.Module):
                                            dropout_keys)
 
 
+class ElectraObjective(torch.nn.Module):
+    """ELECTRA's summed generator and discriminator losses (and counts) as one ``forward``."""
+
+    def __init__(self, model: ElectraPretraining):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask, token_type_ids, labels, next_sentence_label=None, dropout_keys=None):
+        return self.model.replaced_token_detection(input_ids, attention_mask, token_type_ids, labels, dropout_keys)
+
+
+ELECTRA_COUNTS = ("real", "replaced", "hit_replaced", "hit_original", "gen_hits")
+
+
+def _keys(b: dict, seed: int | None, step: int):
+    if seed is not None and "sequence_ids" in b and b["input_ids"].device.type == "cpu":
+        return DropoutKeys(seed, step, b["sequence_ids"].tolist())
+    return None
+
+
+def electra_loss_fn(n_mask: float, n_tokens: float, seed: int | None = None, step: int = 0) -> LossFn:
+    """ELECTRA's loss of one micro-batch, normalised over the global batch: the generator's MLM loss over
+    the masked tokens (``n_mask``) plus 50 times the discriminator's over the real tokens (``n_tokens``).
+    On the CPU the replacements are sampled from generators keyed like the dropout masks."""
+
+    def loss_fn(objective, b: dict):
+        gen, disc, counts = objective(b["input_ids"], b["attention_mask"], b["token_type_ids"], b["labels"],
+                                      dropout_keys=_keys(b, seed, step))
+        loss = gen.float() / n_mask + DISCRIMINATOR_WEIGHT * disc.float() / n_tokens
+        return loss, {"mlm": gen.detach(), "disc": disc.detach(), **dict(zip(ELECTRA_COUNTS, counts))}
+
+    return loss_fn
+
+
 def pretraining_loss_fn(n_mask: float, batch_size: int, seed: int | None = None, step: int = 0) -> LossFn:
     """The loss of one micro-batch, normalised over the global batch: the MLM loss over the masked tokens
     of all processes and micro-batches (``n_mask``), the NSP loss over its sequences (``batch_size``).
@@ -93,11 +130,8 @@ def pretraining_loss_fn(n_mask: float, batch_size: int, seed: int | None = None,
     processes and micro-batches (on CUDA the fused attention kernels draw their own)."""
 
     def loss_fn(objective, b: dict):
-        keys = None
-        if seed is not None and "sequence_ids" in b and b["input_ids"].device.type == "cpu":
-            keys = DropoutKeys(seed, step, b["sequence_ids"].tolist())
         mlm, nsp = objective(b["input_ids"], b["attention_mask"], b["token_type_ids"], b["labels"],
-                             b.get("next_sentence_label"), dropout_keys=keys)
+                             b.get("next_sentence_label"), dropout_keys=_keys(b, seed, step))
         loss, parts = mlm.float() / n_mask, {"mlm": mlm.detach()}
         if nsp is not None:
             loss, parts["nsp"] = loss + nsp.float() / batch_size, nsp.detach()
@@ -173,8 +207,6 @@ def prepare_model_config(cfg: PretrainConfig, tok: Tokenizer, resume: bool) -> B
         config = BertConfig.load(mc.model_config)
     else:
         config = BertConfig.preset(mc.preset, vocab_size=n_vocab)
-    if mc.dropout is not None and not resume:
-        config.hidden_dropout_prob = config.attention_probs_dropout_prob = mc.dropout
     check_vocab_fits(tok, config.vocab_size, "--tokenizer and the model")
     if cfg.data.max_seq_length > config.max_position_embeddings:
         raise UserError(
@@ -267,11 +299,16 @@ class Pretraining:
                             f"{t.batch_size}; lower --batch-size or add data")
 
         torch.manual_seed(t.seed)
+        self.electra = cfg.model.objective == "electra"
         model_cls = BertForPreTraining if dc.nsp else BertForMaskedLM
-        if cfg.model.init and not resume:
+        if self.electra:
+            self.model = ElectraPretraining(self.config, cfg.model.generator_size)
+        elif cfg.model.init and not resume:
             self.model = model_cls.from_pretrained(cfg.model.init, config=self.config)
         else:
             self.model = model_cls(self.config)
+        if cfg.model.dropout is not None:  # pretraining's own; config.json keeps the model's, for fine-tuning
+            self.model.set_dropout(cfg.model.dropout)
         self.model.to(self.device)
         torch.manual_seed(t.seed + d.rank)  # dropout streams differ by rank
 
@@ -285,14 +322,15 @@ class Pretraining:
                 log.warning("removed %s, left by an interrupted save", p)
             if not resume:
                 save_tokenizer(self.tok, out, model_max_length=self.config.max_position_embeddings)
-                self.model.save_pretrained(out)
+                self._save_model()
                 write_marker(out, "pretrain")
             else:
                 warn_if_schedule_changed(out, cfg)
             atomic_write_json(os.path.join(out, CONFIG_FILE), cfg.to_dict())
         d.barrier()
         schedule = LinearSchedule(t.lr, t.max_steps, t.max_time, t.warmup_steps, t.warmup_ratio)
-        self.engine = Engine(self.model, t, cfg.impl, self.device, d, PretrainingObjective(self.model), schedule)
+        objective = ElectraObjective(self.model) if self.electra else PretrainingObjective(self.model)
+        self.engine = Engine(self.model, t, cfg.impl, self.device, d, objective, schedule)
         self.session_tokens, self.session_time = 0, 0.0
 
     def _cut(self, corpus: TokenizedCorpus, need: int) -> TokenizedCorpus:
@@ -338,14 +376,16 @@ class Pretraining:
                 batches = [to_device(self.loader.build(epoch, p), self.device) for p in np.array_split(rows, t.grad_accum)]
                 n_mask, n_tok = self.d.all_sum([sum(float((b["labels"] != -100).sum()) for b in batches),
                                                 sum(float(b["attention_mask"].sum()) for b in batches)], self.device)
+                loss_fn = (electra_loss_fn(n_mask, n_tok, t.seed, st.step) if self.electra
+                           else pretraining_loss_fn(n_mask, t.batch_size, t.seed, st.step))
                 try:
-                    out = e.step(batches, pretraining_loss_fn(n_mask, t.batch_size, t.seed, st.step))
+                    out = e.step(batches, loss_fn)
                 except NonFiniteLoss as err:
                     raise TrainingError(f"{err}{self._last_checkpoint()}; try a lower --lr or a longer warmup") from None
                 dt = time.perf_counter() - t0
                 st.tokens_seen += int(n_tok)
                 st.add(mlm=out["mlm"], masked=n_mask, nsp=out.get("nsp", 0.0), seqs=float(t.batch_size), tokens=n_tok,
-                       time=dt, steps=1, grad_norm=out["grad_norm"])
+                       time=dt, steps=1, grad_norm=out["grad_norm"], **{k: out[k] for k in ("disc", *ELECTRA_COUNTS) if k in out})
                 self.session_tokens, self.session_time = self.session_tokens + int(n_tok), self.session_time + dt
                 e.tick()
                 bar.update(1)
@@ -372,6 +412,11 @@ class Pretraining:
         if self.cfg.data.nsp:
             row["nsp_loss"] = m["nsp"] / max(1, m["seqs"])
             row["loss"] = row["mlm_loss"] + row["nsp_loss"]
+        if self.electra:
+            row["disc_loss"] = m["disc"] / max(1, m["real"])
+            row["disc_accuracy"] = (m["hit_replaced"] + m["hit_original"]) / max(1, m["real"])
+            row["replaced_fraction"] = m["replaced"] / max(1, m["real"])
+            row["loss"] = row["mlm_loss"] + DISCRIMINATOR_WEIGHT * row["disc_loss"]
         self.metrics.write(row)
         bar.set_postfix(loss=f"{row.get('loss', row['mlm_loss']):.3f}", tok_s=f"{row['tokens_per_second']:.0f}", lr=f"{lr:.2e}")
         t = self.cfg.train
@@ -381,6 +426,9 @@ class Pretraining:
         run_time = st.elapsed - self.start_elapsed
         eta = run_time * (1 - done) / max(done - self.start_progress, 1e-9) if done > self.start_progress else 0.0
         parts = f" (mlm {row['mlm_loss']:.4f}, nsp {row['nsp_loss']:.4f})" if "nsp_loss" in row else ""
+        if self.electra:
+            parts = (f" (generator mlm {row['mlm_loss']:.4f}, discriminator {row['disc_loss']:.4f}, "
+                     f"accuracy {row['disc_accuracy']:.3f}, replaced {row['replaced_fraction']:.3f})")
         log_step(f"step {st.step}{f'/{t.max_steps}' if t.max_steps else ''}  loss {row.get('loss', row['mlm_loss']):.4f}{parts}  "
                  f"lr {lr:.2e}  grad-norm {row['grad_norm']:.3f}  {row['tokens_per_second']:,.0f} tokens/s  "
                  f"elapsed {duration(st.elapsed)}  eta {duration(eta)}", bar_shown=not bar.disable)
@@ -404,11 +452,16 @@ class Pretraining:
         res: dict = {}
         step = self.engine.state.step
         if self.d.is_main:
-            res = evaluate_pretraining(self.model, self.eval_set, self.device, self.engine.autocast, self.baseline_token)
+            mlm = self.model.generator if self.electra else self.model  # an ELECTRA run's masked LM is its generator
+            res = evaluate_pretraining(mlm, self.eval_set, self.device, self.engine.autocast, self.baseline_token,
+                                       mask_id=self.sp.mask)
+            if self.electra:
+                res.update(evaluate_replaced_token_detection(self.model, self.eval_set, self.device, self.engine.autocast,
+                                                             self.cfg.train.seed))
             self.metrics.write({"type": "eval", "step": step, **res})
             log.info("eval step %d: %s", step, rounded(res))
             if self.eval_set:
-                samples = fill_mask_samples(self.model, self.tok, self.eval_set[0], self.device)
+                samples = fill_mask_samples(mlm, self.tok, self.eval_set[0], self.device)
                 log.info("sample predictions (top-5) at step %d:\n%s", step, "\n".join(samples))
         self.d.barrier()
         return res
@@ -425,8 +478,17 @@ class Pretraining:
             if e.scaler.is_enabled():
                 state["scaler"] = e.scaler.state_dict()
             ckpt.save_checkpoint(self.cfg.out, e.state.step, self.model, e.optimizer, state, self.cfg.train.keep_checkpoints)
-            ckpt.save_pretrained(self.model, self.cfg.out)
+            self._save_model()
         self.d.barrier()
+
+    def _save_model(self) -> None:
+        """The run's model directory: the model (for ELECTRA the discriminator, a BERT), and ELECTRA's generator
+        in ``generator/``."""
+        if self.electra:
+            ckpt.save_pretrained(self.model.bert, self.cfg.out)
+            save_generator(self.model, self.cfg.out, tokenizer=self.tok)
+        else:
+            ckpt.save_pretrained(self.model, self.cfg.out)
 
     def _restore(self) -> None:
         """Continue from the newest checkpoint that loads whole; damaged newer ones are skipped, with a warning."""
@@ -455,6 +517,35 @@ class Pretraining:
         found = ckpt.list_checkpoints(self.cfg.out)
         return fmt.format(step=found[-1][0], path=found[-1][1]) if found else ""
 
+    def _write_card(self, final: dict) -> None:
+        cfg, c = self.cfg, self.config
+        what = ("ELECTRA's replaced-token detection (the discriminator; its generator in generator/)" if self.electra
+                else "masked language modelling" + (" and next sentence prediction" if cfg.data.nsp else ""))
+        summary = (f"A BERT of {c.num_hidden_layers} layers, hidden size {c.hidden_size}, {c.num_attention_heads} heads "
+                   f"({final['parameters'] / 1e6:.1f}M parameters with its training heads), pretrained "
+                   f"{'from ' + cfg.model.init if cfg.model.init else 'from scratch'} by {what}: {final['steps']} steps, "
+                   f"{final['tokens_seen']:,} tokens, {duration(final['wall_seconds'])} on {final['device']} "
+                   f"({final['processes']} process(es)), the {cfg.recipe} recipe.")
+        t, dc, mc = cfg.train, cfg.data, cfg.model
+        settings = {"recipe": cfg.recipe, "objective": mc.objective, "preset": mc.model_config or mc.preset,
+                    "max_seq_length": dc.max_seq_length, "batch_size": t.batch_size, "lr": t.lr, "max_steps": t.max_steps,
+                    "max_time (s)": t.max_time, "warmup_ratio": t.warmup_ratio, "mask_prob": dc.mask_prob, "nsp": dc.nsp,
+                    "dropout in pretraining": mc.dropout, "seed": t.seed}
+        keys = ("mlm_accuracy", "mlm_accuracy_masked", "mlm_loss", "nsp_accuracy", "disc_accuracy", "disc_accuracy_replaced",
+                "disc_accuracy_original", "tokens_per_second")
+        load = "BertModel" if self.electra else "BertForPreTraining" if dc.nsp else "BertForMaskedLM"
+        modelcard.write(cfg.out, modelcard.render(
+            f"bertforge BERT ({cfg.out.rstrip('/').split('/')[-1]})", summary,
+            "feature-extraction" if self.electra else "fill-mask", {k: final[k] for k in keys if k in final}, settings,
+            list(dc.data), mc.init, modelcard.base_license(mc.init), load=load))
+
+    def _flops_per_token(self) -> float:
+        dc = self.cfg.data
+        if not self.electra:
+            return flops_per_token(self.config, dc.max_seq_length, dc.mask_prob)
+        return electra_flops(self.config, generator_config(self.config, self.cfg.model.generator_size), dc.max_seq_length,
+                             dc.mask_prob)
+
     def _finish(self, last_eval: dict | None) -> dict[str, Any]:
         """Final evaluation and checkpoint (unless the last step just made them), metrics.json, plots."""
         t, st, d, out = self.cfg.train, self.engine.state, self.d, self.cfg.out
@@ -471,12 +562,13 @@ class Pretraining:
                 "tokens_per_second": self.session_tokens / max(1e-9, self.session_time),
                 "wall_seconds": self.engine.tick(),
                 "train_seconds_this_session": self.session_time,
-                "model_flops_per_token": flops_per_token(self.config, self.cfg.data.max_seq_length, self.cfg.data.mask_prob),
+                "model_flops_per_token": self._flops_per_token(),
                 "parameters": self.model.num_parameters(),
                 "device": str(self.device),
                 "processes": d.world,
             }
             atomic_write_json(os.path.join(out, "metrics.json"), final)
+            self._write_card(final)
             self.metrics.close()
             try:
                 plot_pretraining(self.metrics.path, os.path.join(out, "plots"))
