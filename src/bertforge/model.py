@@ -67,8 +67,9 @@ steps or by the time budget; the MLM loss is averaged over the masked tokens of 
 step whose loss or gradient norm is not finite stops the run before the optimizer applies it.
 
 The default recipe (``--recipe budget``, :data:`bertforge.config.RECIPES`) departs from BERT's settings for
-short runs on one machine, after cramming (Geiping & Goldstein, 2023) and RoBERTa, each change measured
-(benchmarks/README.md, "The budget recipe"): masked LM only (no NSP), no dropout during pretraining (the
+short runs on one machine, after cramming (Geiping & Goldstein, 2023), RoBERTa and MosaicBERT, each change
+measured (benchmarks/README.md, "The budget recipe"): masked LM only (no NSP), 30% of the tokens masked
+instead of 15% (80/10/10 as BERT), no dropout during pretraining (the
 saved ``config.json`` keeps the model's 0.1, so fine-tuning uses dropout), peak learning rate 1e-3 instead of
 1e-4, Adam beta2 0.98 instead of 0.999, gradient clipping at 0.5 instead of 1.0.  ``--recipe bert`` restores
 BERT's.  The architecture is BERT's under either recipe.
