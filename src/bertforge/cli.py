@@ -100,6 +100,11 @@ NOT_THE_SAME = {
 }
 
 
+def shown(value: Any) -> str:
+    """A setting's value as ``--help`` writes it (on/off for switches)."""
+    return "on" if value is True else "off" if value is False else str(value)
+
+
 def add_setting_flags(p: argparse.ArgumentParser, cfg: Any, only: Sequence[str] | None = None,
                       exclude: Sequence[str] = (), notes: dict[str, str] | None = None) -> list[str]:
     """A flag for each field of ``cfg`` (a dataclass, or a :class:`~bertforge.config.Sections` run config),
@@ -115,7 +120,7 @@ def add_setting_flags(p: argparse.ArgumentParser, cfg: Any, only: Sequence[str] 
         help_ = f.metadata.get("help", "")
         default = getattr(holder, f.name)
         if "(default" not in help_ and default not in (None, "", []):
-            help_ += f" (default: {'on' if default is True else 'off' if default is False else default})"
+            help_ += f" (default: {shown(default)})"
         if notes and name in notes:
             help_ += f" [{notes[name]}]"
         kw: dict[str, Any] = dict(dest=name, default=None, help=help_.replace("%", "%%"))
@@ -182,7 +187,7 @@ def _add_pretrain_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint in --out")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier pretraining output that bertforge wrote in --out")
     p.add_argument("--cased", dest="cased", action="store_true", default=None, help="a cased vocabulary (trained tokenizer)")
-    bert = {k: "--recipe bert: " + ("the model's" if v is None else "on" if v is True else "off" if v is False else str(v))
+    bert = {k: "--recipe bert: " + ("the model's" if v is None else shown(v))
             for k, v in RECIPES["bert"].items() if v != RECIPES["budget"][k]}
     p.set_defaults(setting_flags=add_setting_flags(p, PretrainConfig(), exclude=("epochs",), notes=bert))
 

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from . import checkpoint
 from .config import BertConfig
 from .errors import UserError
-from .model import ACT2FN, BertEmbeddings, BertModel, BertPreTrainedModel, MaskedLMOutput
+from .model import ACT2FN, BertEmbeddings, BertModel, BertPreTrainedModel, MaskedLMOutput, _mlm_logits
 
 DISCRIMINATOR_WEIGHT = 50.0  # the paper's lambda
 GENERATOR_DIR = "generator"
@@ -109,20 +109,14 @@ class ElectraForMaskedLM(BertPreTrainedModel):
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, labels=None,
                 loss_reduction: str = "mean") -> MaskedLMOutput:
         seq = self.electra(input_ids, attention_mask, token_type_ids, position_ids).last_hidden_state  # (B, T, H)
-        if labels is None:
-            return MaskedLMOutput(None, self.logits(seq))
-        sel = labels.reshape(-1) != -100
-        logits = self.logits(seq.reshape(-1, seq.shape[-1])[sel])  # (N, V)
-        return MaskedLMOutput(F.cross_entropy(logits, labels.reshape(-1)[sel], reduction=loss_reduction), logits)
+        logits, loss = _mlm_logits(self.logits, seq, labels, False, loss_reduction)
+        return MaskedLMOutput(loss, logits)
 
     # ---- a directory transformers loads as ElectraForMaskedLM
     def config_dict(self) -> dict:
         d = self.config.to_dict(["ElectraForMaskedLM"])
         d.update(model_type="electra", embedding_size=self.embedding_size, tie_word_embeddings=True)
         return d
-
-    def save_pretrained(self, path, tokenizer=None) -> None:
-        checkpoint.save_pretrained(self, path, tokenizer=tokenizer)
 
     @classmethod
     def from_pretrained(cls, path, map_location="cpu", **_) -> ElectraForMaskedLM:
@@ -206,6 +200,11 @@ class ElectraPretraining(BertPreTrainedModel):
                                  (logits.argmax(-1) == target).sum().float()])
         return gen_loss, disc_loss, stats
 
+    def pretraining_loss(self, input_ids, attention_mask, token_type_ids, labels, next_sentence_label=None,
+                         dropout_keys=None):
+        """The training step's pass (what :class:`~bertforge.pretrain.PretrainingObjective` calls), as
+        :meth:`replaced_token_detection`."""
+        return self.replaced_token_detection(input_ids, attention_mask, token_type_ids, labels, dropout_keys)
 
 
 def sample(logits: torch.Tensor, seq_of_row: torch.Tensor, keys=None, sampler: torch.Generator | None = None):
@@ -217,18 +216,12 @@ def sample(logits: torch.Tensor, seq_of_row: torch.Tensor, keys=None, sampler: t
         if sampler is not None and sampler.device != probs.device:  # a CPU generator for a GPU run's evaluation
             return torch.multinomial(probs.cpu(), 1, generator=sampler).squeeze(1).to(probs.device)
         return torch.multinomial(probs, 1, generator=sampler).squeeze(1)
-    out = torch.empty(len(probs), dtype=torch.long, device=probs.device)
     gens = keys.generators()
-    seq = seq_of_row.tolist()
-    start = 0
-    while start < len(seq):  # rows come sorted by position, so each sequence's rows are consecutive
-        b, end = seq[start], start
-        while end < len(seq) and seq[end] == b:
-            end += 1
-        rows = probs[start:end].cpu()
-        out[start:end] = torch.multinomial(rows, 1, generator=gens[b]).squeeze(1).to(probs.device)
-        start = end
-    return out
+    # rows come sorted by position, so each sequence's rows are consecutive
+    seqs, counts = torch.unique_consecutive(seq_of_row, return_counts=True)
+    draws = [torch.multinomial(rows.cpu(), 1, generator=gens[b]).squeeze(1)
+             for b, rows in zip(seqs.tolist(), probs.split(counts.tolist()))]
+    return torch.cat(draws).to(probs.device)
 
 
 def flops_per_token(config: BertConfig, generator: BertConfig, seq_len: int, mask_fraction: float) -> float:
@@ -240,12 +233,6 @@ def flops_per_token(config: BertConfig, generator: BertConfig, seq_len: int, mas
     H, G, V = config.hidden_size, generator.hidden_size, config.vocab_size
     per_token = 2 * H * H + 2 * H + (2 * H * G if G != H else 0) + mask_fraction * 2 * (G * H + H * V)
     return encoder_flops(config, seq_len, None) + encoder_flops(generator, seq_len, None) + 3 * per_token
-
-
-def save_generator(objective: ElectraPretraining, out: str, tokenizer=None) -> None:
-    """``out/generator``: the generator with its own copy of the shared embeddings (ElectraForMaskedLM)."""
-    gen = objective.generator
-    checkpoint.save_pretrained(gen, os.path.join(out, GENERATOR_DIR), tokenizer=tokenizer)
 
 
 def generator_config_of(path: str) -> tuple[BertConfig, int]:

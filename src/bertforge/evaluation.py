@@ -32,6 +32,13 @@ def eval_mode(model: torch.nn.Module):
 
 
 # ------------------------------------------------------------------------------------------------ pretraining
+def mlm_output(out) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(masked-LM logits, masked-LM loss) of a pretraining or masked-LM model's output."""
+    if hasattr(out, "prediction_logits"):
+        return out.prediction_logits, out.mlm_loss
+    return out.logits, out.loss
+
+
 def evaluate_pretraining(model, batches: list[dict], device, autocast=None, baseline_token: int | None = None,
                          mask_id: int | None = None) -> dict:
     """MLM loss and accuracy over the selected positions, NSP loss and accuracy, over fixed batches.
@@ -50,9 +57,9 @@ def evaluate_pretraining(model, batches: list[dict], device, autocast=None, base
                 kw["next_sentence_label"] = b["next_sentence_label"]
             with autocast or contextlib.nullcontext():
                 out = model(b["input_ids"], b["attention_mask"], b["token_type_ids"], **kw)
-            logits = out.prediction_logits if hasattr(out, "prediction_logits") else out.logits
+            logits, loss = mlm_output(out)
             target = b["labels"][b["labels"] != -100]
-            mlm_sum += float(out.mlm_loss if hasattr(out, "mlm_loss") else out.loss)
+            mlm_sum += float(loss)
             mlm_n += target.numel()
             hit = logits.argmax(-1) == target
             mlm_ok += float(hit.sum())
@@ -134,10 +141,10 @@ def masked_lm_accuracy(model, ids: torch.Tensor, labels: torch.Tensor, device, b
         for i in range(0, len(ids), batch_size):
             x, y = ids[i : i + batch_size].to(device), labels[i : i + batch_size].to(device)
             out = model(x, torch.ones_like(x), labels=y, loss_reduction="sum")
-            logits = out.prediction_logits if hasattr(out, "prediction_logits") else out.logits  # (M, V) sparse
+            logits, loss = mlm_output(out)  # (M, V) sparse
             target = y[y != -100]
             ok += int((logits.argmax(-1) == target).sum())
-            loss_sum += float(out.mlm_loss if hasattr(out, "mlm_loss") else out.loss)
+            loss_sum += float(loss)
             total += target.numel()
     return {"mlm_accuracy": ok / max(1, total), "mlm_loss": loss_sum / max(1, total), "masked_tokens": total,
             "blocks": len(ids)}
@@ -149,7 +156,7 @@ def fill_mask_samples(model, tok, batch: dict, device, n: int = 3, k: int = 5) -
     with eval_mode(model):
         b = to_device(batch, device)
         out = model(b["input_ids"], b["attention_mask"], b["token_type_ids"])
-        logits = out.prediction_logits if hasattr(out, "prediction_logits") else out.logits  # (B, T, V)
+        logits = mlm_output(out)[0]  # (B, T, V)
         probs = logits.float().softmax(-1)
         for i in range(min(n, b["input_ids"].shape[0])):
             ids = b["input_ids"][i][b["attention_mask"][i].bool()].tolist()

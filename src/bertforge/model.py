@@ -432,8 +432,9 @@ class BertPreTrainingHeads(nn.Module):
         self.seq_relationship = nn.Linear(config.hidden_size, 2)
 
 
-def _mlm_logits(head: BertLMPredictionHead, seq: torch.Tensor, labels, dense_logits: bool, reduction: str):
-    """MLM logits and loss; with labels and not dense_logits, only at labelled positions (sparse)."""
+def _mlm_logits(head, seq: torch.Tensor, labels, dense_logits: bool, reduction: str):
+    """MLM logits and loss of ``head`` (hidden states -> vocabulary logits: :class:`BertLMPredictionHead`, or
+    ELECTRA's generator's); with labels and not dense_logits, only at labelled positions (sparse)."""
     if labels is None:
         return head(seq), None  # (B, T, V)
     if dense_logits:

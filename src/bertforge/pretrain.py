@@ -47,7 +47,7 @@ from .data import (
     split_documents,
 )
 from .devices import Dist, init_distributed, resolve_device, setup_backend
-from .electra import DISCRIMINATOR_WEIGHT, ElectraPretraining, generator_config, save_generator
+from .electra import DISCRIMINATOR_WEIGHT, GENERATOR_DIR, ElectraPretraining, generator_config
 from .electra import flops_per_token as electra_flops
 from .engine import Engine, LinearSchedule, LossFn, NonFiniteLoss, rng_state, set_rng_state
 from .errors import TrainingError, UserError
@@ -76,7 +76,8 @@ CUT_PARTS = 20  # the documents a corpus of too few is cut into
 
 # ------------------------------------------------------------------------------------------------ the loss
 class PretrainingObjective(torch.nn.Module):
-    """The model's summed MLM (+ NSP) losses as one ``forward``: what DDP and ``torch.compile`` wrap."""
+    """The model's ``pretraining_loss`` as one ``forward``: what DDP and ``torch.compile`` wrap (summed MLM
+    and NSP losses; for ELECTRA, :meth:`~bertforge.electra.ElectraPretraining.replaced_token_detection`'s)."""
 
     def __init__(self, model):
         super().__init__()
@@ -85,17 +86,6 @@ class PretrainingObjective(torch.nn.Module):
     def forward(self, input_ids, attention_mask, token_type_ids, labels, next_sentence_label=None, dropout_keys=None):
         return self.model.pretraining_loss(input_ids, attention_mask, token_type_ids, labels, next_sentence_label,
                                            dropout_keys)
-
-
-class ElectraObjective(torch.nn.Module):
-    """ELECTRA's summed generator and discriminator losses (and counts) as one ``forward``."""
-
-    def __init__(self, model: ElectraPretraining):
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids, attention_mask, token_type_ids, labels, next_sentence_label=None, dropout_keys=None):
-        return self.model.replaced_token_detection(input_ids, attention_mask, token_type_ids, labels, dropout_keys)
 
 
 ELECTRA_COUNTS = ("real", "replaced", "hit_replaced", "hit_original", "gen_hits")
@@ -329,8 +319,7 @@ class Pretraining:
             atomic_write_json(os.path.join(out, CONFIG_FILE), cfg.to_dict())
         d.barrier()
         schedule = LinearSchedule(t.lr, t.max_steps, t.max_time, t.warmup_steps, t.warmup_ratio)
-        objective = ElectraObjective(self.model) if self.electra else PretrainingObjective(self.model)
-        self.engine = Engine(self.model, t, cfg.impl, self.device, d, objective, schedule)
+        self.engine = Engine(self.model, t, cfg.impl, self.device, d, PretrainingObjective(self.model), schedule)
         self.session_tokens, self.session_time = 0, 0.0
 
     def _cut(self, corpus: TokenizedCorpus, need: int) -> TokenizedCorpus:
@@ -486,7 +475,7 @@ class Pretraining:
         in ``generator/``."""
         if self.electra:
             ckpt.save_pretrained(self.model.bert, self.cfg.out)
-            save_generator(self.model, self.cfg.out, tokenizer=self.tok)
+            ckpt.save_pretrained(self.model.generator, os.path.join(self.cfg.out, GENERATOR_DIR), tokenizer=self.tok)
         else:
             ckpt.save_pretrained(self.model, self.cfg.out)
 
