@@ -116,6 +116,26 @@ def test_fill_mask_on_the_generator_and_finetuning_from_the_discriminator(electr
         "qa_outputs.weight", "qa_outputs.bias"}
 
 
+def test_evaluate_mlm_scores_the_generator_as_transformers_does(electra_run, small_text_corpus):
+    """`bertforge evaluate mlm` on an ELECTRA run's generator/: the accuracy transformers' ElectraForMaskedLM
+    gives on the same masked blocks."""
+    transformers = pytest.importorskip("transformers")
+    from bertforge import evaluate_mlm
+    from bertforge.corpus import iter_documents
+    from bertforge.evaluation import mlm_blocks
+    from bertforge.tokenizer import load_tokenizer
+
+    gen = str(electra_run / "generator")
+    ours = evaluate_mlm(gen, str(small_text_corpus), max_seq_length=32, max_blocks=40)
+    ids, labels = mlm_blocks(load_tokenizer(gen), iter_documents([str(small_text_corpus)], "text", "file"), 32, 0,
+                             max_blocks=40)
+    with torch.no_grad():
+        logits = transformers.ElectraForMaskedLM.from_pretrained(gen).eval()(input_ids=ids).logits
+    sel = labels != -100
+    assert ours["masked_tokens"] == int(sel.sum()) > 50
+    assert ours["mlm_accuracy"] == pytest.approx(int((logits.argmax(-1)[sel] == labels[sel]).sum()) / int(sel.sum()), abs=1e-12)
+
+
 def test_sigkill_and_resume_reproduce_the_uninterrupted_run(small_text_corpus, tok_dir, tmp_path):
     args = ["--max-steps", "16", "--save-every", "4", "--eval-every", "8"]
     straight, killed = tmp_path / "straight", tmp_path / "killed"
