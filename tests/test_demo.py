@@ -17,19 +17,22 @@ from bertforge.demo_corpus import (
 def test_demo_quick_runs_end_to_end(tmp_path, capsys):
     out = tmp_path / "demo"
     t0 = time.time()
-    assert main(["--quiet", "demo", "--quick", "--out", str(out), "--no-progress"]) == 0
+    assert main(["--quiet", "demo", "--quick", "--out", str(out), "--no-progress", "--seed", "3"]) == 0
     elapsed = time.time() - t0
     printed = capsys.readouterr().out
     assert "MLM accuracy" in printed and "NSP accuracy" in printed and "sentiment accuracy" in printed
-    s = json.loads((out / "summary.json").read_text())
-    for k in ("mlm_accuracy", "mlm_baseline_accuracy", "nsp_accuracy", "sentiment_accuracy", "sentiment_accuracy_from_scratch"):
+    s = json.loads((out / "metrics.json").read_text())
+    for k in ("mlm_accuracy", "mlm_baseline", "nsp_accuracy", "sentiment_accuracy", "sentiment_accuracy_no_pretraining"):
         assert math.isfinite(s[k]) and 0 <= s[k] <= 1, k
-    assert s["mlm_accuracy"] > s["mlm_baseline_accuracy"]  # even the quick run learns more than word frequencies
+    assert s["seed"] == 3 and s["settings"]["seed"] == 3 and s["seconds"] > 0
+    assert s["mlm_accuracy"] > s["mlm_baseline"]  # even the quick run learns more than word frequencies
+    samples = json.loads((out / "samples.json").read_text())
     for f in ("report.md", "report.html", "results.png", "pretrained/plots/loss.png", "pretrained/plots/accuracy.png",
-              "sentiment-pretrained/plots/metrics.png", "sentiment-scratch/plots/metrics.png", "pretrained/model.safetensors"):
+              "pretrained-mlm/plots/loss.png", "sentiment-pretrained/plots/metrics.png", "sentiment-scratch/plots/metrics.png",
+              "pretrained/model.safetensors"):
         assert (out / f).is_file(), f
     assert "data:image/png;base64," in (out / "report.html").read_text()
-    assert len(s["samples"]["fill_mask"]) >= 3 and len(s["samples"]["next_sentence"]) >= 3
+    assert len(samples["fill_mask"]) >= 3 and len(samples["next_sentence"]) >= 3
     print(f"demo --quick took {elapsed:.0f}s")
     other = tmp_path / "notes"
     other.mkdir()
@@ -48,3 +51,15 @@ def test_demo_corpus_is_deterministic_and_large_enough():
     assert sum(lab == "positive" for _, lab in test) == 200
     words = {w.strip(".,").lower() for s in a for sent in s for w in sent.split()}
     assert set(POSITIVE + NEGATIVE) <= words  # every sentiment adjective occurs in the stories
+
+
+def test_every_story_has_one_mood_that_its_adjectives_and_reactions_share():
+    from bertforge.demo_corpus import LAUGHED, LOVED, SMILED
+
+    for story in generate_stories(300, seed=5):
+        words = [w.strip(".,").lower() for sent in story for w in sent.split()]
+        pos, neg = sum(w in POSITIVE for w in words), sum(w in NEGATIVE for w in words)
+        assert (pos == 0) != (neg == 0) and pos + neg >= 3  # adjectives of one mood only
+        m = 0 if pos else 1
+        reactions = [w for w in words if w in SMILED + LOVED + LAUGHED]
+        assert reactions and all(w in (SMILED[m], LOVED[m], LAUGHED[m]) for w in reactions)

@@ -493,6 +493,7 @@ def build_parser() -> argparse.ArgumentParser:
     dm.add_argument("--out", default="demo-output", help="output directory (default demo-output)")
     dm.add_argument("--quick", action="store_true", help="a shorter run (under a minute on two cores)")
     dm.add_argument("--wordpiece", action="store_true", help="a WordPiece vocabulary instead of whole words")
+    dm.add_argument("--seed", type=non_negative_int, default=0, help="the stories, the initialisation and the data order (default 0)")
     dm.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
     dm.set_defaults(func=cmd_demo)
 
@@ -518,7 +519,7 @@ def cmd_demo(a: argparse.Namespace) -> int:
     from .demo import run_demo, summary_lines
 
     progress = a.progress if a.progress is not None else sys.stderr.isatty()
-    summary = run_demo(a.out, quick=a.quick, wordpiece=a.wordpiece, progress=progress)
+    summary = run_demo(a.out, quick=a.quick, wordpiece=a.wordpiece, progress=progress, seed=a.seed)
     for line in summary_lines(summary, a.out):
         print(line)
     return 0

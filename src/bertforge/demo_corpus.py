@@ -2,16 +2,19 @@
 
 Stories: short, simple English stories whose sentences follow each other in a learnable order.  Each story
 has its own hero (name and pronoun), place, object (which belongs to the place: a bakery has bread, a zoo
-a zebra), colour and companion, and a mood: in a happy story the hero smiles and things are "wonderful",
-in a sad one the hero cries and things are "dreadful".  So
+a zebra), colour and companion, and a mood.  In a happy story the three adjectives are happy ones
+("wonderful", "splendid", ...) and the reactions around them say so with one word per mood: the hero
+"smiled" (or "cried"), "loved" (or "hated") the object, the companion "laughed" (or "sighed").  So
 
-* a masked word is guessable from context (the object that fits the place, the hero's pronoun, an
-  adjective that fits the mood),
+* a masked word is guessable from context (the hero's pronoun, the object, a reaction that fits the
+  adjective next to it, an adjective that fits the story's reactions),
 * a true next segment continues the same hero, place and object, while a random one from another story
   does not (next sentence prediction is learnable),
-* every sentiment adjective occurs in stories of its mood, after "so" in happy stories ("so wonderful") and
-  "too" in sad ones ("too dreadful"): a near cue from which masked-LM training learns the mood of each
-  adjective (a tiny model learns such short-range regularities first).
+* every sentiment adjective occurs in stories of its mood, a few words from a reaction that only its mood
+  explains: to predict a masked "smiled" or "cried" the model must know what the adjective before it
+  means.  One reaction word per mood keeps that a direct association for each adjective; with five
+  interchangeable verbs per mood (an earlier design) the mood of the 48 rare adjectives had to emerge as a
+  grouping, and a tiny model had not found it in the demo's budget.
 
 Sentiment: short labelled sentences, neutral but for one adjective.  The labelled *training* set uses
 only a few adjectives (``SEEN``); validation and test sentences use the others.  A classifier trained from
@@ -48,7 +51,6 @@ HOMES = ["house", "cottage", "cabin", "farmhouse", "flat"]
 LANDMARKS = ["hill", "lake", "bridge", "mill", "church", "castle", "woods", "sea"]
 SIZES = ["small", "big", "old", "new", "little"]
 TIMES = ["morning", "afternoon", "evening"]
-LIKES = ["wanted", "loved", "liked", "watched"]
 
 POSITIVE = ["wonderful", "great", "lovely", "beautiful", "perfect", "delightful", "fantastic", "pleasant",
             "charming", "amazing", "excellent", "marvelous", "splendid", "brilliant", "superb", "glorious",
@@ -56,8 +58,11 @@ POSITIVE = ["wonderful", "great", "lovely", "beautiful", "perfect", "delightful"
 NEGATIVE = ["terrible", "awful", "horrible", "dreadful", "bad", "ugly", "nasty", "miserable", "gloomy", "dull",
             "boring", "poor", "sad", "rotten", "disgusting", "annoying", "unpleasant", "lousy", "grim", "dismal",
             "wretched", "hideous", "bleak", "sour"]
-HAPPY_VERBS = ["smiled", "laughed", "cheered", "danced", "sang"]
-SAD_VERBS = ["cried", "frowned", "sighed", "sulked", "wept"]
+HAPPY_VERBS = ["smiled"]
+SAD_VERBS = ["cried"]
+# one word per mood for each reaction: the mood of an adjective is then one association to learn (adjective ->
+# "smiled" or "cried"), not a grouping of many rare words that a tiny model finds late
+SMILED, LOVED, LAUGHED = ("smiled", "cried"), ("loved", "hated"), ("laughed", "sighed")
 SEEN = 6  # adjectives of each mood in the labelled training set; the rest only in validation and test
 
 
@@ -74,24 +79,20 @@ def generate_story(rng: random.Random) -> list[str]:
     place = rng.choice(sorted(PLACES))
     obj = rng.choice(PLACES[place])
     colour, comp, home = rng.choice(COLOURS), rng.choice(COMPANIONS), rng.choice(HOMES)
-    happy = rng.random() < 0.5
-    adjs, verbs = (POSITIVE, HAPPY_VERBS) if happy else (NEGATIVE, SAD_VERBS)
-    so = "so" if happy else "too"  # "so wonderful", "too dreadful": a near cue to the mood of an adjective
+    m = 0 if rng.random() < 0.5 else 1  # the mood: 0 happy, 1 sad
+    adjs = POSITIVE if m == 0 else NEGATIVE
     a1, a2, a3 = (rng.choice(adjs) for _ in range(3))
-    verb = rng.choice(verbs)
     s = [
         f"{name} lived in {_a(rng.choice(SIZES))} {home} near the {rng.choice(LANDMARKS)}.",
         f"One {rng.choice(TIMES)}, {he} went to the {place} with {his} {comp}.",
         f"At the {place}, {he} saw {_a(colour)} {obj}.",
+        f"The {obj} was {a1}, and {name} {SMILED[m]}.",
     ]
     if rng.random() < 0.7:
-        s.append(f"{name} {rng.choice(LIKES)} the {colour} {obj}.")
-    s.append(f"{He} {verb} because the {obj} was {so} {a1}.")
-    if rng.random() < 0.7:
-        s.append(f"The {comp} said the {place} was {so} {a2}.")
+        s.append(f"{He} {LOVED[m]} the {colour} {obj}.")
+    s.append(f"The {comp} {LAUGHED[m]} and said the {place} was {a2}.")
     s.append(f"Then {name} and the {comp} walked back to the {home}.")
-    if rng.random() < 0.8:
-        s.append(f"At night, {name} {rng.choice(verbs)} again and said it had been {_a(a3)} day.")
+    s.append(f"At night, {name} {SMILED[m]} again and said it had been {_a(a3)} day.")
     return s
 
 

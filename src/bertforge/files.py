@@ -213,7 +213,7 @@ OUTPUT_ENTRIES = {
     "finetune": _MODEL_FILES | {"finetune_config.json", "metrics.jsonl", "metrics.json", "train.log", "plots", "tensorboard",
                                 "predictions.json", "predictions.jsonl", "README.md"},
     "demo": {MARKER, ".bertforge-demo", "data", "cache", "pretrained", "scratch-init", "sentiment-pretrained",
-             "sentiment-scratch", "summary.json", "metrics.json", "report.md", "report.html", "results.png"},
+             "sentiment-scratch", "pretrained-mlm", "summary.json", "metrics.json", "samples.json", "report.md", "report.html", "results.png"},
 }
 
 

@@ -75,6 +75,10 @@ saved ``config.json`` keeps the model's 0.1, so fine-tuning uses dropout), peak 
 BERT's.  The architecture is BERT's under either recipe.
 
 ELECTRA (``--objective electra``, :mod:`bertforge.electra`): its own departures are listed there.
+
+The demo (:mod:`bertforge.demo`) pretrains in two stages, masked LM alone and then masked LM with NSP,
+where BERT trains both from the first step: with NSP from the start its tiny model learned no word meaning
+in the demo's budget (the figures are in that module's docstring).
 """
 
 from __future__ import annotations
