@@ -55,6 +55,7 @@ class DemoSettings:
     batch_size: int = 64
     lr: float = 2e-3
     mlm_mask_prob: float = 0.15  # stage 1 (stage 2 masks BERT's 15%)
+    mlm_seq_length: int = 64  # stage 1's sequences (stage 2's are 64 tokens)
     nsp_lr: float = 1e-3
     finetune_epochs: int = 10
     finetune_lr: float = 2e-4
@@ -64,8 +65,9 @@ class DemoSettings:
 
     @classmethod
     def quick(cls) -> DemoSettings:
-        # a third of the steps: a higher learning rate and twice the masked tokens make up for part of it
-        return cls(stories=2000, mlm_steps=250, nsp_steps=60, lr=3e-3, mlm_mask_prob=0.3)
+        # a third of the full demo's tokens: stage 1 in shorter sequences (a sentence and its
+        # neighbours are enough to learn what an adjective means), a higher learning rate, twice the masking
+        return cls(stories=2000, mlm_steps=450, nsp_steps=50, lr=3e-3, mlm_mask_prob=0.3, mlm_seq_length=32)
 
 
 def _model_config(vocab_size: int, dropout: float) -> str:
@@ -115,7 +117,7 @@ def _run_demo(out: str, s: DemoSettings, wordpiece: bool, progress: bool) -> dic
     common = {"data": [stories], "tokenizer": tok_dir, "max_seq_length": 64, "batch_size": s.batch_size, "log_every": 10,
               "seed": s.seed, "progress": progress, "warmup_ratio": 0.06, "cache_dir": os.path.join(out, "cache")}
     stage1_metrics = run_pretraining(_stage(common, out=stage1, nsp=False, model_config=model_cfg, lr=s.lr, max_steps=s.mlm_steps,
-                                          mask_prob=s.mlm_mask_prob))
+                                          mask_prob=s.mlm_mask_prob, max_seq_length=s.mlm_seq_length))
     cfg = _stage(common, out=os.path.join(out, "pretrained"), nsp=True, init=stage1, lr=s.nsp_lr, max_steps=s.nsp_steps)
     pre = run_pretraining(cfg)
     pretrain_seconds = time.perf_counter() - t0
