@@ -166,7 +166,8 @@ def _run_demo(out: str, s: DemoSettings, wordpiece: bool, progress: bool) -> dic
 
 
 def _stage(common: dict, **flat) -> PretrainConfig:
-    """One pretraining stage: BERT's recipe (15% masking, 80/10/10) with the demo's own settings."""
+    """One pretraining stage: the `--recipe bert` settings (80/10/10 masking, Adam beta2 0.999, clipping 1.0) under
+    the demo's own (steps, learning rate, masking rate, sequence length)."""
     cfg = PretrainConfig.for_recipe("bert")
     cfg.out = flat.pop("out")
     steps = flat["max_steps"]
