@@ -57,7 +57,7 @@ class DemoSettings:
     mlm_mask_prob: float = 0.15  # stage 1 (stage 2 masks BERT's 15%)
     mlm_seq_length: int = 64  # stage 1's sequences (stage 2's are 64 tokens)
     nsp_lr: float = 1e-3
-    finetune_epochs: int = 10
+    finetune_epochs: int = 20
     finetune_lr: float = 2e-4
     dropout: float = 0.0  # short runs learn faster without dropout (as cramming found)
     freeze_embeddings: bool = False  # BERT fine-tunes every parameter; True keeps the word embeddings as pretrained
@@ -67,7 +67,7 @@ class DemoSettings:
     def quick(cls) -> DemoSettings:
         # a third of the full demo's tokens: stage 1 in shorter sequences (a sentence and its
         # neighbours are enough to learn what an adjective means), a higher learning rate, twice the masking
-        return cls(stories=2000, mlm_steps=450, nsp_steps=50, lr=3e-3, mlm_mask_prob=0.3, mlm_seq_length=32)
+        return cls(stories=2000, mlm_steps=450, nsp_steps=50, lr=3e-3, mlm_mask_prob=0.3, mlm_seq_length=32, finetune_epochs=10)
 
 
 def _model_config(vocab_size: int, dropout: float) -> str:
