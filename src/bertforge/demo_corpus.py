@@ -58,8 +58,6 @@ POSITIVE = ["wonderful", "great", "lovely", "beautiful", "perfect", "delightful"
 NEGATIVE = ["terrible", "awful", "horrible", "dreadful", "bad", "ugly", "nasty", "miserable", "gloomy", "dull",
             "boring", "poor", "sad", "rotten", "disgusting", "annoying", "unpleasant", "lousy", "grim", "dismal",
             "wretched", "hideous", "bleak", "sour"]
-HAPPY_VERBS = ["smiled"]
-SAD_VERBS = ["cried"]
 # one word per mood for each reaction: the mood of an adjective is then one association to learn (adjective ->
 # "smiled" or "cried"), not a grouping of many rare words that a tiny model finds late
 SMILED, LOVED, LAUGHED = ("smiled", "cried"), ("loved", "hated"), ("laughed", "sighed")
