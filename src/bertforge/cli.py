@@ -214,7 +214,7 @@ def cmd_pretrain(a: argparse.Namespace) -> int:
 # ------------------------------------------------------------------------------------------------ finetune
 _FINETUNE_FLAGS = (
     "model", "out", "freeze_embeddings", "train_file", "validation_file", "max_seq_length", "max_train_examples", "eval_batch_size",
-    "epochs", "lr", "batch_size", "warmup_ratio", "warmup_steps", "weight_decay", "max_grad_norm", "adam_beta1",
+    "epochs", "max_steps", "lr", "batch_size", "grad_accum", "eval_every", "warmup_ratio", "warmup_steps", "weight_decay", "max_grad_norm", "adam_beta1",
     "adam_beta2", "adam_eps", "log_every", "seed", "device", "precision", "threads", "progress", "report_to",
 )
 

@@ -3,7 +3,8 @@
 A task (:class:`~bertforge.tasks.base.FinetuneTask`; :mod:`bertforge.tasks`) reads and checks its files, adapts the model's
 config (labels), encodes its examples, evaluates a model and writes its predictions.  The runner does the
 rest, the same for every task: the model directory and its tokenizer, the device, the seed, training for a
-number of epochs with evaluation after each (the best epoch kept), and the outputs, written into a
+number of epochs or steps with evaluation after each epoch and every ``--eval-every`` steps (the best
+evaluation kept), and the outputs, written into a
 temporary folder renamed into place at the end, so a run that fails never leaves a half-written output
 directory.
 """
@@ -84,7 +85,8 @@ def _run(task: FinetuneTask, cfg: FinetuneConfig, replace: bool) -> dict:
         train_seconds = time.perf_counter() - t0
         save_pretrained(model, tmp, tokenizer=tok)
         extra = task.write_outputs(tmp, best.artifacts)
-        metrics = {**best.metrics, "best_epoch": best.epoch, "epochs": [{"epoch": h.epoch, **h.metrics} for h in history],
+        metrics = {**best.metrics, "best_epoch": best.epoch, "best_step": best.step,
+                   "epochs": [{"epoch": h.epoch, "step": h.step, **h.metrics} for h in history],  # every evaluation
                    "train_seconds": train_seconds, **extra}
         with open(os.path.join(tmp, "metrics.json"), "w", encoding="utf-8") as f:
             json.dump(metrics, f, indent=2)
@@ -100,9 +102,12 @@ def _run(task: FinetuneTask, cfg: FinetuneConfig, replace: bool) -> dict:
 
 def _write_card(folder: str, task: FinetuneTask, cfg: FinetuneConfig, metrics: dict) -> None:
     t = cfg.train
-    summary = (f"`{cfg.model}` fine-tuned for {task.name} on `{cfg.data.train_file}` ({metrics['best_epoch']} of "
-               f"{t.epochs} epoch(s) kept, the best by {task.select} on `{cfg.data.validation_file}`).")
-    settings = {"task": task.name, "epochs": t.epochs, "batch_size": t.batch_size, "lr": t.lr, "warmup_ratio": t.warmup_ratio,
+    length = f"{t.max_steps} steps" if t.max_steps else f"{t.epochs} epoch(s)"
+    summary = (f"`{cfg.model}` fine-tuned for {task.name} on `{cfg.data.train_file}` for {length}; the weights of epoch "
+               f"{metrics['best_epoch']} (step {metrics['best_step']}) kept, the best by {task.select} on "
+               f"`{cfg.data.validation_file}`.")
+    settings = {"task": task.name, "epochs": t.epochs, "max_steps": t.max_steps, "grad_accum": t.grad_accum,
+                "eval_every": t.eval_every, "batch_size": t.batch_size, "lr": t.lr, "warmup_ratio": t.warmup_ratio,
                 "weight_decay": t.weight_decay, "max_seq_length": cfg.data.max_seq_length,
                 "max_train_examples": cfg.data.max_train_examples, "seed": t.seed, **dataclasses.asdict(task.settings)}
     shown = {k: v for k, v in metrics.items() if k != "epochs"}
@@ -113,42 +118,79 @@ def _write_card(folder: str, task: FinetuneTask, cfg: FinetuneConfig, metrics: d
         load=task.model_class.__name__))
 
 
-def _loss(model, batch: dict):
-    loss = model(**batch).loss
-    return loss, {"loss": loss.detach()}
+MIN_UPDATES = 100  # fewer optimizer updates than this rarely fine-tune a BERT well: warned
+
+
+def _loss_fn(global_batch: int):
+    """The loss of one micro-batch, normalised over the global batch (the task losses are means)."""
+
+    def loss_fn(model, batch: dict):
+        loss = model(**batch).loss
+        return loss * (batch["input_ids"].shape[0] / global_batch), {"loss": loss.detach() * batch["input_ids"].shape[0]}
+
+    return loss_fn
+
+
+def plan_steps(n_examples: int, t) -> tuple[int, int, int]:
+    """(optimizer steps per epoch, epochs, total steps): ``--max-steps``, when given, sets the total (as the
+    Trainer's ``max_steps``: the epochs are as many as it takes); otherwise ``--epochs`` passes."""
+    per_epoch = math.ceil(n_examples / t.batch_size)
+    if t.max_steps:
+        return per_epoch, math.ceil(t.max_steps / per_epoch), t.max_steps
+    return per_epoch, t.epochs, per_epoch * t.epochs
 
 
 def train_epochs(model: torch.nn.Module, features: list[dict], collate: Callable[[list[dict]], dict], task: FinetuneTask,
                  cfg: FinetuneConfig, out_dir: str, device: torch.device) -> tuple[EpochResult, list[EpochResult]]:
-    """Fine-tune ``model`` for ``cfg.train.epochs`` epochs; return (best epoch, every epoch).
+    """Fine-tune ``model`` for ``cfg.train.epochs`` epochs (or ``max_steps`` steps); return (best evaluation,
+    every evaluation).
 
-    The model's weights are those of the best epoch (by ``task.select``) when this returns.  Training lines
-    (every ``log_every`` steps) and evaluation lines (every epoch) go to ``out_dir/metrics.jsonl``.
+    Evaluation runs after every epoch and, with ``eval_every``, every that many steps; the model's weights are
+    those of the best evaluation (by ``task.select``) when this returns.  Each optimizer step takes
+    ``batch_size`` examples in ``grad_accum`` micro-batches (the same update as one batch, in less memory).
+    Training lines (every ``log_every`` steps) and evaluation lines go to ``out_dir/metrics.jsonl``.
     """
     t = cfg.train
     if not features:
         raise TrainingError("no training examples")
     if cfg.freeze_embeddings:
         model.base_model.embeddings.word_embeddings.weight.requires_grad_(False)
-    total = math.ceil(len(features) / t.batch_size) * t.epochs
+    per_epoch, epochs, total = plan_steps(len(features), t)
+    if total < MIN_UPDATES:
+        log.warning("this run makes only %d optimizer updates (%d examples, batch %d, %s); fine-tuning usually "
+                    "needs a few hundred: lower --batch-size or raise --epochs", total, len(features), t.batch_size,
+                    f"--max-steps {t.max_steps}" if t.max_steps else f"{t.epochs} epoch(s)")
     engine = Engine(model, t, cfg.impl, device, schedule=LinearSchedule(t.lr, total, None, t.warmup_steps, t.warmup_ratio))
     metrics = MetricsLog(out_dir, tensorboard=cfg.impl.report_to == "tensorboard")
     gen = torch.Generator().manual_seed(t.seed)
     history: list[EpochResult] = []
-    best: EpochResult | None = None
-    best_state = None
+    best: list = [None, None]  # (EpochResult, weights on the CPU)
     bar = tqdm(total=total, desc="fine-tuning", unit="step", disable=not cfg.impl.progress, dynamic_ncols=True)
+
+    def evaluate(epoch: int) -> None:
+        res, artifacts = task.evaluate(model, device)
+        model.train()
+        result = EpochResult(epoch, engine.state.step, res, artifacts)
+        history.append(result)
+        metrics.write({"type": "eval", "step": engine.state.step, "epoch": epoch, **res})
+        log.info("epoch %d, step %d: %s", epoch, engine.state.step, rounded(res))
+        if best[0] is None or res[task.select] > best[0].metrics[task.select]:
+            best[:] = result, {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+
+    loss_fn = _loss_fn(t.batch_size)
     model.train()
-    for epoch in range(1, t.epochs + 1):
+    for epoch in range(1, epochs + 1):
         engine.state.take_meters()  # a logging line covers steps of its own epoch only
         order = torch.randperm(len(features), generator=gen).numpy()
         for i in range(0, len(order), t.batch_size):
-            batch = to_device(collate([features[j] for j in order[i : i + t.batch_size]]), device)
+            idx = order[i : i + t.batch_size]
+            micro = math.ceil(len(idx) / t.grad_accum)
+            batches = [to_device(collate([features[j] for j in idx[k : k + micro]]), device) for k in range(0, len(idx), micro)]
             try:
-                out = engine.step([batch], _loss)
+                out = engine.step(batches, _loss_fn(len(idx)) if len(idx) != t.batch_size else loss_fn)
             except NonFiniteLoss as err:
                 raise TrainingError(f"{err}; try a lower --lr") from None
-            engine.state.add(loss=out["loss"], grad_norm=out["grad_norm"], n=1)
+            engine.state.add(loss=out["loss"] / len(idx), grad_norm=out["grad_norm"], n=1)
             bar.update(1)
             step = engine.state.step
             if step % t.log_every == 0 or step == total:
@@ -160,17 +202,13 @@ def train_epochs(model: torch.nn.Module, features: list[dict], collate: Callable
                 log_step(f"step {step}/{total}  epoch {epoch}  loss {m['loss'] / m['n']:.4f}  lr {out['lr']:.2e}  "
                          f"grad-norm {m['grad_norm'] / m['n']:.3f}  elapsed {duration(elapsed)}  "
                          f"eta {duration(elapsed * (total - step) / step)}", bar_shown=not bar.disable)
-        res, artifacts = task.evaluate(model, device)
-        model.train()
-        result = EpochResult(epoch, engine.state.step, res, artifacts)
-        history.append(result)
-        metrics.write({"type": "eval", "step": engine.state.step, "epoch": epoch, **res})
-        log.info("epoch %d: %s", epoch, rounded(res))
-        if best is None or res[task.select] > best.metrics[task.select]:
-            best = result
-            best_state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+            if step == total:
+                break
+            if t.eval_every and step % t.eval_every == 0 and i + t.batch_size < len(order):
+                evaluate(epoch)  # (the end of an epoch evaluates below)
+        evaluate(epoch)
+        if engine.state.step == total:
+            break
     bar.close()
-    assert best is not None and best_state is not None
-    model.load_state_dict(best_state)
-    return best, history
-
+    model.load_state_dict(best[1])
+    return best[0], history
