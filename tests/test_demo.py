@@ -6,9 +6,13 @@ import time
 
 from bertforge.cli import main
 from bertforge.demo_corpus import (
+    LAUGHED,
+    LOVED,
     NEGATIVE,
     POSITIVE,
     SEEN,
+    SMILED,
+    VERY,
     generate_stories,
     sentiment_split,
 )
@@ -48,18 +52,19 @@ def test_demo_corpus_is_deterministic_and_large_enough():
     seen = set(POSITIVE[:SEEN] + NEGATIVE[:SEEN])
     assert all(any(w.strip(".") in seen for w in t.split()) for t, _ in train)
     assert not any(any(w.strip(".") in seen for w in t.split()) for t, _ in test)  # test adjectives are never seen
+    cues = set(SMILED + LOVED + LAUGHED + VERY)  # the stories' mood words: never in a labelled sentence
+    assert not any(w.strip(".,").lower() in cues for t, _ in train + test for w in t.split())
     assert sum(lab == "positive" for _, lab in test) == 200
     words = {w.strip(".,").lower() for s in a for sent in s for w in sent.split()}
     assert set(POSITIVE + NEGATIVE) <= words  # every sentiment adjective occurs in the stories
 
 
 def test_every_story_has_one_mood_that_its_adjectives_and_reactions_share():
-    from bertforge.demo_corpus import LAUGHED, LOVED, SMILED
-
     for story in generate_stories(300, seed=5):
         words = [w.strip(".,").lower() for sent in story for w in sent.split()]
         pos, neg = sum(w in POSITIVE for w in words), sum(w in NEGATIVE for w in words)
         assert (pos == 0) != (neg == 0) and pos + neg >= 3  # adjectives of one mood only
         m = 0 if pos else 1
-        reactions = [w for w in words if w in SMILED + LOVED + LAUGHED]
-        assert reactions and all(w in (SMILED[m], LOVED[m], LAUGHED[m]) for w in reactions)
+        reactions = [w for w in words if w in SMILED + LOVED + LAUGHED + VERY]
+        assert reactions and all(w in (SMILED[m], LOVED[m], LAUGHED[m], VERY[m]) for w in reactions)
+        assert VERY[m] in reactions

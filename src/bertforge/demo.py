@@ -9,14 +9,29 @@ plots and a report.  It runs the same engine and commands as real runs (``run_pr
 Pretraining runs in two stages of the same engine, a departure from BERT (which trains MLM and NSP together
 from the first step): stage 1 trains masked LM alone on running text (``--no-nsp``), stage 2 continues
 from its weights (``--init``) with masked LM and next sentence prediction on sentence pairs.  Measured on
-these stories (seed 0, 800 steps of 64 sequences, lr 2e-3): with NSP from the first step the tiny model
-learned the templates (held-out MLM 71%, NSP 93%) but not what a word means: a masked adjective or reaction
-in a held-out story was predicted in the right mood no better than chance (42% of 76 and of 60), and a
-linear probe from the 12 labelled adjectives' embeddings to the 36 others scored 61%.  Masked LM alone
-(MLM 87% on running text) scored 100% on all three.  With NSP's loss weighted 0 (its sentence pairs kept)
-the reactions reached 92% and the adjectives 54%; weighted 0.1, 90% and 42%: both NSP's gradient and its
-pairs hold a model this small back.  Stage 2 then learns NSP in a few hundred steps and keeps the adjectives'
-mood (probes still at 100% after 250 steps).
+these stories (before "very"/"quite" below; seed 0, 800 steps of 64 sequences, lr 2e-3): with NSP from the
+first step the tiny model learned the templates (held-out MLM 71%, NSP 93%) but not what a word means: a
+masked adjective or reaction in a held-out story was predicted in the right mood no better than chance (42%
+of 76 and of 60), and a linear probe from the 12 labelled adjectives' embeddings to the 36 others scored
+61%.  Masked LM alone (MLM 87% on running text) scored 100% on all three.  With NSP's loss weighted 0 (its
+sentence pairs kept) the reactions reached 92% and the adjectives 54%; weighted 0.1, 90% and 42%: both NSP's
+gradient and its pairs hold a model this small back.  Stage 2 then learns NSP in a few hundred steps and
+keeps the adjectives' mood (probes still at 100% after 250 steps).
+
+Three more choices make the mood learnable at every seed, in ``--quick``'s budget too:
+
+* the stories put a word of the mood right before two of the three adjectives ("very splendid", "quite
+  dismal"; never in a labelled sentence);
+* the model is initialised with standard deviation 0.05 (``INIT_RANGE``; BERT's 0.02, kept for real runs);
+* stage 1 masks 30% of 32-token sequences at lr 3e-3.
+
+Measured with 450 steps of stage 1, probing whether a masked "smiled"/"cried" after a held-out adjective is
+predicted in its mood: with the first two, 99-100% at seeds 0-7; with "very"/"quite" alone, chance at seed
+1 even after 600 steps; with the wider initialisation alone (which learns the templates faster: loss 0.8
+against 1.3 at step 450), chance at seed 1.  ``bertforge demo --quick`` reached 73.8-93.5% sentiment at
+seeds 0-4 without them and 97.2-100% at seeds 0-6 with them.  The full demo's stage 1 in 64-token sequences
+with 15% masked at lr 2e-3 learned the mood too (probes 100% at seed 5), but fine-tuning every parameter
+then lost it at seed 5 (82% sentiment; 97% with frozen embeddings); with the third choice, 94.8%.
 """
 
 from __future__ import annotations
@@ -53,10 +68,11 @@ class DemoSettings:
     mlm_steps: int = 700  # stage 1: masked LM alone, on running text
     nsp_steps: int = 300  # stage 2: masked LM and next sentence prediction, from stage 1's weights
     batch_size: int = 64
-    lr: float = 2e-3
-    mlm_mask_prob: float = 0.15  # stage 1 (stage 2 masks BERT's 15%)
-    mlm_seq_length: int = 64  # stage 1's sequences (stage 2's are 64 tokens)
+    lr: float = 3e-3  # stage 1
+    mlm_mask_prob: float = 0.3  # stage 1 (stage 2 masks BERT's 15%)
+    mlm_seq_length: int = 32  # stage 1's sequences: a sentence and its neighbours tell what an adjective means
     nsp_lr: float = 1e-3
+    nsp_seq_length: int = 64  # stage 2's sequences
     finetune_epochs: int = 20
     finetune_lr: float = 2e-4
     dropout: float = 0.0  # short runs learn faster without dropout (as cramming found)
@@ -65,17 +81,20 @@ class DemoSettings:
 
     @classmethod
     def quick(cls) -> DemoSettings:
-        # a third of the full demo's tokens: stage 1 in shorter sequences (a sentence and its
-        # neighbours are enough to learn what an adjective means), a higher learning rate, twice the masking
-        return cls(stories=2000, mlm_steps=450, nsp_steps=50, lr=3e-3, mlm_mask_prob=0.3, mlm_seq_length=32, finetune_epochs=10)
+        # fewer stories and steps, and stage 2 in 32-token sequences too (a segment of one or two sentences is
+        # enough to tell the next one)
+        return cls(stories=2000, mlm_steps=450, nsp_steps=100, nsp_seq_length=32, finetune_epochs=10)
+
+
+INIT_RANGE = 0.05  # BERT's 0.02 learns the stories' words and templates slower (see the module docstring)
 
 
 def _model_config(vocab_size: int, dropout: float) -> str:
-    """The demo's tiny BERT: 2 layers, hidden 128, 4 heads, 64 positions; ``dropout`` in pretraining and
-    fine-tuning alike."""
+    """The demo's tiny BERT: 2 layers, hidden 128, 4 heads, 64 positions, initialised with standard deviation
+    ``INIT_RANGE``; ``dropout`` in pretraining and fine-tuning alike."""
     return json.dumps(BertConfig.preset("tiny", vocab_size=vocab_size, num_attention_heads=4, max_position_embeddings=64,
                                         hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout,
-                                        ).to_dict(["BertForPreTraining"]))
+                                        initializer_range=INIT_RANGE).to_dict(["BertForPreTraining"]))
 
 
 def run_demo(out: str = "demo-output", quick: bool = False, wordpiece: bool = False, progress: bool = False,
@@ -118,7 +137,8 @@ def _run_demo(out: str, s: DemoSettings, wordpiece: bool, progress: bool) -> dic
               "seed": s.seed, "progress": progress, "warmup_ratio": 0.06, "cache_dir": os.path.join(out, "cache")}
     stage1_metrics = run_pretraining(_stage(common, out=stage1, nsp=False, model_config=model_cfg, lr=s.lr, max_steps=s.mlm_steps,
                                           mask_prob=s.mlm_mask_prob, max_seq_length=s.mlm_seq_length))
-    cfg = _stage(common, out=os.path.join(out, "pretrained"), nsp=True, init=stage1, lr=s.nsp_lr, max_steps=s.nsp_steps)
+    cfg = _stage(common, out=os.path.join(out, "pretrained"), nsp=True, init=stage1, lr=s.nsp_lr, max_steps=s.nsp_steps,
+                 max_seq_length=s.nsp_seq_length)
     pre = run_pretraining(cfg)
     pretrain_seconds = time.perf_counter() - t0
 

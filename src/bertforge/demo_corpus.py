@@ -3,8 +3,9 @@
 Stories: short, simple English stories whose sentences follow each other in a learnable order.  Each story
 has its own hero (name and pronoun), place, object (which belongs to the place: a bakery has bread, a zoo
 a zebra), colour and companion, and a mood.  In a happy story the three adjectives are happy ones
-("wonderful", "splendid", ...) and the reactions around them say so with one word per mood: the hero
-"smiled" (or "cried"), "loved" (or "hated") the object, the companion "laughed" (or "sighed").  So
+("wonderful", "splendid", ...) and the words around them say so with one word per mood: two of them
+follow "very" (or "quite"), and the hero "smiled" (or "cried"), "loved" (or "hated") the object, the
+companion "laughed" (or "sighed").  So
 
 * a masked word is guessable from context (the hero's pronoun, the object, a reaction that fits the
   adjective next to it, an adjective that fits the story's reactions),
@@ -61,6 +62,9 @@ NEGATIVE = ["terrible", "awful", "horrible", "dreadful", "bad", "ugly", "nasty",
 # one word per mood for each reaction: the mood of an adjective is then one association to learn (adjective ->
 # "smiled" or "cried"), not a grouping of many rare words that a tiny model finds late
 SMILED, LOVED, LAUGHED = ("smiled", "cried"), ("loved", "hated"), ("laughed", "sighed")
+# and one word per mood right before two of the adjectives ("very splendid", "quite awful"): an association
+# between neighbours, which a tiny model learns sooner than one across a clause
+VERY = ("very", "quite")
 SEEN = 6  # adjectives of each mood in the labelled training set; the rest only in validation and test
 
 
@@ -84,11 +88,11 @@ def generate_story(rng: random.Random) -> list[str]:
         f"{name} lived in {_a(rng.choice(SIZES))} {home} near the {rng.choice(LANDMARKS)}.",
         f"One {rng.choice(TIMES)}, {he} went to the {place} with {his} {comp}.",
         f"At the {place}, {he} saw {_a(colour)} {obj}.",
-        f"The {obj} was {a1}, and {name} {SMILED[m]}.",
+        f"The {obj} was {VERY[m]} {a1}, and {name} {SMILED[m]}.",
     ]
     if rng.random() < 0.7:
         s.append(f"{He} {LOVED[m]} the {colour} {obj}.")
-    s.append(f"The {comp} {LAUGHED[m]} and said the {place} was {a2}.")
+    s.append(f"The {comp} {LAUGHED[m]} and said the {place} was {VERY[m]} {a2}.")
     s.append(f"Then {name} and the {comp} walked back to the {home}.")
     s.append(f"At night, {name} {SMILED[m]} again and said it had been {_a(a3)} day.")
     return s
