@@ -216,7 +216,7 @@ def _samples(model_dir: str, seed: int) -> dict:
         if i % 2 == 0:
             b, truth = " ".join(story[3:5]), "IsNext"
         else:  # as in pretraining: another story, from a random sentence on
-            other = stories[6 + i % 2]
+            other = stories[6 + (i // 2) % 2]  # the negatives (odd i) alternate between stories 6 and 7
             j = rng.randrange(len(other) - 1)
             b, truth = " ".join(other[j : j + 2]), "NotNext"
         pairs.append((a, b, truth))
