@@ -83,6 +83,37 @@ def test_string_labels_pairs_jsonl_and_csv(tmp_path, capsys):
     capsys.readouterr()
 
 
+def test_parquet_and_hf_datasets_train_as_the_same_rows_in_jsonl(tmp_path, capsys):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    rows = [("good fun", "pos"), ("bad mess", "neg"), ("fine show", "pos"), ("dull show", "neg")] * 4
+    with open(tmp_path / "t.jsonl", "w") as f:
+        f.writelines(json.dumps({"text": a, "label": b}) + "\n" for a, b in rows)
+    (tmp_path / "ds").mkdir()
+    pq.write_table(pa.table({"text": [a for a, _ in rows], "label": [b for _, b in rows]}), tmp_path / "ds" / "train.parquet")
+    model = tiny_model_dir(tmp_path / "m", [a for a, _ in rows], vocab_size=30, kind="wordlevel")
+    sources = {"jsonl": str(tmp_path / "t.jsonl"), "parquet": str(tmp_path / "ds" / "train.parquet")}
+    try:
+        import datasets  # noqa: F401 - the datasets extra, for hf:
+
+        sources["hf"] = f"hf:{tmp_path / 'ds'}@train"
+    except ImportError:
+        pass
+    preds = {}
+    for name, path in sources.items():
+        out = tmp_path / f"out-{name}"
+        assert main(["--quiet", "finetune", "classify", "--model", model, "--train", path, "--validation", path,
+                     "--out", str(out), "--epochs", "2", "--no-progress"]) == 0
+        preds[name] = (out / "predictions.jsonl").read_text()
+    assert len(set(preds.values())) == 1 and preds["jsonl"]
+    capsys.readouterr()
+    assert main(["finetune", "classify", "--model", model, "--train", str(tmp_path / "none.parquet"), "--validation",
+                 sources["parquet"], "--out", str(tmp_path / "x"), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: data file not found")
+
+
 @pytest.mark.parametrize("case,message", [
     ("no_label_column", "no label column 'label'"),
     ("unseen_label", "label 'maybe' \\(row 2\\) was never seen in training"),

@@ -1,12 +1,17 @@
 """The fine-tuning runner (finetune.py): steps, accumulation, evaluation every N steps, the few-updates warning."""
 
 import json
+import os
+import signal
+import subprocess
+import sys
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from bertforge import BertConfig, BertForPreTraining
+from bertforge.checkpoint import list_checkpoints
 from bertforge.cli import main
 from bertforge.tokenizer import train_tokenizer
 
@@ -23,7 +28,15 @@ def setup(tmp_path_factory):
     cfg = BertConfig.preset("tiny", vocab_size=tok.get_vocab_size(), max_position_embeddings=32, hidden_dropout_prob=0.0,
                             attention_probs_dropout_prob=0.0)
     BertForPreTraining(cfg).save_pretrained(str(d / "model"), tokenizer=tok)
+    torch.manual_seed(1)  # and one with dropout, whose masks a resumed run must draw as the uninterrupted one
+    cfg = BertConfig.preset("tiny", vocab_size=tok.get_vocab_size(), max_position_embeddings=32)
+    BertForPreTraining(cfg).save_pretrained(str(d / "dropout-model"), tokenizer=tok)
     return d
+
+
+def _args(d, out, *extra, model="model") -> list[str]:
+    return ["--quiet", "finetune", "classify", "--model", str(d / model), "--train", str(d / "t.jsonl"), "--validation",
+            str(d / "t.jsonl"), "--out", str(out), "--lr", "1e-3", "--no-progress", "--seed", "1", "--max-seq-length", "16", *extra]
 
 
 def _run(d, out, *extra) -> dict:
@@ -72,3 +85,41 @@ def test_few_updates_are_warned_and_a_batch_that_accumulation_cannot_split_refus
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0] == "error: --batch-size 4 must be a positive multiple of --grad-accum 8"
     assert not (tmp_path / "p").exists()
+
+
+RESUMABLE = ["--batch-size", "4", "--epochs", "3", "--save-every", "3", "--eval-every", "5", "--log-every", "1"]
+
+
+def _rows(out) -> list[dict]:
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k != "elapsed"} for r in rows]
+
+
+def test_sigkill_and_resume_end_with_the_weights_of_the_uninterrupted_run(setup, tmp_path, capsys):
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    assert main(_args(setup, straight, *RESUMABLE, model="dropout-model")) == 0
+    assert not (straight / "checkpoints").exists()  # a finished run keeps no checkpoints
+    # killed (SIGKILL, as a power loss) in the middle of its third checkpoint (step 9), the writes counted:
+    # step 3 saves 4 files (no evaluation yet), step 6 five (the best evaluation's weights too)
+    env = dict(os.environ, BERTFORGE_FAULT="write:12", PYTHONUNBUFFERED="1")
+    proc = subprocess.run([sys.executable, "-m", "bertforge", *_args(setup, killed, *RESUMABLE, model="dropout-model")],
+                          env=env, capture_output=True)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
+    assert [s for s, _ in list_checkpoints(str(killed))] == [3, 6]
+    assert main(_args(setup, killed, *RESUMABLE, model="dropout-model")) == 2  # a new run there: refused
+    assert "already exists" in capsys.readouterr().err
+    assert main(_args(setup, killed, *RESUMABLE, "--lr", "2e-3", "--resume", model="dropout-model")) == 2
+    assert "--resume continues the run" in capsys.readouterr().err  # other settings than the checkpoint's: refused
+    assert main(_args(setup, killed, *RESUMABLE, "--resume", model="dropout-model")) == 0
+    a, b = _weights(straight), _weights(killed)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert _rows(straight) == _rows(killed)
+    m1, m2 = (json.loads((o / "metrics.json").read_text()) for o in (straight, killed))
+    assert (m1["best_step"], m1["accuracy"]) == (m2["best_step"], m2["accuracy"])
+    assert (straight / "predictions.jsonl").read_text() == (killed / "predictions.jsonl").read_text()
+    assert not (killed / "checkpoints").exists()
+
+
+def test_resume_needs_a_checkpoint(setup, tmp_path, capsys):
+    assert main(_args(setup, tmp_path / "none", "--resume")) == 2
+    assert "nothing to resume" in capsys.readouterr().err

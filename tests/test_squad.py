@@ -119,6 +119,31 @@ def test_tiny_model_learns_a_squad_slice_and_transformers_agrees(tmp_path, capsy
     assert ev["f1"] == pytest.approx(m["f1"]) and ev["exact_match"] == pytest.approx(m["exact_match"])
 
 
+def test_squad_rows_from_parquet_are_the_questions_of_the_json(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    from bertforge.tasks.squad import read_examples
+
+    squad = json.loads(data_path("squad", "dev-v1.1.json").read_text(encoding="utf-8"))
+    small = {"data": [{"title": a["title"], "paragraphs": a["paragraphs"][:2]} for a in squad["data"][:2]]}
+    (tmp_path / "s.json").write_text(json.dumps(small))
+    rows = [{"id": q["id"], "title": a["title"], "context": p["context"], "question": q["question"],
+             "answers": {"text": [x["text"] for x in q["answers"]], "answer_start": [x["answer_start"] for x in q["answers"]]}}
+            for a in small["data"] for p in a["paragraphs"] for q in p["qas"]]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "s.parquet")
+    from_json, data_json = read_examples(str(tmp_path / "s.json"))
+    from_parquet, data_parquet = read_examples(str(tmp_path / "s.parquet"))
+    assert from_json == from_parquet and len(from_json) == len(rows) > 10
+    assert data_parquet == data_json  # the articles the official evaluation reads
+    try:
+        import datasets  # noqa: F401
+
+        assert read_examples(f"hf:{tmp_path}@train")[0] == from_json  # the folder's one parquet file: split train
+    except ImportError:
+        pass
+
+
 def test_bad_squad_files(tmp_path, capsys):
     model = tiny_model_dir(tmp_path / "m", [CONTEXT] * 3, vocab_size=60, kind="wordlevel")
     bad = tmp_path / "bad.json"

@@ -96,10 +96,11 @@ def run_pretraining(out: str, data: list[str] | str | None = None, resume: bool 
 
 
 def run_finetuning(task: str, model: str, train: str, validation: str, out: str, overwrite: bool = False,
-                   **settings: Any) -> dict:
+                   resume: bool = False, **settings: Any) -> dict:
     """``bertforge finetune classify|squad``: settings by their flag names (``epochs``, ``lr``,
     ``batch_size``, ``max_seq_length``, ``text_column``, ``doc_stride``, ...), the task's own defaults for the
-    rest.  Returns the best epoch's metrics (also in ``out/metrics.json``)."""
+    rest; ``resume`` continues a run checkpointed by ``save_every``.  Returns the best evaluation's metrics
+    (also in ``out/metrics.json``)."""
     import dataclasses
 
     from .finetune import run_finetuning as run
@@ -112,7 +113,7 @@ def run_finetuning(task: str, model: str, train: str, validation: str, out: str,
     task_settings = {k: v for k, v in settings.items() if k in own}
     cfg = kind.config(model=model, train_file=train, validation_file=validation, out=out,
                       **{k: v for k, v in settings.items() if k not in own})
-    return run(kind(kind.settings_class(**task_settings)), cfg, overwrite=overwrite)
+    return run(kind(kind.settings_class(**task_settings)), cfg, overwrite=overwrite, resume=resume)
 
 
 def evaluate_classifier(model: str, data: str, max_seq_length: int = 128, batch_size: int = 64, device: str = "auto",

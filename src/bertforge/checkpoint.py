@@ -22,6 +22,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -241,12 +242,17 @@ def list_checkpoints(out: str) -> list[tuple[int, str]]:
     return sorted(found)
 
 
-def save_checkpoint(out: str, step: int, model, optimizer, state: dict, keep: int) -> str:
-    """Write checkpoint ``step`` atomically (weights, optimizer, ``state``) and keep only the newest ``keep``."""
+def save_checkpoint(out: str, step: int, model, optimizer, state: dict, keep: int,
+                    extra_weights: dict[str, dict[str, torch.Tensor]] | None = None) -> str:
+    """Write checkpoint ``step`` atomically (weights, optimizer, ``state``, and each of ``extra_weights`` as
+    ``NAME.safetensors``) and keep only the newest ``keep``."""
     final = os.path.join(out, CHECKPOINTS, f"step-{step:08d}")
     with atomic_dir(final) as tmp:
         save_file(model_state_for_saving(model), os.path.join(tmp, WEIGHTS_NAME), metadata={"format": "pt"})
         fault_point("write")
+        for name, tensors in (extra_weights or {}).items():
+            save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(tmp, f"{name}.safetensors"))
+            fault_point("write")
         torch.save(optimizer.state_dict(), os.path.join(tmp, "optimizer.pt"))
         fault_point("write")
         torch.save(state, os.path.join(tmp, "trainer_state.pt"))
@@ -258,6 +264,25 @@ def save_checkpoint(out: str, step: int, model, optimizer, state: dict, keep: in
     for _, old in list_checkpoints(out)[:-keep] if keep > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def restore_newest(out: str, model, optimizer, required: tuple[str, ...] = ()) -> tuple[int, str, dict]:
+    """Restore ``model`` and ``optimizer`` from the newest checkpoint in ``out`` that loads whole (its state
+    holding the ``required`` keys); return (step, folder, state).  Newer damaged ones (a save interrupted by
+    a kill, a truncated file) are moved aside as ``.damaged-*``, with a warning, and never considered again."""
+    for step, path in reversed(list_checkpoints(out)):
+        try:
+            state = load_checkpoint(path, model, optimizer)
+            missing = [k for k in required if k not in state]
+            if missing:
+                raise KeyError(f"no {', '.join(missing)} in its state")
+            return step, path, state
+        except Exception as e:  # a truncated or corrupt file of an interrupted or damaged save
+            aside = os.path.join(os.path.dirname(path), f".damaged-{os.path.basename(path)}-{int(time.time())}")
+            os.rename(path, aside)  # kept for inspection, never considered again
+            log.warning("skipping checkpoint %s, which does not load (%s: %s); moved to %s", path,
+                        type(e).__name__, str(e)[:200], aside)
+    raise UserError(f"no checkpoint in {os.path.join(out, CHECKPOINTS)} loads; nothing to resume")
 
 
 def load_checkpoint(path: str, model, optimizer) -> dict:

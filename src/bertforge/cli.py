@@ -214,7 +214,7 @@ def cmd_pretrain(a: argparse.Namespace) -> int:
 # ------------------------------------------------------------------------------------------------ finetune
 _FINETUNE_FLAGS = (
     "model", "out", "freeze_embeddings", "train_file", "validation_file", "max_seq_length", "max_train_examples", "eval_batch_size",
-    "epochs", "max_steps", "lr", "batch_size", "grad_accum", "eval_every", "warmup_ratio", "warmup_steps", "weight_decay", "max_grad_norm", "adam_beta1",
+    "epochs", "max_steps", "lr", "batch_size", "grad_accum", "eval_every", "save_every", "keep_checkpoints", "warmup_ratio", "warmup_steps", "weight_decay", "max_grad_norm", "adam_beta1",
     "adam_beta2", "adam_eps", "log_every", "seed", "device", "precision", "threads", "progress", "report_to",
 )
 
@@ -233,7 +233,7 @@ def cmd_finetune(a: argparse.Namespace) -> int:
     given = {k: flags.pop(k, None) for k in names}
     flags["progress"] = _progress(a)
     m = run_finetuning(a.task, given["model"] or "", given["train_file"] or "", given["validation_file"] or "",
-                       given["out"] or "", overwrite=a.overwrite, **flags, **explicit_flags(a, a.task_flags))
+                       given["out"] or "", overwrite=a.overwrite, resume=a.resume, **flags, **explicit_flags(a, a.task_flags))
     keys = {"classify": ("accuracy", "macro_f1", "loss"), "squad": ("exact_match", "f1", "precision", "recall")}[a.task]
     _print_json({k: m[k] for k in (*keys, "best_epoch", "train_seconds")})
     return 0
@@ -250,6 +250,8 @@ def _add_finetune_parsers(sub) -> None:
         p = fts.add_parser(name, help=help_)
         flags = add_setting_flags(p, _task_class(name).config(), only=_FINETUNE_FLAGS)
         p.add_argument("--overwrite", action="store_true", help="replace an earlier fine-tuning output that bertforge wrote in --out")
+        p.add_argument("--resume", action="store_true", help="continue the run that --save-every checkpointed in --out "
+                                                                 "(the same command, plus --resume)")
         p.set_defaults(func=cmd_finetune, setting_flags=flags, task_settings=settings,
                        task_flags=add_setting_flags(p, settings()))
 

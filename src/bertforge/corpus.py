@@ -120,24 +120,28 @@ def _jsonl_texts(path: str, text: str, field: str) -> Iterator[str]:
         yield value
 
 
-def _parquet_texts(path: str, field: str) -> Iterator[str]:
+def parquet_rows(path: str, columns: list[str] | None = None) -> Iterator[dict]:
+    """The rows of a .parquet file as dicts (only ``columns``, each checked, when given)."""
     try:
         import pyarrow.parquet as pq
     except ImportError:
         raise UserError("reading .parquet needs the datasets extra: pip install 'bertforge[datasets]'") from None
     try:
         pf = pq.ParquetFile(path)
-        if field not in pf.schema_arrow.names:
-            raise UserError(f"{path}: no column {field!r} (columns: {', '.join(pf.schema_arrow.names)})")
-        for batch in pf.iter_batches(columns=[field]):
-            yield from (t for t in batch.column(0).to_pylist() if t)
+        for c in columns or []:
+            if c not in pf.schema_arrow.names:
+                raise UserError(f"{path}: no column {c!r} (columns: {', '.join(pf.schema_arrow.names)})")
+        for batch in pf.iter_batches(columns=columns):
+            yield from batch.to_pylist()
     except UserError:
         raise
     except Exception as e:  # pyarrow's errors
         raise UserError(f"cannot read {path}: {e}") from None
 
 
-def _hf_texts(spec: str, field: str) -> Iterator[str]:
+def hf_rows(spec: str) -> Iterator[dict]:
+    """The rows of ``hf:NAME[:CONFIG][@SPLIT]`` (split ``train`` by default), a Hugging Face dataset: a local
+    dataset folder, or from the hub when there is a network; streamed."""
     try:
         import datasets
     except ImportError:
@@ -153,7 +157,15 @@ def _hf_texts(spec: str, field: str) -> Iterator[str]:
         ds = datasets.load_dataset(name, config, split=split, streaming=True)
     except Exception as e:
         raise UserError(f"cannot load dataset {spec}: {e}") from None
-    for row in ds:
+    yield from ds
+
+
+def _parquet_texts(path: str, field: str) -> Iterator[str]:
+    yield from (row[field] for row in parquet_rows(path, [field]) if row[field])
+
+
+def _hf_texts(spec: str, field: str) -> Iterator[str]:
+    for row in hf_rows(spec):
         if field not in row:
             raise UserError(f"dataset {spec} has no field {field!r}")
         if row[field]:

@@ -11,27 +11,30 @@ directory.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
 import math
 import os
-import time
-from collections.abc import Callable
+import shutil
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from safetensors.torch import load_file
 from tqdm import tqdm
 
+from . import checkpoint as ckpt
 from . import modelcard
 from .batching import to_device
 from .checkpoint import save_pretrained
 from .config import BertConfig, FinetuneConfig, validate_fields
 from .devices import resolve_device, setup_backend
-from .engine import Engine, LinearSchedule, NonFiniteLoss
+from .engine import Engine, LinearSchedule, NonFiniteLoss, rng_state, set_rng_state
 from .errors import TrainingError, UserError
-from .files import OutputLock, atomic_dir, check_inputs_outside, check_output, recover_beside, write_marker
+from .files import OutputLock, atomic_dir, check_inputs_outside, check_output, recover_beside, remove_output, write_marker
 from .logs import MetricsLog, duration, file_log, log_step, rounded
 from .plots import plot_finetuning
 from .tasks import FinetuneTask
@@ -48,24 +51,48 @@ class EpochResult:
     artifacts: Any = None
 
 
-def run_finetuning(task: FinetuneTask, cfg: FinetuneConfig, overwrite: bool = False) -> dict:
-    """Fine-tune ``cfg.model`` on ``task``; return the best epoch's metrics (also in OUT/metrics.json).
+def run_finetuning(task: FinetuneTask, cfg: FinetuneConfig, overwrite: bool = False, resume: bool = False) -> dict:
+    """Fine-tune ``cfg.model`` on ``task``; return the best evaluation's metrics (also in OUT/metrics.json).
 
     An existing, non-empty ``cfg.out`` is refused, unless ``overwrite`` and it is an earlier fine-tuning
-    output of bertforge's, which is then replaced whole when the new one is complete.
+    output of bertforge's, which is then replaced whole when the new one is complete; or ``resume``, which
+    continues the run that ``--save-every`` checkpointed there from its newest checkpoint that loads (with
+    the same settings, checked).  Without ``--save-every`` the output is written into a temporary folder
+    renamed into place at the end; with it the run writes into ``cfg.out`` (its checkpoints in
+    ``checkpoints/``, removed at the end).
     """
     cfg.validate()
     validate_fields(task.settings)
-    if check_output(cfg.out, "finetune", overwrite=overwrite):
+    if resume and overwrite:
+        raise UserError("--resume continues the run in --out and --overwrite replaces it: give one of them")
+    if resume and not ckpt.list_checkpoints(cfg.out):
+        raise UserError(f"nothing to resume: no complete checkpoint in {os.path.join(cfg.out, ckpt.CHECKPOINTS)}")
+    if check_output(cfg.out, "finetune", overwrite=overwrite, resume=resume):
         check_inputs_outside(cfg.out, [cfg.model, cfg.data.train_file, cfg.data.validation_file])
     if not os.path.isdir(cfg.model):
         raise UserError(f"model directory not found: {cfg.model}")
     with OutputLock(cfg.out):
         recover_beside(cfg.out)  # an interrupted earlier run's leftovers, then the rule again
-        return _run(task, cfg, check_output(cfg.out, "finetune", overwrite=overwrite))
+        return _run(task, cfg, check_output(cfg.out, "finetune", overwrite=overwrite, resume=resume), resume)
 
 
-def _run(task: FinetuneTask, cfg: FinetuneConfig, replace: bool) -> dict:
+@contextlib.contextmanager
+def _in_place(out: str, replace: bool, resume: bool) -> Iterator[str]:
+    """The output folder of a checkpointed run, written in place; a new one that fails before its first
+    checkpoint is removed (nothing there to resume)."""
+    if replace:
+        remove_output(out, "finetune")
+    os.makedirs(out, exist_ok=True)
+    write_marker(out, "finetune")
+    try:
+        yield out
+    except BaseException:
+        if not resume and not ckpt.list_checkpoints(out):
+            remove_output(out, "finetune")
+        raise
+
+
+def _run(task: FinetuneTask, cfg: FinetuneConfig, replace: bool, resume: bool = False) -> dict:
     task.read(cfg)
     tok = load_tokenizer(cfg.model)
     config = BertConfig.load(cfg.model)
@@ -78,11 +105,12 @@ def _run(task: FinetuneTask, cfg: FinetuneConfig, replace: bool) -> dict:
     setup_backend(device, cfg.impl)
     torch.manual_seed(cfg.train.seed)
     model = task.model_class.from_pretrained(cfg.model, config=config, reinit_head=reinit_head).to(device)
-    with atomic_dir(cfg.out, replace=replace) as tmp, file_log(tmp):
-        write_marker(tmp, "finetune")
-        t0 = time.perf_counter()
-        best, history = train_epochs(model, features, collate, task, cfg, tmp, device)
-        train_seconds = time.perf_counter() - t0
+    checkpointed = resume or bool(cfg.train.save_every)
+    folder = _in_place(cfg.out, replace, resume) if checkpointed else atomic_dir(cfg.out, replace=replace)
+    with folder as tmp, file_log(tmp):
+        if not checkpointed:
+            write_marker(tmp, "finetune")
+        best, history, train_seconds = train_epochs(model, features, collate, task, cfg, tmp, device, resume=resume)
         save_pretrained(model, tmp, tokenizer=tok)
         extra = task.write_outputs(tmp, best.artifacts)
         metrics = {**best.metrics, "best_epoch": best.epoch, "best_step": best.step,
@@ -97,6 +125,8 @@ def _run(task: FinetuneTask, cfg: FinetuneConfig, replace: bool) -> dict:
             plot_finetuning(os.path.join(tmp, "metrics.jsonl"), os.path.join(tmp, "plots"), task.plotted)
         except Exception as e:  # plots never cost a finished run
             log.warning("could not draw plots: %s", e)
+        if checkpointed:  # the run is complete: its checkpoints have served
+            shutil.rmtree(os.path.join(tmp, ckpt.CHECKPOINTS), ignore_errors=True)
     return metrics
 
 
@@ -140,15 +170,38 @@ def plan_steps(n_examples: int, t) -> tuple[int, int, int]:
     return per_epoch, t.epochs, per_epoch * t.epochs
 
 
+def _fingerprint(cfg: FinetuneConfig, task: FinetuneTask) -> dict:
+    """The settings a resumed run must share with the run it continues (not how often it saves or logs)."""
+    train = {k: v for k, v in dataclasses.asdict(cfg.train).items() if k not in ("save_every", "keep_checkpoints", "log_every")}
+    return {"model": cfg.model, "freeze_embeddings": cfg.freeze_embeddings, "train": train,
+            "data": {k: v for k, v in dataclasses.asdict(cfg.data).items() if k != "eval_batch_size"},
+            "task": dataclasses.asdict(task.settings)}
+
+
+def _differences(saved: dict, now: dict, prefix: str = "") -> list[str]:
+    out = []
+    for k in sorted(set(saved) | set(now)):
+        a, b = saved.get(k), now.get(k)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _differences(a, b, f"{prefix}{k}.")
+        elif a != b:
+            out.append(f"{prefix}{k} {b!r} (the checkpoint's: {a!r})")
+    return out
+
+
 def train_epochs(model: torch.nn.Module, features: list[dict], collate: Callable[[list[dict]], dict], task: FinetuneTask,
-                 cfg: FinetuneConfig, out_dir: str, device: torch.device) -> tuple[EpochResult, list[EpochResult]]:
+                 cfg: FinetuneConfig, out_dir: str, device: torch.device,
+                 resume: bool = False) -> tuple[EpochResult, list[EpochResult], float]:
     """Fine-tune ``model`` for ``cfg.train.epochs`` epochs (or ``max_steps`` steps); return (best evaluation,
-    every evaluation).
+    every evaluation, seconds of training across resumptions).
 
     Evaluation runs after every epoch and, with ``eval_every``, every that many steps; the model's weights are
     those of the best evaluation (by ``task.select``) when this returns.  Each optimizer step takes
     ``batch_size`` examples in ``grad_accum`` micro-batches (the same update as one batch, in less memory).
-    Training lines (every ``log_every`` steps) and evaluation lines go to ``out_dir/metrics.jsonl``.
+    Training lines (every ``log_every`` steps) and evaluation lines go to ``out_dir/metrics.jsonl``.  With
+    ``save_every`` a checkpoint every that many steps holds everything the rest of the run depends on
+    (weights, optimizer, the epoch's data order and position, the random states, the evaluations so far and
+    the best one's weights), so that ``resume`` ends with the weights of the uninterrupted run, bit for bit.
     """
     t = cfg.train
     if not features:
@@ -156,7 +209,7 @@ def train_epochs(model: torch.nn.Module, features: list[dict], collate: Callable
     if cfg.freeze_embeddings:
         model.base_model.embeddings.word_embeddings.weight.requires_grad_(False)
     per_epoch, epochs, total = plan_steps(len(features), t)
-    if total < MIN_UPDATES:
+    if total < MIN_UPDATES and not resume:
         log.warning("this run makes only %d optimizer updates (%d examples, batch %d, %s); fine-tuning usually "
                     "needs a few hundred: lower --batch-size or raise --epochs", total, len(features), t.batch_size,
                     f"--max-steps {t.max_steps}" if t.max_steps else f"{t.epochs} epoch(s)")
@@ -165,7 +218,31 @@ def train_epochs(model: torch.nn.Module, features: list[dict], collate: Callable
     gen = torch.Generator().manual_seed(t.seed)
     history: list[EpochResult] = []
     best: list = [None, None]  # (EpochResult, weights on the CPU)
-    bar = tqdm(total=total, desc="fine-tuning", unit="step", disable=not cfg.impl.progress, dynamic_ncols=True)
+    fingerprint = _fingerprint(cfg, task)
+    start_epoch, start_i, order = 1, 0, None
+    if resume:
+        step, path, state = ckpt.restore_newest(out_dir, model, engine.optimizer,
+                                                required=("epoch", "next", "order", "gen", "rng", "history", "settings"))
+        changed = _differences(state["settings"], fingerprint)
+        if changed:
+            raise UserError(f"--resume continues the run in {out_dir} with its own settings; this command changes "
+                            + "; ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else ""))
+        engine.state.load_state_dict(state)
+        if "scaler" in state and engine.scaler.is_enabled():
+            engine.scaler.load_state_dict(state["scaler"])
+        gen.set_state(state["gen"])
+        set_rng_state(state["rng"])
+        history = [EpochResult(e, s, m) for e, s, m in state["history"]]
+        if state.get("best") is not None:
+            best[:] = EpochResult(*state["best"]), load_file(os.path.join(path, "best.safetensors"))
+        start_epoch, start_i, order = int(state["epoch"]), int(state["next"]), state["order"].numpy()
+        if start_i >= len(order):
+            start_epoch, start_i, order = start_epoch + 1, 0, None
+        metrics.truncate_after(step)
+        engine.start_clock()
+        log.info("resumed from %s (step %d of %d)", path, step, total)
+    bar = tqdm(total=total, initial=engine.state.step, desc="fine-tuning", unit="step", disable=not cfg.impl.progress,
+               dynamic_ncols=True)
 
     def evaluate(epoch: int) -> None:
         res, artifacts = task.evaluate(model, device)
@@ -177,12 +254,26 @@ def train_epochs(model: torch.nn.Module, features: list[dict], collate: Callable
         if best[0] is None or res[task.select] > best[0].metrics[task.select]:
             best[:] = result, {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
 
+    def save(epoch: int, next_i: int, order) -> None:
+        b = best[0]
+        state = {**engine.state.state_dict(), "epoch": epoch, "next": next_i, "order": torch.as_tensor(order),
+                 "gen": gen.get_state(), "rng": rng_state(), "settings": fingerprint,
+                 "history": [[h.epoch, h.step, h.metrics] for h in history],
+                 "best": None if b is None else [b.epoch, b.step, b.metrics]}
+        if engine.scaler.is_enabled():
+            state["scaler"] = engine.scaler.state_dict()
+        ckpt.save_checkpoint(out_dir, engine.state.step, model, engine.optimizer, state, t.keep_checkpoints,
+                             extra_weights=None if b is None else {"best": best[1]})
+        engine.tick()
+
     loss_fn = _loss_fn(t.batch_size)
     model.train()
-    for epoch in range(1, epochs + 1):
-        engine.state.take_meters()  # a logging line covers steps of its own epoch only
-        order = torch.randperm(len(features), generator=gen).numpy()
-        for i in range(0, len(order), t.batch_size):
+    for epoch in range(start_epoch, epochs + 1):
+        if order is None:
+            order = torch.randperm(len(features), generator=gen).numpy()
+        if start_i == 0:
+            engine.state.take_meters()  # a logging line covers steps of its own epoch only
+        for i in range(start_i, len(order), t.batch_size):
             idx = order[i : i + t.batch_size]
             micro = math.ceil(len(idx) / t.grad_accum)
             batches = [to_device(collate([features[j] for j in idx[k : k + micro]]), device) for k in range(0, len(idx), micro)]
@@ -202,13 +293,19 @@ def train_epochs(model: torch.nn.Module, features: list[dict], collate: Callable
                 log_step(f"step {step}/{total}  epoch {epoch}  loss {m['loss'] / m['n']:.4f}  lr {out['lr']:.2e}  "
                          f"grad-norm {m['grad_norm'] / m['n']:.3f}  elapsed {duration(elapsed)}  "
                          f"eta {duration(elapsed * (total - step) / step)}", bar_shown=not bar.disable)
+            if step == total or i + t.batch_size >= len(order):
+                evaluate(epoch)  # the end of the epoch, or of the run
+            elif t.eval_every and step % t.eval_every == 0:
+                evaluate(epoch)
             if step == total:
                 break
-            if t.eval_every and step % t.eval_every == 0 and i + t.batch_size < len(order):
-                evaluate(epoch)  # (the end of an epoch evaluates below)
-        evaluate(epoch)
-        if engine.state.step == total:
+            if t.save_every and step % t.save_every == 0:
+                save(epoch, i + t.batch_size, order)
+        order, start_i = None, 0
+        if engine.state.step >= total:
             break
     bar.close()
     model.load_state_dict(best[1])
-    return best[0], history
+    if best[0].artifacts is None:  # the best evaluation came before a resumption: its predictions again
+        best[0].artifacts = task.evaluate(model, device)[1]
+    return best[0], history, engine.tick()

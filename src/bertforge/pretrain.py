@@ -481,18 +481,7 @@ class Pretraining:
 
     def _restore(self) -> None:
         """Continue from the newest checkpoint that loads whole; damaged newer ones are skipped, with a warning."""
-        for step, path in reversed(ckpt.list_checkpoints(self.cfg.out)):
-            try:
-                state = ckpt.load_checkpoint(path, self.model, self.engine.optimizer)
-                state["loader"], state["rng"]  # noqa: B018 - present, or the checkpoint is damaged
-                break
-            except Exception as e:  # a truncated or corrupt file of an interrupted or damaged save
-                aside = os.path.join(os.path.dirname(path), f".damaged-{os.path.basename(path)}-{int(time.time())}")
-                os.rename(path, aside)  # kept for inspection, never considered again
-                log.warning("skipping checkpoint %s, which does not load (%s: %s); moved to %s", path,
-                            type(e).__name__, str(e)[:200], aside)
-        else:
-            raise UserError(f"no checkpoint in {os.path.join(self.cfg.out, ckpt.CHECKPOINTS)} loads; nothing to resume")
+        step, path, state = ckpt.restore_newest(self.cfg.out, self.model, self.engine.optimizer, required=("loader", "rng"))
         self.engine.state.load_state_dict(state)
         if "scaler" in state and self.engine.scaler.is_enabled():
             self.engine.scaler.load_state_dict(state["scaler"])

@@ -18,7 +18,8 @@ from ..checkpoint import has_weight as require_head
 from ..config import BertConfig, ClassifyConfig, FinetuneConfig
 from ..errors import UserError
 from ..evaluation import classification_metrics, eval_mode
-from ..files import json_lines, read_text
+from ..corpus import hf_rows, parquet_rows
+from ..files import json_lines, read_text, require_file
 from ..model import BertForSequenceClassification
 from ..tokenizer import check_vocab_fits, load_tokenizer, special_ids
 from .base import FinetuneTask
@@ -30,10 +31,19 @@ TEXT_COLUMNS = ("sentence", "text", "sentence1", "question", "premise")
 
 # ------------------------------------------------------------------------------------------------ reading
 def read_table(path: str) -> list[dict[str, str]]:
-    """Rows of a .tsv/.csv (with a header) or .jsonl file, as dicts of strings."""
-    text = read_text(path, "data file")
+    """Rows of a .tsv/.csv (with a header), .jsonl or .parquet file, or of ``hf:NAME[:CONFIG][@SPLIT]`` (a
+    Hugging Face dataset), as dicts of strings."""
     low = path.lower()
     rows: list[dict[str, str]] = []
+    if path.startswith("hf:") or low.endswith(".parquet"):
+        if not path.startswith("hf:"):
+            require_file(path, "data file")
+        found = hf_rows(path) if path.startswith("hf:") else parquet_rows(path)
+        rows = [{k: ("" if v is None else str(v)) for k, v in r.items()} for r in found]
+        if not rows:
+            raise UserError(f"{path} has no rows")
+        return rows
+    text = read_text(path, "data file")
     if low.endswith((".jsonl", ".json")):
         for _, obj in json_lines(text, path):
             rows.append({k: ("" if v is None else str(v)) for k, v in obj.items()})
@@ -52,7 +62,7 @@ def read_table(path: str) -> list[dict[str, str]]:
                 raise UserError(f"{path}:{n}: {len(fields)} fields, the header has {len(header)}")
             rows.append(dict(zip(header, fields)))
     else:
-        raise UserError(f"{path}: unknown format; expected .tsv, .csv or .jsonl")
+        raise UserError(f"{path}: unknown format; expected .tsv, .csv, .jsonl, .parquet or hf:NAME")
     if not rows:
         raise UserError(f"{path} has no rows")
     return rows

@@ -23,7 +23,8 @@ from tokenizers import Tokenizer
 from ..batching import length_sorted_batches, pad_batch, to_device
 from ..checkpoint import has_weight as require_head
 from ..config import BertConfig, FinetuneConfig, SquadConfig
-from ..errors import UserError
+from ..corpus import hf_rows, parquet_rows
+from ..errors import UserError, require_file
 from ..evaluation import eval_mode, squad_evaluate
 from ..files import atomic_write_text, read_json
 from ..model import BertForQuestionAnswering
@@ -41,7 +42,34 @@ class Example:
     answers: list[dict]  # [{"text", "answer_start"}]
 
 
+def squad_from_rows(rows, path: str) -> dict:
+    """The SQuAD JSON structure (``{"data": [articles]}``) of flat rows, as Hugging Face's ``squad`` dataset
+    and its Parquet files hold them: ``id``, ``title``, ``context``, ``question``, ``answers`` (``{"text":
+    [...], "answer_start": [...]}``, or a list of ``{"text", "answer_start"}``)."""
+    articles: dict[str, dict] = {}
+    for n, r in enumerate(rows):
+        for key in ("id", "context", "question", "answers"):
+            if key not in r:
+                raise UserError(f"{path}: row {n}: no field {key!r} (SQuAD rows hold id, title, context, question, answers)")
+        ans = r["answers"]
+        if isinstance(ans, dict):  # columnar, as the datasets library stores them
+            answers = [{"text": t, "answer_start": a} for t, a in zip(ans.get("text") or [], ans.get("answer_start") or [])]
+        else:
+            answers = list(ans or [])
+        title = r.get("title") or ""
+        art = articles.setdefault(title, {"title": title, "paragraphs": {}})
+        para = art["paragraphs"].setdefault(r["context"], {"context": r["context"], "qas": []})
+        para["qas"].append({"id": r["id"], "question": r["question"], "answers": answers})
+    return {"data": [{"title": a["title"], "paragraphs": list(a["paragraphs"].values())} for a in articles.values()]}
+
+
 def read_squad_json(path: str) -> dict:
+    """A SQuAD v1.1 JSON file, or the same questions as rows of a .parquet file or an ``hf:`` dataset."""
+    if path.startswith("hf:"):
+        return squad_from_rows(hf_rows(path), path)
+    if path.lower().endswith(".parquet"):
+        require_file(path, "SQuAD file")
+        return squad_from_rows(parquet_rows(path), path)
     d = read_json(path, "SQuAD file")
     if not isinstance(d, dict) or not isinstance(d.get("data"), list):
         raise UserError(f"{path}: not a SQuAD file (expected an object with a 'data' list)")
