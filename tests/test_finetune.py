@@ -51,13 +51,14 @@ def _weights(out) -> dict:
 
 
 def test_gradient_accumulation_makes_the_update_of_the_whole_batch(setup, tmp_path, capsys):
-    whole = _run(setup, tmp_path / "a1", "--batch-size", "8", "--epochs", "2")
-    split = _run(setup, tmp_path / "a4", "--batch-size", "8", "--epochs", "2", "--grad-accum", "4")
+    # 16 examples in batches of 6: the last batch of each epoch holds 4, split in micro-batches too
+    whole = _run(setup, tmp_path / "a1", "--batch-size", "6", "--epochs", "2")
+    split = _run(setup, tmp_path / "a4", "--batch-size", "6", "--epochs", "2", "--grad-accum", "3")
     smaller = _run(setup, tmp_path / "b2", "--batch-size", "2", "--epochs", "2")  # what accumulation must not be
     a, b, c = _weights(tmp_path / "a1"), _weights(tmp_path / "a4"), _weights(tmp_path / "b2")
     assert all(torch.allclose(a[k], b[k], atol=2e-5, rtol=1e-4) for k in a)
     assert not all(torch.allclose(a[k], c[k], atol=2e-5, rtol=1e-4) for k in a)
-    assert whole["epochs"][-1]["step"] == split["epochs"][-1]["step"] == 4 and smaller["epochs"][-1]["step"] == 16
+    assert whole["epochs"][-1]["step"] == split["epochs"][-1]["step"] == 6 and smaller["epochs"][-1]["step"] == 16
     capsys.readouterr()
 
 
@@ -110,6 +111,11 @@ def test_sigkill_and_resume_end_with_the_weights_of_the_uninterrupted_run(setup,
     assert "already exists" in capsys.readouterr().err
     assert main(_args(setup, killed, *RESUMABLE, "--lr", "2e-3", "--resume", model="dropout-model")) == 2
     assert "--resume continues the run" in capsys.readouterr().err  # other settings than the checkpoint's: refused
+    for other in (["--freeze-embeddings"], []):  # ... before anything is loaded: the checkpoints stay as they are
+        other_model = "model" if not other else "dropout-model"
+        assert main(_args(setup, killed, *RESUMABLE, "--resume", *other, model=other_model)) == 2
+        assert "--resume continues the run" in capsys.readouterr().err
+        assert [s for s, _ in list_checkpoints(str(killed))] == [3, 6]
     assert main(_args(setup, killed, *RESUMABLE, "--resume", model="dropout-model")) == 0
     a, b = _weights(straight), _weights(killed)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
@@ -123,3 +129,14 @@ def test_sigkill_and_resume_end_with_the_weights_of_the_uninterrupted_run(setup,
 def test_resume_needs_a_checkpoint(setup, tmp_path, capsys):
     assert main(_args(setup, tmp_path / "none", "--resume")) == 2
     assert "nothing to resume" in capsys.readouterr().err
+
+
+def test_an_interrupted_checkpointed_run_can_be_overwritten(setup, tmp_path, capsys):
+    out = tmp_path / "o"
+    env = dict(os.environ, BERTFORGE_FAULT="write:6")
+    proc = subprocess.run([sys.executable, "-m", "bertforge", *_args(setup, out, *RESUMABLE)], env=env, capture_output=True)
+    assert proc.returncode == -signal.SIGKILL and list_checkpoints(str(out))
+    (out / "checkpoints" / ".step-00000009.tmp-x").mkdir()  # what a killed save leaves
+    assert main(_args(setup, out, *RESUMABLE, "--overwrite")) == 0
+    assert (out / "model.safetensors").is_file() and not (out / "checkpoints").exists()
+    capsys.readouterr()

@@ -1,5 +1,8 @@
 """``bertforge bench``: bertforge against transformers on the same config, batch and machine, in one process.
 
+``--task pretrain`` (the default) times pretraining and inference; ``--task classify|squad`` a fine-tuning step
+(:func:`run_finetune_bench`).
+
 Training: a full pretraining step exactly as ``bertforge pretrain`` runs it (:meth:`bertforge.engine.Engine.step`
 with :func:`bertforge.pretrain.pretraining_loss_fn`: forward with dropout masks keyed by sequence on the CPU,
 backward, clipping, fused AdamW) against ``transformers.BertForPreTraining`` (SDPA attention, AdamW, clipping)
@@ -255,4 +258,138 @@ def run_bench(preset: str = "mini", batch_size: int = 32, seq_len: int = 128, st
     return res
 
 
-__all__ = ["run_bench", "matmul_peak", "pretraining_batch", "text_batch"]
+# ------------------------------------------------------------------------------------------------ fine-tuning
+def _finetune_data(task: str, data_dir: str | None, train: str | None, tmp: str) -> tuple[str, str]:
+    """(training file, validation file) of the fine-tuning bench: ``train``, else SST-2 / SQuAD train-8k
+    under ``data_dir``, else (classification only) the demo's sentiment sentences."""
+    if train:
+        return train, train
+    if task == "classify":
+        if data_dir and os.path.isfile(os.path.join(data_dir, "sst2", "train.tsv")):
+            return os.path.join(data_dir, "sst2", "train.tsv"), os.path.join(data_dir, "sst2", "dev.tsv")
+        from .demo_corpus import write_sentiment
+
+        paths = write_sentiment(tmp, n_train=2000, seed=0)
+        return paths["train"], paths["validation"]
+    if data_dir and os.path.isfile(os.path.join(data_dir, "squad", "train-8k-v1.1.json")):
+        return os.path.join(data_dir, "squad", "train-8k-v1.1.json"), os.path.join(data_dir, "squad", "dev-v1.1.json")
+    raise UserError("bench --task squad needs --train FILE or --data-dir (SQuAD's train-8k-v1.1.json under squad/)")
+
+
+def run_finetune_bench(task: str, model: str | None = None, preset: str = "mini", batch_size: int = 32,
+                       seq_len: int | None = None, steps: int = 3, rounds: int = 7, device: str = "auto",
+                       data_dir: str | None = None, train: str | None = None, n_batches: int = 16,
+                       group_by_length: bool = False, threads: int | None = None, precision: str = "auto", out=print) -> dict:
+    """A real fine-tuning step of ``bertforge finetune TASK`` (its batches, loss and :class:`Engine` step) against
+    transformers' ``BertFor{SequenceClassification,QuestionAnswering}`` (SDPA attention, AdamW, clipping) on the
+    same model weights and the same variable-length batches (each padded to its longest example, as both
+    tools' dynamic padding; ``group_by_length`` sorts them by length first, as the Trainer's option), in one
+    process, alternating round by round; the medians of real tokens per second are compared."""
+    import tempfile
+
+    try:
+        import transformers
+    except ImportError:
+        raise UserError("bertforge bench compares against transformers: pip install 'bertforge[test]'") from None
+    from .batching import to_device
+    from .finetune import _loss_fn
+    from .tasks import TASKS
+    from .tokenizer import load_tokenizer, save_tokenizer, train_tokenizer
+
+    if task not in TASKS:
+        raise UserError(f"bench --task must be pretrain, {' or '.join(TASKS)}, not {task!r}")
+    seq_len = seq_len or (384 if task == "squad" else 128)
+    impl = ImplConfig(device=device, threads=threads, precision=precision)
+    dev = resolve_device(impl)
+    setup_backend(dev, impl)
+    autocast = autocast_context(dev, impl)
+    kind = TASKS[task]
+    with tempfile.TemporaryDirectory() as tmp:
+        train_file, val_file = _finetune_data(task, data_dir, train, tmp)
+        cfg = kind.config(model=model or os.path.join(tmp, "model"), train_file=train_file, validation_file=val_file,
+                          out=os.path.join(tmp, "out"), max_seq_length=seq_len, batch_size=batch_size,
+                          max_train_examples=batch_size * n_batches)
+        t = kind(kind.settings_class())
+        t.read(cfg)
+        if model is None:  # a randomly initialised preset with a WordPiece vocabulary of the training text
+            rows = getattr(t, "train_rows", None)
+            texts = [r[t.text] for r in rows] if rows else [e.context + " " + e.question for e in t.train_ex]
+            tok = train_tokenizer(texts, 8000, kind="wordpiece")
+            save_tokenizer(tok, cfg.model)
+            torch.manual_seed(0)
+            BertForPreTraining(BertConfig.preset(preset, vocab_size=tok.get_vocab_size())).save_pretrained(cfg.model, tokenizer=tok)
+        tok = load_tokenizer(cfg.model)
+        config = BertConfig.load(cfg.model)
+        reinit = t.configure(config)
+        features, collate = t.encode(tok, cfg)
+        features = features[: batch_size * n_batches]
+        if group_by_length:
+            features = sorted(features, key=lambda f: len(f["input_ids"]))
+        batches = [to_device(collate(features[i : i + batch_size]), dev) for i in range(0, len(features) - batch_size + 1, batch_size)]
+        if not batches:
+            raise UserError(f"fewer than {batch_size} training examples for one batch")
+        torch.manual_seed(0)
+        ours = kind.model_class.from_pretrained(cfg.model, config=config, reinit_head=reinit)
+        ours.save_pretrained(os.path.join(tmp, "same"), tokenizer=tok)  # the same weights for transformers
+        hf_class = getattr(transformers, kind.model_class.__name__)
+        theirs = hf_class.from_pretrained(os.path.join(tmp, "same"), attn_implementation="sdpa").to(dev).train()
+    ours = ours.to(dev).train()
+    engine = Engine(ours, TrainConfig(lr=5e-5), impl, dev)
+    if dev.type == "cuda":
+        opt_theirs = build_optimizer(theirs, TrainConfig(lr=5e-5), dev)
+    else:  # torch's default, as transformers' Trainer (adamw_torch) uses it
+        opt_theirs = torch.optim.AdamW(theirs.parameters(), lr=5e-5, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01)
+    real = [int(b["attention_mask"].sum()) for b in batches]
+    padded = sum(b["attention_mask"].numel() for b in batches)
+    out(f"device {dev}, {torch.get_num_threads()} threads, torch {torch.__version__}, transformers {transformers.__version__}")
+    out(f"fine-tuning {task}: {model or preset} ({config.num_hidden_layers} layers, hidden {config.hidden_size}), "
+        f"{len(batches)} batches of {batch_size} from {os.path.basename(train_file)} (up to {seq_len} tokens, "
+        f"{1 - sum(real) / padded:.0%} padding{', grouped by length' if group_by_length else ''})")
+
+    def step_ours(b):
+        engine.step([b], _loss_fn(batch_size))
+
+    def step_theirs(b):
+        with autocast:
+            loss = theirs(**b).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(theirs.parameters(), 1.0)
+        opt_theirs.step()
+        opt_theirs.zero_grad(set_to_none=True)
+
+    def timed(fn, r):
+        picks = [(r * steps + k) % len(batches) for k in range(steps)]
+        _sync(dev)
+        t0 = time.perf_counter()
+        for i in picks:
+            fn(batches[i])
+        _sync(dev)
+        return sum(real[i] for i in picks) / (time.perf_counter() - t0)
+
+    with torch.no_grad():  # the same model on the same batch: the logits agree (at real positions for squad)
+        ours.eval(), theirs.eval()
+        b = {k: v for k, v in batches[0].items() if k in ("input_ids", "token_type_ids", "attention_mask")}
+        o, h = ours(**b), theirs(**b)
+        real_pos = b["attention_mask"].bool()
+        pairs = [(o.logits, h.logits)] if task == "classify" else [(o.start_logits[real_pos], h.start_logits[real_pos]),
+                                                                   (o.end_logits[real_pos], h.end_logits[real_pos])]
+        logit_diff = max(float((x.float() - y.float()).abs().max()) for x, y in pairs)
+        ours.train(), theirs.train()
+    step_ours(batches[0]), step_theirs(batches[0])  # warm-up
+    rows = []
+    for r in range(rounds):
+        a, b = timed(step_ours, r), timed(step_theirs, r)
+        rows.append((a, b))
+        out(f"fine-tuning round {r + 1}: bertforge {a:8.0f} tok/s   transformers {b:8.0f} tok/s   x{a / b:.2f}")
+    res = {"device": str(dev), "task": task, "model": model or preset, "batch_size": batch_size, "max_seq_length": seq_len,
+           "batches": len(batches), "padding_fraction": 1 - sum(real) / padded, "group_by_length": group_by_length,
+           "max_logit_difference": logit_diff,
+           "finetune_tokens_per_second": statistics.median(a for a, _ in rows),
+           "transformers_finetune_tokens_per_second": statistics.median(b for _, b in rows),
+           "finetune_speedup_vs_transformers": statistics.median(a / b for a, b in rows)}
+    out(json.dumps(res))
+    out(f"finetune_speedup_vs_transformers={res['finetune_speedup_vs_transformers']:.2f}")
+    return res
+
+
+__all__ = ["run_bench", "run_finetune_bench", "matmul_peak", "pretraining_batch", "text_batch"]

@@ -266,31 +266,48 @@ def save_checkpoint(out: str, step: int, model, optimizer, state: dict, keep: in
     return final
 
 
-def restore_newest(out: str, model, optimizer, required: tuple[str, ...] = ()) -> tuple[int, str, dict]:
-    """Restore ``model`` and ``optimizer`` from the newest checkpoint in ``out`` that loads whole (its state
-    holding the ``required`` keys); return (step, folder, state).  Newer damaged ones (a save interrupted by
-    a kill, a truncated file) are moved aside as ``.damaged-*``, with a warning, and never considered again."""
+def restore_newest(out: str, model, optimizer, required: tuple[str, ...] = (), check=None) -> tuple[int, str, dict]:
+    """Restore ``model`` and ``optimizer`` from the newest checkpoint in ``out`` that reads whole (its state
+    holding the ``required`` keys); return (step, folder, state).  Newer ones that do not read (a save
+    interrupted by a kill, a truncated file) are moved aside as ``.damaged-*``, with a warning, and never
+    considered again.  ``check(state)`` runs before anything is loaded (a UserError from it leaves every
+    checkpoint as it is), and a checkpoint that reads but does not fit the model is an error, never damage."""
     for step, path in reversed(list_checkpoints(out)):
         try:
-            state = load_checkpoint(path, model, optimizer)
+            weights = load_file(os.path.join(path, WEIGHTS_NAME))
+            opt_state = torch.load(os.path.join(path, "optimizer.pt"), weights_only=True, map_location="cpu")
+            state = torch.load(os.path.join(path, "trainer_state.pt"), weights_only=True, map_location="cpu")
             missing = [k for k in required if k not in state]
             if missing:
                 raise KeyError(f"no {', '.join(missing)} in its state")
-            return step, path, state
         except Exception as e:  # a truncated or corrupt file of an interrupted or damaged save
             aside = os.path.join(os.path.dirname(path), f".damaged-{os.path.basename(path)}-{int(time.time())}")
             os.rename(path, aside)  # kept for inspection, never considered again
             log.warning("skipping checkpoint %s, which does not load (%s: %s); moved to %s", path,
                         type(e).__name__, str(e)[:200], aside)
+            continue
+        if check is not None:
+            check(state)
+        try:
+            _apply(path, model, optimizer, weights, opt_state)
+        except UserError:
+            raise
+        except Exception as e:  # shapes or parameter groups of another model
+            raise UserError(f"checkpoint {path} does not fit this run's model ({' '.join(str(e).split())[:200]})") from None
+        return step, path, state
     raise UserError(f"no checkpoint in {os.path.join(out, CHECKPOINTS)} loads; nothing to resume")
+
+
+def _apply(path: str, model, optimizer, weights: dict, opt_state: dict) -> None:
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    if unexpected or [k for k in missing if k not in tied_keys(model)]:
+        raise UserError(f"checkpoint {path} does not fit the model: missing {missing}, unexpected {unexpected}")
+    model.tie_weights()
+    optimizer.load_state_dict(opt_state)
 
 
 def load_checkpoint(path: str, model, optimizer) -> dict:
     """Restore ``model`` and ``optimizer`` from checkpoint folder ``path``; return its training state."""
-    sd = load_file(os.path.join(path, WEIGHTS_NAME))
-    missing, unexpected = model.load_state_dict(sd, strict=False)
-    if unexpected or [k for k in missing if k not in tied_keys(model)]:
-        raise UserError(f"checkpoint {path} does not fit the model: missing {missing}, unexpected {unexpected}")
-    model.tie_weights()
-    optimizer.load_state_dict(torch.load(os.path.join(path, "optimizer.pt"), weights_only=True, map_location="cpu"))
+    opt_state = torch.load(os.path.join(path, "optimizer.pt"), weights_only=True, map_location="cpu")
+    _apply(path, model, optimizer, load_file(os.path.join(path, WEIGHTS_NAME)), opt_state)
     return torch.load(os.path.join(path, "trainer_state.pt"), weights_only=True, map_location="cpu")

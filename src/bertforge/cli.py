@@ -499,10 +499,15 @@ def build_parser() -> argparse.ArgumentParser:
     dm.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
     dm.set_defaults(func=cmd_demo)
 
-    b = sub.add_parser("bench", help="pretraining and inference speed against transformers, side by side")
+    b = sub.add_parser("bench", help="pretraining, inference or fine-tuning speed against transformers, side by side")
+    b.add_argument("--task", default="pretrain", choices=("pretrain", "classify", "squad"),
+                   help="pretrain (training step and inference), or a fine-tuning step of classify or squad")
     b.add_argument("--preset", default="mini")
+    b.add_argument("--model", help="--task classify|squad: a BERT directory to fine-tune (default: a random --preset model)")
+    b.add_argument("--train", help="--task classify|squad: the training file (default: SST-2 or SQuAD train-8k under --data-dir)")
+    b.add_argument("--group-by-length", action="store_true", help="--task classify|squad: batches of similar lengths")
     b.add_argument("--batch-size", type=positive_int, default=32)
-    b.add_argument("--seq-len", type=positive_int, default=128)
+    b.add_argument("--seq-len", type=positive_int, help="default: 128 (384 for squad)")
     b.add_argument("--steps", type=positive_int, default=3, help="training steps per timed round")
     b.add_argument("--rounds", type=positive_int, default=7, help="alternating rounds (the median is reported)")
     b.add_argument("--vocab-size", type=positive_int, help="default: the tokenizer's with --tokenizer, else 30522")
@@ -528,9 +533,14 @@ def cmd_demo(a: argparse.Namespace) -> int:
 
 
 def cmd_bench(a: argparse.Namespace) -> int:
-    from .bench import run_bench
+    from .bench import run_bench, run_finetune_bench
 
-    run_bench(a.preset, a.batch_size, a.seq_len, a.steps, a.rounds, a.vocab_size, a.device, a.data_dir, a.inference,
+    if a.task != "pretrain":
+        run_finetune_bench(a.task, a.model, a.preset, a.batch_size, a.seq_len, a.steps, a.rounds, a.device, a.data_dir,
+                           a.train, group_by_length=a.group_by_length, threads=a.threads, precision=a.precision,
+                           out=lambda line: print(line, flush=True))
+        return 0
+    run_bench(a.preset, a.batch_size, a.seq_len or 128, a.steps, a.rounds, a.vocab_size, a.device, a.data_dir, a.inference,
               a.threads, out=lambda line: print(line, flush=True), text=a.text, tokenizer=a.tokenizer,
               precision=a.precision)
     return 0

@@ -155,9 +155,9 @@ def hf_rows(spec: str) -> Iterator[dict]:
         name, config = name.split(":", 1)
     try:
         ds = datasets.load_dataset(name, config, split=split, streaming=True)
-    except Exception as e:
-        raise UserError(f"cannot load dataset {spec}: {e}") from None
-    yield from ds
+        yield from ds
+    except Exception as e:  # loading, or reading a row (files whose columns differ, a network error, ...)
+        raise UserError(f"cannot load dataset {spec}: {' '.join(str(e).split())[:300]}") from None
 
 
 def _parquet_texts(path: str, field: str) -> Iterator[str]:

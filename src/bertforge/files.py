@@ -211,7 +211,7 @@ OUTPUT_ENTRIES = {
     "pretrain": _MODEL_FILES | {"pretrain_config.json", "metrics.jsonl", "metrics.json", "train.log", "plots", "checkpoints",
                                 "tensorboard", "generator", "README.md"},
     "finetune": _MODEL_FILES | {"finetune_config.json", "metrics.jsonl", "metrics.json", "train.log", "plots", "tensorboard",
-                                "predictions.json", "predictions.jsonl", "README.md"},
+                                "predictions.json", "predictions.jsonl", "README.md", "checkpoints"},
     "demo": {MARKER, ".bertforge-demo", "data", "cache", "pretrained", "scratch-init", "sentiment-pretrained",
              "sentiment-scratch", "pretrained-mlm", "summary.json", "metrics.json", "samples.json", "report.md", "report.html", "results.png"},
 }

@@ -34,7 +34,8 @@ from .config import BertConfig, FinetuneConfig, validate_fields
 from .devices import resolve_device, setup_backend
 from .engine import Engine, LinearSchedule, NonFiniteLoss, rng_state, set_rng_state
 from .errors import TrainingError, UserError
-from .files import OutputLock, atomic_dir, check_inputs_outside, check_output, recover_beside, remove_output, write_marker
+from .files import (OutputLock, atomic_dir, check_inputs_outside, check_output, recover_beside, remove_output,
+                    remove_stale_temporaries, write_marker)
 from .logs import MetricsLog, duration, file_log, log_step, rounded
 from .plots import plot_finetuning
 from .tasks import FinetuneTask
@@ -55,11 +56,11 @@ def run_finetuning(task: FinetuneTask, cfg: FinetuneConfig, overwrite: bool = Fa
     """Fine-tune ``cfg.model`` on ``task``; return the best evaluation's metrics (also in OUT/metrics.json).
 
     An existing, non-empty ``cfg.out`` is refused, unless ``overwrite`` and it is an earlier fine-tuning
-    output of bertforge's, which is then replaced whole when the new one is complete; or ``resume``, which
-    continues the run that ``--save-every`` checkpointed there from its newest checkpoint that loads (with
-    the same settings, checked).  Without ``--save-every`` the output is written into a temporary folder
-    renamed into place at the end; with it the run writes into ``cfg.out`` (its checkpoints in
-    ``checkpoints/``, removed at the end).
+    output of bertforge's; or ``resume``, which continues the run that ``--save-every`` checkpointed there
+    from its newest checkpoint that loads (with the same settings, checked first).  Without ``--save-every``
+    the output is written into a temporary folder renamed into place at the end (an earlier output replaced
+    only then); with it the run writes into ``cfg.out`` (its checkpoints in ``checkpoints/``, removed at the
+    end), and ``overwrite`` removes the earlier output first, as pretraining's does.
     """
     cfg.validate()
     validate_fields(task.settings)
@@ -125,8 +126,11 @@ def _run(task: FinetuneTask, cfg: FinetuneConfig, replace: bool, resume: bool = 
             plot_finetuning(os.path.join(tmp, "metrics.jsonl"), os.path.join(tmp, "plots"), task.plotted)
         except Exception as e:  # plots never cost a finished run
             log.warning("could not draw plots: %s", e)
-        if checkpointed:  # the run is complete: its checkpoints have served
-            shutil.rmtree(os.path.join(tmp, ckpt.CHECKPOINTS), ignore_errors=True)
+        if checkpointed:  # the run is complete: its checkpoints have served (damaged ones stay, for inspection)
+            for _, path in ckpt.list_checkpoints(tmp):
+                shutil.rmtree(path, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                os.rmdir(os.path.join(tmp, ckpt.CHECKPOINTS))
     return metrics
 
 
@@ -173,9 +177,8 @@ def plan_steps(n_examples: int, t) -> tuple[int, int, int]:
 def _fingerprint(cfg: FinetuneConfig, task: FinetuneTask) -> dict:
     """The settings a resumed run must share with the run it continues (not how often it saves or logs)."""
     train = {k: v for k, v in dataclasses.asdict(cfg.train).items() if k not in ("save_every", "keep_checkpoints", "log_every")}
-    return {"model": cfg.model, "freeze_embeddings": cfg.freeze_embeddings, "train": train,
-            "data": {k: v for k, v in dataclasses.asdict(cfg.data).items() if k != "eval_batch_size"},
-            "task": dataclasses.asdict(task.settings)}
+    return {"model": cfg.model, "freeze_embeddings": cfg.freeze_embeddings, "train": train, "data": dataclasses.asdict(cfg.data),
+            "task": dataclasses.asdict(task.settings), "precision": cfg.impl.precision}
 
 
 def _differences(saved: dict, now: dict, prefix: str = "") -> list[str]:
@@ -211,7 +214,7 @@ def train_epochs(model: torch.nn.Module, features: list[dict], collate: Callable
     per_epoch, epochs, total = plan_steps(len(features), t)
     if total < MIN_UPDATES and not resume:
         log.warning("this run makes only %d optimizer updates (%d examples, batch %d, %s); fine-tuning usually "
-                    "needs a few hundred: lower --batch-size or raise --epochs", total, len(features), t.batch_size,
+                    "needs a few hundred: lower --batch-size or raise --epochs (or --max-steps)", total, len(features), t.batch_size,
                     f"--max-steps {t.max_steps}" if t.max_steps else f"{t.epochs} epoch(s)")
     engine = Engine(model, t, cfg.impl, device, schedule=LinearSchedule(t.lr, total, None, t.warmup_steps, t.warmup_ratio))
     metrics = MetricsLog(out_dir, tensorboard=cfg.impl.report_to == "tensorboard")
@@ -221,12 +224,16 @@ def train_epochs(model: torch.nn.Module, features: list[dict], collate: Callable
     fingerprint = _fingerprint(cfg, task)
     start_epoch, start_i, order = 1, 0, None
     if resume:
-        step, path, state = ckpt.restore_newest(out_dir, model, engine.optimizer,
+        def same_settings(state: dict) -> None:
+            changed = _differences(state["settings"], fingerprint)
+            if changed:
+                raise UserError(f"--resume continues the run in {out_dir} with its own settings; this command changes "
+                                + "; ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else ""))
+
+        for p in remove_stale_temporaries(os.path.join(out_dir, ckpt.CHECKPOINTS)):
+            log.warning("removed %s, left by an interrupted save", p)
+        step, path, state = ckpt.restore_newest(out_dir, model, engine.optimizer, check=same_settings,
                                                 required=("epoch", "next", "order", "gen", "rng", "history", "settings"))
-        changed = _differences(state["settings"], fingerprint)
-        if changed:
-            raise UserError(f"--resume continues the run in {out_dir} with its own settings; this command changes "
-                            + "; ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else ""))
         engine.state.load_state_dict(state)
         if "scaler" in state and engine.scaler.is_enabled():
             engine.scaler.load_state_dict(state["scaler"])
