@@ -64,6 +64,16 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
+def transformers_step(model, optimizer, batch: dict, autocast) -> None:
+    """One training step as transformers' Trainer takes it: forward (its loss), backward, clipping at 1.0, AdamW."""
+    with autocast:
+        loss = model(**batch).loss
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
 def pretraining_batch(B: int, T: int, vocab: int, mask_prob: float = 0.15, seed: int = 0) -> dict:
     """[CLS] A [SEP] B [SEP] of random ordinary tokens (ids 5..vocab), ``mask_prob`` of them masked 80/10/10."""
     g = torch.Generator().manual_seed(seed)
@@ -180,12 +190,7 @@ def run_bench(preset: str = "mini", batch_size: int = 32, seq_len: int = 128, st
         engine.step([batch], pretraining_loss_fn(n_mask, batch_size, 0, engine.state.step))
 
     def step_theirs():
-        with autocast:
-            loss = theirs(**theirs_batch).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(theirs.parameters(), 1.0)
-        opt_theirs.step()
-        opt_theirs.zero_grad(set_to_none=True)
+        transformers_step(theirs, opt_theirs, theirs_batch, autocast)
 
     def timed(fn, k):
         _sync(dev)
@@ -350,12 +355,7 @@ def run_finetune_bench(task: str, model: str | None = None, preset: str = "mini"
         engine.step([b], _loss_fn(batch_size))
 
     def step_theirs(b):
-        with autocast:
-            loss = theirs(**b).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(theirs.parameters(), 1.0)
-        opt_theirs.step()
-        opt_theirs.zero_grad(set_to_none=True)
+        transformers_step(theirs, opt_theirs, b, autocast)
 
     def timed(fn, r):
         picks = [(r * steps + k) % len(batches) for k in range(steps)]
