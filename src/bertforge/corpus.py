@@ -28,7 +28,7 @@ import os
 import re
 from collections.abc import Iterator
 
-from .errors import UserError
+from .errors import UserError, require_file
 from .files import json_lines, read_text
 
 TEXT_SUFFIXES = (".txt", ".jsonl", ".txt.gz", ".jsonl.gz", ".parquet")
@@ -158,6 +158,16 @@ def hf_rows(spec: str) -> Iterator[dict]:
         yield from ds
     except Exception as e:  # loading, or reading a row (files whose columns differ, a network error, ...)
         raise UserError(f"cannot load dataset {spec}: {' '.join(str(e).split())[:300]}") from None
+
+
+def table_rows(path: str) -> Iterator[dict] | None:
+    """The rows of ``path`` when it is a .parquet file or an ``hf:`` dataset, else None (a text file)."""
+    if path.startswith("hf:"):
+        return hf_rows(path)
+    if path.lower().endswith(".parquet"):
+        require_file(path, "data file")
+        return parquet_rows(path)
+    return None
 
 
 def _parquet_texts(path: str, field: str) -> Iterator[str]:

@@ -165,13 +165,13 @@ def _loss_fn(global_batch: int):
     return loss_fn
 
 
-def plan_steps(n_examples: int, t) -> tuple[int, int, int]:
-    """(optimizer steps per epoch, epochs, total steps): ``--max-steps``, when given, sets the total (as the
-    Trainer's ``max_steps``: the epochs are as many as it takes); otherwise ``--epochs`` passes."""
+def plan_steps(n_examples: int, t) -> tuple[int, int]:
+    """(epochs, total optimizer steps): ``--max-steps``, when given, sets the total (as the Trainer's
+    ``max_steps``: the epochs are as many as it takes); otherwise ``--epochs`` passes."""
     per_epoch = math.ceil(n_examples / t.batch_size)
     if t.max_steps:
-        return per_epoch, math.ceil(t.max_steps / per_epoch), t.max_steps
-    return per_epoch, t.epochs, per_epoch * t.epochs
+        return math.ceil(t.max_steps / per_epoch), t.max_steps
+    return t.epochs, per_epoch * t.epochs
 
 
 def _fingerprint(cfg: FinetuneConfig, task: FinetuneTask) -> dict:
@@ -211,7 +211,7 @@ def train_epochs(model: torch.nn.Module, features: list[dict], collate: Callable
         raise TrainingError("no training examples")
     if cfg.freeze_embeddings:
         model.base_model.embeddings.word_embeddings.weight.requires_grad_(False)
-    per_epoch, epochs, total = plan_steps(len(features), t)
+    epochs, total = plan_steps(len(features), t)
     if total < MIN_UPDATES and not resume:
         log.warning("this run makes only %d optimizer updates (%d examples, batch %d, %s); fine-tuning usually "
                     "needs a few hundred: lower --batch-size or raise --epochs (or --max-steps)", total, len(features), t.batch_size,
@@ -273,7 +273,6 @@ def train_epochs(model: torch.nn.Module, features: list[dict], collate: Callable
                              extra_weights=None if b is None else {"best": best[1]})
         engine.tick()
 
-    loss_fn = _loss_fn(t.batch_size)
     model.train()
     for epoch in range(start_epoch, epochs + 1):
         if order is None:
@@ -285,7 +284,7 @@ def train_epochs(model: torch.nn.Module, features: list[dict], collate: Callable
             micro = math.ceil(len(idx) / t.grad_accum)
             batches = [to_device(collate([features[j] for j in idx[k : k + micro]]), device) for k in range(0, len(idx), micro)]
             try:
-                out = engine.step(batches, _loss_fn(len(idx)) if len(idx) != t.batch_size else loss_fn)
+                out = engine.step(batches, _loss_fn(len(idx)))
             except NonFiniteLoss as err:
                 raise TrainingError(f"{err}; try a lower --lr") from None
             engine.state.add(loss=out["loss"] / len(idx), grad_norm=out["grad_norm"], n=1)

@@ -18,8 +18,8 @@ from ..checkpoint import has_weight as require_head
 from ..config import BertConfig, ClassifyConfig, FinetuneConfig
 from ..errors import UserError
 from ..evaluation import classification_metrics, eval_mode
-from ..corpus import hf_rows, parquet_rows
-from ..files import json_lines, read_text, require_file
+from ..corpus import table_rows
+from ..files import json_lines, read_text
 from ..model import BertForSequenceClassification
 from ..tokenizer import check_vocab_fits, load_tokenizer, special_ids
 from .base import FinetuneTask
@@ -35,10 +35,8 @@ def read_table(path: str) -> list[dict[str, str]]:
     Hugging Face dataset), as dicts of strings."""
     low = path.lower()
     rows: list[dict[str, str]] = []
-    if path.startswith("hf:") or low.endswith(".parquet"):
-        if not path.startswith("hf:"):
-            require_file(path, "data file")
-        found = hf_rows(path) if path.startswith("hf:") else parquet_rows(path)
+    found = table_rows(path)
+    if found is not None:
         rows = [{k: ("" if v is None else str(v)) for k, v in r.items()} for r in found]
         if not rows:
             raise UserError(f"{path} has no rows")

@@ -23,8 +23,8 @@ from tokenizers import Tokenizer
 from ..batching import length_sorted_batches, pad_batch, to_device
 from ..checkpoint import has_weight as require_head
 from ..config import BertConfig, FinetuneConfig, SquadConfig
-from ..corpus import hf_rows, parquet_rows
-from ..errors import UserError, require_file
+from ..corpus import table_rows
+from ..errors import UserError
 from ..evaluation import eval_mode, squad_evaluate
 from ..files import atomic_write_text, read_json
 from ..model import BertForQuestionAnswering
@@ -65,11 +65,9 @@ def squad_from_rows(rows, path: str) -> dict:
 
 def read_squad_json(path: str) -> dict:
     """A SQuAD v1.1 JSON file, or the same questions as rows of a .parquet file or an ``hf:`` dataset."""
-    if path.startswith("hf:"):
-        return squad_from_rows(hf_rows(path), path)
-    if path.lower().endswith(".parquet"):
-        require_file(path, "SQuAD file")
-        return squad_from_rows(parquet_rows(path), path)
+    rows = table_rows(path)
+    if rows is not None:
+        return squad_from_rows(rows, path)
     d = read_json(path, "SQuAD file")
     if not isinstance(d, dict) or not isinstance(d.get("data"), list):
         raise UserError(f"{path}: not a SQuAD file (expected an object with a 'data' list)")
