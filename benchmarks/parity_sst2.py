@@ -14,12 +14,11 @@ order (seeded), each batch padded to its longest sentence (``DataCollatorWithPad
 
 import argparse
 import json
-import math
 import os
-import time
 
 import torch
-from transformers import AutoTokenizer, BertForSequenceClassification, DataCollatorWithPadding, get_linear_schedule_with_warmup
+from hf_loop import train_one_epoch
+from transformers import AutoTokenizer, BertForSequenceClassification, DataCollatorWithPadding
 
 
 def read_tsv(path, limit=None):
@@ -45,23 +44,7 @@ def main():
     enc = lambda rows: [{**tok(s, truncation=True, max_length=a.max_length), "labels": y} for s, y in rows]  # noqa: E731
     f_train, f_dev = enc(train), enc(dev)
     collate = DataCollatorWithPadding(tok)
-    no_decay = [p for n, p in model.named_parameters() if n.endswith("bias") or "LayerNorm" in n]
-    decay = [p for n, p in model.named_parameters() if not (n.endswith("bias") or "LayerNorm" in n)]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}], lr=a.lr)
-    steps = math.ceil(len(f_train) / a.batch_size)
-    sched = get_linear_schedule_with_warmup(opt, int(0.1 * steps), steps)
-    order = torch.randperm(len(f_train), generator=torch.Generator().manual_seed(a.seed)).tolist()
-    model.train()
-    t0 = time.perf_counter()
-    for i in range(0, len(order), a.batch_size):
-        batch = collate([f_train[j] for j in order[i : i + a.batch_size]])
-        loss = model(**batch).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        opt.zero_grad(set_to_none=True)
-    train_seconds = time.perf_counter() - t0
+    train_seconds, steps = train_one_epoch(model, f_train, collate, a.lr, a.batch_size, a.seed, log_every=0)
     model.eval()
     correct = 0
     with torch.no_grad():

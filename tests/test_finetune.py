@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -139,4 +140,107 @@ def test_an_interrupted_checkpointed_run_can_be_overwritten(setup, tmp_path, cap
     (out / "checkpoints" / ".step-00000009.tmp-x").mkdir()  # what a killed save leaves
     assert main(_args(setup, out, *RESUMABLE, "--overwrite")) == 0
     assert (out / "model.safetensors").is_file() and not (out / "checkpoints").exists()
+    capsys.readouterr()
+
+
+def test_torchrun_and_accumulation_with_dropout_match_one_process(setup, tmp_path, capsys):
+    """Dropout masks keyed by (seed, step, example): two processes, or one accumulating two micro-batches,
+    compute the one-process run.  Batches of 6 from 13 examples: each epoch's last batch holds one example,
+    so the second process has none there (it takes part with a batch that counts for nothing)."""
+    args = ["--batch-size", "6", "--max-train-examples", "13", "--epochs", "2", "--log-every", "1"]
+    one, accum, two = tmp_path / "one", tmp_path / "accum", tmp_path / "two"
+    assert main(_args(setup, one, *args, model="dropout-model")) == 0
+    assert main(_args(setup, accum, *args, "--grad-accum", "2", model="dropout-model")) == 0
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    r = subprocess.run([torchrun, "--nproc_per_node=2", "--master_port", "29547", "-m", "bertforge",
+                        *_args(setup, two, *args, model="dropout-model")], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    a = _weights(one)
+    for other in (accum, two):
+        b = _weights(other)
+        assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-5, other
+        la = [x["loss"] for x in _rows(one) if x["type"] == "train"]
+        lb = [x["loss"] for x in _rows(other) if x["type"] == "train"]
+        assert len(la) == 6 and max(abs(x - y) for x, y in zip(la, lb)) < 1e-5
+    assert json.loads((two / "finetune_config.json").read_text())["processes"] == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["accum", "one", "two"]  # one writer, nothing beside (yet)
+    # and dropout is on: the same model without it ends elsewhere
+    shutil.copytree(setup / "dropout-model", tmp_path / "m0")
+    c = json.loads((tmp_path / "m0" / "config.json").read_text())
+    (tmp_path / "m0" / "config.json").write_text(json.dumps({**c, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}))
+    assert main(_args(setup, tmp_path / "nodrop", *args, model=str(tmp_path / "m0"))) == 0  # (an absolute model path)
+    assert not torch.allclose(_weights(tmp_path / "nodrop")["classifier.weight"], a["classifier.weight"], atol=1e-4)
+    capsys.readouterr()
+
+
+def test_config_file_replays_a_run_and_flags_override_it(setup, tmp_path, capsys):
+    first = _run(setup, tmp_path / "first", "--batch-size", "4", "--epochs", "2")
+    # the run's own finetune_config.json as --config (another --out): the same run
+    saved = tmp_path / "first" / "finetune_config.json"
+    assert main(["--quiet", "finetune", "classify", "--config", str(saved), "--out", str(tmp_path / "again")]) == 0
+    a, b = _weights(tmp_path / "first"), _weights(tmp_path / "again")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert json.loads((tmp_path / "again" / "metrics.json").read_text())["accuracy"] == first["accuracy"]
+    # a YAML file of the flags' names, a flag over it
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(f"model: {setup / 'model'}\ntrain: {setup / 't.jsonl'}\nvalidation_file: {setup / 't.jsonl'}\n"
+                   "batch-size: 4\nepochs: 2\nlr: 5e-1\nseed: 1\ndata: {max_seq_length: 16}\nlabel_column: label\n")
+    assert main(["--quiet", "finetune", "classify", "--config", str(cfg), "--lr", "1e-3", "--out", str(tmp_path / "yaml"),
+                 "--no-progress"]) == 0
+    saved = json.loads((tmp_path / "yaml" / "finetune_config.json").read_text())["finetune"]
+    assert saved["train"]["lr"] == 1e-3 and saved["train"]["batch_size"] == 4 and saved["data"]["max_seq_length"] == 16
+    c = _weights(tmp_path / "yaml")
+    assert all(torch.equal(a[k], c[k]) for k in a)  # the same settings as the first run
+    capsys.readouterr()
+    for text, message in (("lrr: 1\n", "unknown key(s) for finetune classify: lrr"), ("max_time: 60\n", "max_time cannot be set"),
+                          ("[1, 2]\n", "must hold a mapping"), ("doc_stride: 64\n", "for finetune classify: doc_stride"),
+                          ("1: 2\n", "1 is not a setting's name"), ("lr: [\n", "cannot parse config file")):
+        cfg.write_text(f"model: {setup / 'model'}\n" + text if not text.startswith("[") else text)
+        args = ["finetune", "classify", "--config", str(cfg), "--train", str(setup / "t.jsonl"), "--validation",
+                str(setup / "t.jsonl"), "--out", str(tmp_path / "bad")]
+        assert main(args) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
+        assert not (tmp_path / "bad").exists()
+
+
+def test_group_by_length_batches_similar_lengths_in_a_random_order(setup, tmp_path, capsys):
+    from bertforge.finetune import GROUP_BATCHES, group_by_length
+
+    gen = torch.Generator().manual_seed(0)
+    lengths = torch.randint(1, 200, (1000,), generator=gen).tolist()
+    order = torch.randperm(1000, generator=gen).numpy()
+    grouped = group_by_length(order, lengths, 4)
+    assert sorted(grouped.tolist()) == list(range(1000))  # every example once
+    size = GROUP_BATCHES * 4
+    for i in range(0, 1000, size):  # each run of 50 batches: the same examples as the random order's, longest first
+        run = grouped[i : i + size].tolist()
+        assert set(run) == set(order[i : i + size].tolist()) and [lengths[j] for j in run] == sorted((lengths[j] for j in run), reverse=True)
+    padding = lambda o: sum(4 * max(lengths[j] for j in o[k : k + 4]) - sum(lengths[j] for j in o[k : k + 4])  # noqa: E731
+                            for k in range(0, 1000, 4))
+    assert padding(grouped) < padding(order) / 10
+    m = _run(setup, tmp_path / "g", "--batch-size", "4", "--epochs", "2", "--group-by-length")
+    saved = json.loads((tmp_path / "g" / "finetune_config.json").read_text())["finetune"]
+    assert saved["data"]["group_by_length"] is True and m["epochs"][-1]["step"] == 8
+    capsys.readouterr()
+
+
+def test_torchrun_killed_in_a_save_and_resumed_ends_as_one_uninterrupted_process(setup, tmp_path, capsys):
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    assert main(_args(setup, straight, *RESUMABLE, model="dropout-model")) == 0
+    torchrun = [os.path.join(os.path.dirname(sys.executable), "torchrun"), "--nproc_per_node=2", "--master_port", "29549",
+                "-m", "bertforge"]
+    env = dict(os.environ, BERTFORGE_FAULT="write:12")  # rank 0 (the writer) killed in its third checkpoint
+    r = subprocess.run([*torchrun, *_args(setup, killed, *RESUMABLE, model="dropout-model")], env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode != 0 and [s for s, _ in list_checkpoints(str(killed))] == [3, 6], r.stderr[-3000:]
+    r = subprocess.run([*torchrun, *_args(setup, killed, *RESUMABLE, "--resume", model="dropout-model")], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    a, b = _weights(straight), _weights(killed)
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-5
+    ra, rb = _rows(straight), _rows(killed)
+    assert [(x["type"], x["step"]) for x in ra] == [(x["type"], x["step"]) for x in rb]
+    assert all(abs(x.get("loss", 0) - y.get("loss", 0)) < 1e-5 for x, y in zip(ra, rb))
+    assert not (killed / "checkpoints").exists()
     capsys.readouterr()

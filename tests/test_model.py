@@ -237,3 +237,27 @@ def test_gradients_equal_transformers(tmp_path):
         assert (p.grad - theirs_grads[name].grad).abs().max() < 1e-6, name
 
 
+
+
+def test_keyed_dropout_of_the_task_heads_does_not_depend_on_the_batch():
+    """Fine-tuning's dropout keyed by example: an example's outputs in training mode are the same batched with
+    another (longer, padded) example or alone, for the classification and the question-answering head."""
+    from bertforge.ops.dropout import DropoutKeys
+
+    cfg = BertConfig.preset("tiny", vocab_size=50, max_position_embeddings=16, id2label={0: "a", 1: "b"})
+    ids = torch.tensor([[2, 5, 6, 7, 3, 0, 0, 0], [2, 8, 9, 10, 11, 12, 13, 3]])
+    mask = (ids != 0).long()
+    for cls in (BertForSequenceClassification, BertForQuestionAnswering):
+        torch.manual_seed(0)
+        model = cls(cfg).train()
+        both = model(ids, mask, dropout_keys=DropoutKeys(1, 7, [40, 41]))
+        alone = model(ids[:1, :5], mask[:1, :5], dropout_keys=DropoutKeys(1, 7, [40]))
+        other = model(ids[:1, :5], mask[:1, :5], dropout_keys=DropoutKeys(1, 8, [40]))  # another step: other masks
+        def outputs(o, n):  # the first example's outputs at its n real positions
+            if cls is BertForSequenceClassification:
+                return [o.logits[0]]
+            return [o.start_logits[0, :n], o.end_logits[0, :n]]
+
+        first = outputs(both, 5)
+        assert all(torch.allclose(x, y, atol=1e-5) for x, y in zip(first, outputs(alone, 5))), cls
+        assert not all(torch.allclose(x, y, atol=1e-5) for x, y in zip(first, outputs(other, 5))), cls

@@ -95,14 +95,16 @@ def run_pretraining(out: str, data: list[str] | str | None = None, resume: bool 
     return run(cfg, resume=resume, overwrite=overwrite)
 
 
-def run_finetuning(task: str, model: str, train: str, validation: str, out: str, overwrite: bool = False,
-                   resume: bool = False, **settings: Any) -> dict:
+def run_finetuning(task: str, model: str = "", train: str = "", validation: str = "", out: str = "",
+                   overwrite: bool = False, resume: bool = False, config: str | None = None, **settings: Any) -> dict:
     """``bertforge finetune classify|squad``: settings by their flag names (``epochs``, ``lr``,
-    ``batch_size``, ``max_seq_length``, ``text_column``, ``doc_stride``, ...), the task's own defaults for the
-    rest; ``resume`` continues a run checkpointed by ``save_every``.  Returns the best evaluation's metrics
-    (also in ``out/metrics.json``)."""
+    ``batch_size``, ``max_seq_length``, ``text_column``, ``doc_stride``, ...) over a YAML/JSON ``config``
+    file if given (or a run's ``finetune_config.json``), the task's own defaults for the rest; ``resume``
+    continues a run checkpointed by ``save_every``.  Returns the best evaluation's metrics (also in
+    ``out/metrics.json``)."""
     import dataclasses
 
+    from .config import finetune_file_settings, read_config_file
     from .finetune import run_finetuning as run
     from .tasks import TASKS
 
@@ -110,6 +112,16 @@ def run_finetuning(task: str, model: str, train: str, validation: str, out: str,
         raise UserError(f"unknown task {task!r}; expected one of {', '.join(TASKS)}")
     kind = TASKS[task]
     own = {f.name for f in dataclasses.fields(kind.settings_class)}
+    if config:
+        from_file = finetune_file_settings(read_config_file(config), config)
+        unknown = sorted(set(from_file) - set(kind.config().flat_fields()) - own)
+        if unknown:
+            raise UserError(f"config file {config}: unknown key(s) for finetune {task}: {', '.join(unknown)}")
+        given = {"model": model, "train_file": train, "validation_file": validation, "out": out}
+        model, train, validation, out = (v or from_file.pop(k, "") for k, v in given.items())
+        for k in given:
+            from_file.pop(k, None)
+        settings = {**from_file, **settings}
     task_settings = {k: v for k, v in settings.items() if k in own}
     cfg = kind.config(model=model, train_file=train, validation_file=validation, out=out,
                       **{k: v for k, v in settings.items() if k not in own})

@@ -351,8 +351,10 @@ def run_finetune_bench(task: str, model: str | None = None, preset: str = "mini"
         f"{len(batches)} batches of {batch_size} from {os.path.basename(train_file)} (up to {seq_len} tokens, "
         f"{1 - sum(real) / padded:.0%} padding{', grouped by length' if group_by_length else ''})")
 
+    ids = torch.arange(batch_size, device=dev)  # the keys of keyed dropout, as in fine-tuning
+
     def step_ours(b):
-        engine.step([b], _loss_fn(batch_size))
+        engine.step([{**b, "sequence_ids": ids}], _loss_fn(batch_size, 0, engine.state.step))
 
     def step_theirs(b):
         transformers_step(theirs, opt_theirs, b, autocast)

@@ -212,11 +212,6 @@ def cmd_pretrain(a: argparse.Namespace) -> int:
 
 
 # ------------------------------------------------------------------------------------------------ finetune
-_FINETUNE_FLAGS = (
-    "model", "out", "freeze_embeddings", "train_file", "validation_file", "max_seq_length", "max_train_examples", "eval_batch_size",
-    "epochs", "max_steps", "lr", "batch_size", "grad_accum", "eval_every", "save_every", "keep_checkpoints", "warmup_ratio", "warmup_steps", "weight_decay", "max_grad_norm", "adam_beta1",
-    "adam_beta2", "adam_eps", "log_every", "seed", "device", "precision", "threads", "progress", "report_to",
-)
 
 
 def _task_class(name: str):
@@ -231,16 +226,19 @@ def cmd_finetune(a: argparse.Namespace) -> int:
     flags = explicit_flags(a, a.setting_flags)
     names = {"model": None, "train_file": None, "validation_file": None, "out": None}
     given = {k: flags.pop(k, None) for k in names}
-    flags["progress"] = _progress(a)
+    if a.progress is None and not sys.stderr.isatty():  # as pretraining: a --config file's progress otherwise
+        flags["progress"] = False
     m = run_finetuning(a.task, given["model"] or "", given["train_file"] or "", given["validation_file"] or "",
-                       given["out"] or "", overwrite=a.overwrite, resume=a.resume, **flags, **explicit_flags(a, a.task_flags))
+                       given["out"] or "", overwrite=a.overwrite, resume=a.resume, config=a.config, **flags, **explicit_flags(a, a.task_flags))
+    if not m:  # a process other than rank 0 under torchrun: rank 0 reports
+        return 0
     keys = {"classify": ("accuracy", "macro_f1", "loss"), "squad": ("exact_match", "f1", "precision", "recall")}[a.task]
     _print_json({k: m[k] for k in (*keys, "best_epoch", "train_seconds")})
     return 0
 
 
 def _add_finetune_parsers(sub) -> None:
-    from .config import ClassifyConfig, SquadConfig
+    from .config import FINETUNE_FLAGS, ClassifyConfig, SquadConfig
 
     ft = sub.add_parser("finetune", help="fine-tune a BERT for classification or SQuAD question answering")
     fts = ft.add_subparsers(dest="task", metavar="TASK", parser_class=_Parser)
@@ -248,7 +246,9 @@ def _add_finetune_parsers(sub) -> None:
     for name, settings, help_ in (("classify", ClassifyConfig, "sentence or sentence-pair classification (TSV, CSV, JSONL)"),
                                   ("squad", SquadConfig, "SQuAD v1.1 extractive question answering")):
         p = fts.add_parser(name, help=help_)
-        flags = add_setting_flags(p, _task_class(name).config(), only=_FINETUNE_FLAGS)
+        flags = add_setting_flags(p, _task_class(name).config(), only=FINETUNE_FLAGS)
+        p.add_argument("--config", help="YAML or JSON file with the same settings as the flags, or a run's "
+                                        "finetune_config.json (flags override it)")
         p.add_argument("--overwrite", action="store_true", help="replace an earlier fine-tuning output that bertforge wrote in --out")
         p.add_argument("--resume", action="store_true", help="continue the run that --save-every checkpointed in --out "
                                                                  "(the same command, plus --resume)")

@@ -447,16 +447,32 @@ def read_config_file(path: str) -> dict[str, Any]:
         if path.endswith(".json"):
             d = json.loads(text)
         else:
-            import yaml
-
-            d = yaml.safe_load(text)
+            d = _yaml_load(text)
     except Exception as e:  # json or yaml syntax errors
         raise UserError(f"cannot parse config file {path}: {' '.join(str(e).split())}") from None
     if d is None:
         d = {}
     if not isinstance(d, dict):
         raise UserError(f"config file {path} must hold a mapping of settings")
+    keys = [*d, *(k for v in d.values() if isinstance(v, dict) for k in v)]  # the settings', and the sections'
+    bad = [k for k in keys if not isinstance(k, str)]
+    if bad:
+        raise UserError(f"config file {path}: {bad[0]!r} is not a setting's name")
     return d
+
+
+def _yaml_load(text: str):
+    """YAML with YAML 1.2's numbers: ``lr: 1e-4`` is a float (PyYAML's YAML 1.1 reads it as a string)."""
+    import re
+
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9]+(\.[0-9]*)?[eE][-+]?[0-9]+$"),
+                                 list("-+0123456789"))
+    return yaml.load(text, Loader=Loader)
 
 
 # ================================================================================================ fine-tuning
@@ -464,6 +480,39 @@ def read_config_file(path: str) -> dict[str, Any]:
 FINETUNE_TRAIN_DEFAULTS: dict[str, Any] = dict(
     lr=5e-5, batch_size=32, warmup_ratio=0.1, epochs=3, log_every=20, eval_every=None, save_every=None,
 )
+
+
+# The FinetuneConfig settings a fine-tuning command takes (flags, --config keys); the rest keep their defaults.
+FINETUNE_FLAGS = (
+    "model", "out", "freeze_embeddings", "train_file", "validation_file", "max_seq_length", "max_train_examples",
+    "eval_batch_size", "group_by_length", "epochs", "max_steps", "lr", "batch_size", "grad_accum", "eval_every", "save_every",
+    "keep_checkpoints", "warmup_ratio", "warmup_steps", "weight_decay", "max_grad_norm", "adam_beta1", "adam_beta2",
+    "adam_eps", "log_every", "seed", "device", "precision", "threads", "progress", "report_to",
+)
+
+
+def finetune_file_settings(d: dict[str, Any], path: str) -> dict[str, Any]:
+    """A fine-tuning ``--config`` file's settings by their flat names.  The file holds the flags' names
+    (``lr: 1e-4``, ``train: file``), ``data:``/``train:``/``impl:`` sections, or is a run's own
+    ``finetune_config.json`` (``{"finetune": {...}, "task": {...}}``), so a run can be repeated from it."""
+    d = dict(d)
+    if isinstance(d.get("finetune"), dict):  # a run's finetune_config.json
+        d.pop("processes", None)  # how the run was launched, not a setting
+        d = {**d.pop("finetune"), **(d.pop("task", None) or {}), **d}
+    flat: dict[str, Any] = {}
+    alias = {"train": "train_file", "validation": "validation_file"}
+    for k, v in d.items():
+        key = k.replace("-", "_")
+        if key in FinetuneConfig.SECTIONS and isinstance(v, dict):
+            flat.update({alias.get(kk.replace("-", "_"), kk.replace("-", "_")): vv for kk, vv in v.items()})
+        else:
+            flat[alias.get(key, key)] = v
+    defaults = FinetuneConfig().flat_fields()
+    other = sorted(k for k, v in flat.items() if k in defaults and k not in FINETUNE_FLAGS
+                   and v != getattr(defaults[k][0], defaults[k][1].name))
+    if other:  # saved with their defaults in finetune_config.json; not settings of fine-tuning
+        raise UserError(f"config file {path}: {', '.join(other)} cannot be set for fine-tuning")
+    return {k: v for k, v in flat.items() if k not in defaults or k in FINETUNE_FLAGS}
 
 
 @dataclass
@@ -475,6 +524,9 @@ class FinetuneDataConfig:
     max_seq_length: int = setting(128, "tokens per example (longer ones are truncated or windowed)", check="positive")
     max_train_examples: int | None = setting(None, "use only the first N training examples", check="positive")
     eval_batch_size: int = setting(64, "batch size for evaluation", check="positive")
+    group_by_length: bool = setting(False, "batches of examples of similar length (less padding; as the Trainer's "
+                                           "option): the epoch's random order, sorted by length within each run of 50 "
+                                           "batches")
 
 
 @dataclass

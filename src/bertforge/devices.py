@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
 from dataclasses import dataclass
 
@@ -51,7 +52,9 @@ def init_distributed(device_kind: str) -> Dist:
         backend = "nccl" if device_kind == "cuda" else "gloo"
         if backend == "nccl":
             torch.cuda.set_device(local_rank)
-        dist.init_process_group(backend=backend)
+        # rank 0 alone evaluates a fine-tuning run while the others wait in the next all-reduce: a CPU evaluation
+        # of a large validation set can outlast the default timeout (10 minutes on NCCL, 30 on gloo)
+        dist.init_process_group(backend=backend, timeout=datetime.timedelta(hours=2))
     return Dist(rank, world, local_rank)
 
 

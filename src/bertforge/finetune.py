@@ -7,6 +7,10 @@ number of epochs or steps with evaluation after each epoch and every ``--eval-ev
 evaluation kept), and the outputs, written into a
 temporary folder renamed into place at the end, so a run that fails never leaves a half-written output
 directory.
+
+Under ``torchrun`` every process trains on its share of each global batch (DistributedDataParallel); rank 0
+alone evaluates, checkpoints and writes.  On the CPU each example's dropout masks are keyed by (seed, step,
+its index in the training set), so one process, N processes and N accumulation steps compute the same run.
 """
 
 from __future__ import annotations
@@ -22,7 +26,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
+import torch.distributed as dist
 from safetensors.torch import load_file
 from tqdm import tqdm
 
@@ -31,12 +37,13 @@ from . import modelcard
 from .batching import to_device
 from .checkpoint import save_pretrained
 from .config import BertConfig, FinetuneConfig, validate_fields
-from .devices import resolve_device, setup_backend
+from .devices import Dist, init_distributed, resolve_device, setup_backend
 from .engine import Engine, LinearSchedule, NonFiniteLoss, rng_state, set_rng_state
 from .errors import TrainingError, UserError
 from .files import (OutputLock, atomic_dir, check_inputs_outside, check_output, recover_beside, remove_output,
                     remove_stale_temporaries, write_marker)
 from .logs import MetricsLog, duration, file_log, log_step, rounded
+from .ops.dropout import DropoutKeys
 from .plots import plot_finetuning
 from .tasks import FinetuneTask
 from .tokenizer import check_vocab_fits, load_tokenizer
@@ -72,9 +79,22 @@ def run_finetuning(task: FinetuneTask, cfg: FinetuneConfig, overwrite: bool = Fa
         check_inputs_outside(cfg.out, [cfg.model, cfg.data.train_file, cfg.data.validation_file])
     if not os.path.isdir(cfg.model):
         raise UserError(f"model directory not found: {cfg.model}")
-    with OutputLock(cfg.out):
-        recover_beside(cfg.out)  # an interrupted earlier run's leftovers, then the rule again
-        return _run(task, cfg, check_output(cfg.out, "finetune", overwrite=overwrite, resume=resume), resume)
+    impl = cfg.impl
+    d = init_distributed("cuda" if impl.device.startswith("cuda") or (impl.device == "auto" and torch.cuda.is_available()) else "cpu")
+    try:
+        if cfg.train.batch_size < d.world * cfg.train.grad_accum:
+            raise UserError(f"--batch-size {cfg.train.batch_size} is smaller than processes x --grad-accum")
+        d.barrier()  # every process has checked the output before rank 0 writes there
+        with OutputLock(cfg.out, enabled=d.is_main):  # rank 0 writes, so rank 0 locks
+            replace = False
+            if d.is_main:
+                recover_beside(cfg.out)  # an interrupted earlier run's leftovers, then the rule again
+                replace = check_output(cfg.out, "finetune", overwrite=overwrite, resume=resume)
+            d.barrier()
+            return _run(task, cfg, replace, resume, d)
+    finally:
+        if d.enabled and dist.is_initialized():
+            dist.destroy_process_group()
 
 
 @contextlib.contextmanager
@@ -93,7 +113,8 @@ def _in_place(out: str, replace: bool, resume: bool) -> Iterator[str]:
         raise
 
 
-def _run(task: FinetuneTask, cfg: FinetuneConfig, replace: bool, resume: bool = False) -> dict:
+def _run(task: FinetuneTask, cfg: FinetuneConfig, replace: bool, resume: bool = False, d: Dist | None = None) -> dict:
+    d = d or Dist()
     task.read(cfg)
     tok = load_tokenizer(cfg.model)
     config = BertConfig.load(cfg.model)
@@ -102,16 +123,21 @@ def _run(task: FinetuneTask, cfg: FinetuneConfig, replace: bool, resume: bool = 
         raise UserError(f"--max-seq-length {cfg.data.max_seq_length} exceeds the model's {config.max_position_embeddings} positions")
     reinit_head = task.configure(config)
     features, collate = task.encode(tok, cfg)
-    device = resolve_device(cfg.impl)
-    setup_backend(device, cfg.impl)
+    device = resolve_device(cfg.impl, d)
+    setup_backend(device, cfg.impl, d)
     torch.manual_seed(cfg.train.seed)
     model = task.model_class.from_pretrained(cfg.model, config=config, reinit_head=reinit_head).to(device)
+    torch.manual_seed(cfg.train.seed + d.rank)  # the same new head everywhere; dropout streams differ by rank (CUDA)
     checkpointed = resume or bool(cfg.train.save_every)
+    if not d.is_main:  # the other processes train, and write nothing
+        train_epochs(model, features, collate, task, cfg, cfg.out, device, resume=resume, d=d)
+        d.barrier()  # until rank 0 has written the outputs
+        return {}
     folder = _in_place(cfg.out, replace, resume) if checkpointed else atomic_dir(cfg.out, replace=replace)
     with folder as tmp, file_log(tmp):
         if not checkpointed:
             write_marker(tmp, "finetune")
-        best, history, train_seconds = train_epochs(model, features, collate, task, cfg, tmp, device, resume=resume)
+        best, history, train_seconds = train_epochs(model, features, collate, task, cfg, tmp, device, resume=resume, d=d)
         save_pretrained(model, tmp, tokenizer=tok)
         extra = task.write_outputs(tmp, best.artifacts)
         metrics = {**best.metrics, "best_epoch": best.epoch, "best_step": best.step,
@@ -120,7 +146,7 @@ def _run(task: FinetuneTask, cfg: FinetuneConfig, replace: bool, resume: bool = 
         with open(os.path.join(tmp, "metrics.json"), "w", encoding="utf-8") as f:
             json.dump(metrics, f, indent=2)
         with open(os.path.join(tmp, "finetune_config.json"), "w", encoding="utf-8") as f:
-            json.dump({"finetune": cfg.to_dict(), "task": dataclasses.asdict(task.settings)}, f, indent=2)
+            json.dump({"finetune": cfg.to_dict(), "task": dataclasses.asdict(task.settings), "processes": d.world}, f, indent=2)
         _write_card(tmp, task, cfg, metrics)
         try:
             plot_finetuning(os.path.join(tmp, "metrics.jsonl"), os.path.join(tmp, "plots"), task.plotted)
@@ -131,6 +157,7 @@ def _run(task: FinetuneTask, cfg: FinetuneConfig, replace: bool, resume: bool = 
                 shutil.rmtree(path, ignore_errors=True)
             with contextlib.suppress(OSError):
                 os.rmdir(os.path.join(tmp, ckpt.CHECKPOINTS))
+    d.barrier()
     return metrics
 
 
@@ -143,7 +170,7 @@ def _write_card(folder: str, task: FinetuneTask, cfg: FinetuneConfig, metrics: d
     settings = {"task": task.name, "epochs": t.epochs, "max_steps": t.max_steps, "grad_accum": t.grad_accum,
                 "eval_every": t.eval_every, "batch_size": t.batch_size, "lr": t.lr, "warmup_ratio": t.warmup_ratio,
                 "weight_decay": t.weight_decay, "max_seq_length": cfg.data.max_seq_length,
-                "max_train_examples": cfg.data.max_train_examples, "seed": t.seed, **dataclasses.asdict(task.settings)}
+                "max_train_examples": cfg.data.max_train_examples, "group_by_length": cfg.data.group_by_length, "seed": t.seed, **dataclasses.asdict(task.settings)}
     shown = {k: v for k, v in metrics.items() if k != "epochs"}
     modelcard.write(folder, modelcard.render(
         f"{task.name} model fine-tuned by bertforge", summary,
@@ -155,12 +182,20 @@ def _write_card(folder: str, task: FinetuneTask, cfg: FinetuneConfig, metrics: d
 MIN_UPDATES = 100  # fewer optimizer updates than this rarely fine-tune a BERT well: warned
 
 
-def _loss_fn(global_batch: int):
-    """The loss of one micro-batch, normalised over the global batch (the task losses are means)."""
+def _loss_fn(global_batch: int, seed: int | None = None, step: int = 0, weight: float = 1.0):
+    """The loss of one micro-batch, normalised over the global batch (the task losses are means).  On the CPU,
+    with ``seed`` and the batch's ``sequence_ids`` (each example's index in the training set), dropout masks
+    are keyed by (seed, ``step``, example).  ``weight`` 0: a process without examples in this step (the last,
+    small batch of an epoch) takes part with a batch that counts for nothing."""
 
     def loss_fn(model, batch: dict):
+        batch = dict(batch)
+        ids = batch.pop("sequence_ids", None)
+        if seed is not None and ids is not None and batch["input_ids"].device.type == "cpu":
+            batch["dropout_keys"] = DropoutKeys(seed, step, ids.tolist())
         loss = model(**batch).loss
-        return loss * (batch["input_ids"].shape[0] / global_batch), {"loss": loss.detach() * batch["input_ids"].shape[0]}
+        n = batch["input_ids"].shape[0] * weight
+        return loss * (n / global_batch), {"loss": loss.detach() * n}
 
     return loss_fn
 
@@ -174,6 +209,18 @@ def plan_steps(n_examples: int, t) -> tuple[int, int]:
     return t.epochs, per_epoch * t.epochs
 
 
+GROUP_BATCHES = 50  # --group-by-length sorts by length within each run of this many batches
+
+
+def group_by_length(order, lengths: list[int], batch_size: int):
+    """The epoch's random ``order`` cut into runs of :data:`GROUP_BATCHES` batches, each run sorted by length,
+    longest first: batches of similar lengths, in an order that stays random from run to run (the idea of
+    the Trainer's ``group_by_length``)."""
+    size = GROUP_BATCHES * batch_size
+    runs = [sorted(order[i : i + size], key=lambda j: -lengths[j]) for i in range(0, len(order), size)]
+    return np.asarray([j for run in runs for j in run], dtype=np.int64)
+
+
 def _fingerprint(cfg: FinetuneConfig, task: FinetuneTask) -> dict:
     """The settings a resumed run must share with the run it continues (not how often it saves or logs)."""
     train = {k: v for k, v in dataclasses.asdict(cfg.train).items() if k not in ("save_every", "keep_checkpoints", "log_every")}
@@ -185,6 +232,8 @@ def _differences(saved: dict, now: dict, prefix: str = "") -> list[str]:
     out = []
     for k in sorted(set(saved) | set(now)):
         a, b = saved.get(k), now.get(k)
+        if k not in saved and b in (None, False):  # a setting newer than the checkpoint, at its default
+            continue
         if isinstance(a, dict) and isinstance(b, dict):
             out += _differences(a, b, f"{prefix}{k}.")
         elif a != b:
@@ -193,8 +242,8 @@ def _differences(saved: dict, now: dict, prefix: str = "") -> list[str]:
 
 
 def train_epochs(model: torch.nn.Module, features: list[dict], collate: Callable[[list[dict]], dict], task: FinetuneTask,
-                 cfg: FinetuneConfig, out_dir: str, device: torch.device,
-                 resume: bool = False) -> tuple[EpochResult, list[EpochResult], float]:
+                 cfg: FinetuneConfig, out_dir: str, device: torch.device, resume: bool = False,
+                 d: Dist | None = None) -> tuple[EpochResult, list[EpochResult], float]:
     """Fine-tune ``model`` for ``cfg.train.epochs`` epochs (or ``max_steps`` steps); return (best evaluation,
     every evaluation, seconds of training across resumptions).
 
@@ -205,19 +254,20 @@ def train_epochs(model: torch.nn.Module, features: list[dict], collate: Callable
     ``save_every`` a checkpoint every that many steps holds everything the rest of the run depends on
     (weights, optimizer, the epoch's data order and position, the random states, the evaluations so far and
     the best one's weights), so that ``resume`` ends with the weights of the uninterrupted run, bit for bit.
+    Under ``torchrun`` (``d``) each process takes its share of every batch; rank 0 evaluates and saves.
     """
-    t = cfg.train
+    t, d = cfg.train, d or Dist()
     if not features:
         raise TrainingError("no training examples")
     if cfg.freeze_embeddings:
         model.base_model.embeddings.word_embeddings.weight.requires_grad_(False)
     epochs, total = plan_steps(len(features), t)
-    if total < MIN_UPDATES and not resume:
+    if total < MIN_UPDATES and not resume and d.is_main:
         log.warning("this run makes only %d optimizer updates (%d examples, batch %d, %s); fine-tuning usually "
                     "needs a few hundred: lower --batch-size or raise --epochs (or --max-steps)", total, len(features), t.batch_size,
                     f"--max-steps {t.max_steps}" if t.max_steps else f"{t.epochs} epoch(s)")
-    engine = Engine(model, t, cfg.impl, device, schedule=LinearSchedule(t.lr, total, None, t.warmup_steps, t.warmup_ratio))
-    metrics = MetricsLog(out_dir, tensorboard=cfg.impl.report_to == "tensorboard")
+    engine = Engine(model, t, cfg.impl, device, d, schedule=LinearSchedule(t.lr, total, None, t.warmup_steps, t.warmup_ratio))
+    metrics = MetricsLog(out_dir, d.is_main, tensorboard=cfg.impl.report_to == "tensorboard")
     gen = torch.Generator().manual_seed(t.seed)
     history: list[EpochResult] = []
     best: list = [None, None]  # (EpochResult, weights on the CPU)
@@ -230,15 +280,25 @@ def train_epochs(model: torch.nn.Module, features: list[dict], collate: Callable
                 raise UserError(f"--resume continues the run in {out_dir} with its own settings; this command changes "
                                 + "; ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else ""))
 
-        for p in remove_stale_temporaries(os.path.join(out_dir, ckpt.CHECKPOINTS)):
-            log.warning("removed %s, left by an interrupted save", p)
-        step, path, state = ckpt.restore_newest(out_dir, model, engine.optimizer, check=same_settings,
-                                                required=("epoch", "next", "order", "gen", "rng", "history", "settings"))
+        if d.is_main:
+            for p in remove_stale_temporaries(os.path.join(out_dir, ckpt.CHECKPOINTS)):
+                log.warning("removed %s, left by an interrupted save", p)
+        if d.is_main:  # rank 0 chooses the checkpoint (moving damaged ones aside); the others load the same
+            step, path, state = ckpt.restore_newest(out_dir, model, engine.optimizer, check=same_settings,
+                                                    required=("epoch", "next", "order", "gen", "rng", "history", "settings"))
+        if d.enabled:
+            chosen = [path if d.is_main else None]
+            dist.broadcast_object_list(chosen, src=0)
+            if not d.is_main:
+                path = chosen[0]
+                state = ckpt.load_checkpoint(path, model, engine.optimizer)
+                step = int(state["step"])
         engine.state.load_state_dict(state)
         if "scaler" in state and engine.scaler.is_enabled():
             engine.scaler.load_state_dict(state["scaler"])
         gen.set_state(state["gen"])
-        set_rng_state(state["rng"])
+        rngs = state["rng"] if isinstance(state["rng"], list) else [state["rng"]]
+        set_rng_state(rngs[d.rank] if d.rank < len(rngs) else rngs[0])
         history = [EpochResult(e, s, m) for e, s, m in state["history"]]
         if state.get("best") is not None:
             best[:] = EpochResult(*state["best"]), load_file(os.path.join(path, "best.safetensors"))
@@ -248,10 +308,12 @@ def train_epochs(model: torch.nn.Module, features: list[dict], collate: Callable
         metrics.truncate_after(step)
         engine.start_clock()
         log.info("resumed from %s (step %d of %d)", path, step, total)
-    bar = tqdm(total=total, initial=engine.state.step, desc="fine-tuning", unit="step", disable=not cfg.impl.progress,
-               dynamic_ncols=True)
+    bar = tqdm(total=total, initial=engine.state.step, desc="fine-tuning", unit="step",
+               disable=not (cfg.impl.progress and d.is_main), dynamic_ncols=True)
 
     def evaluate(epoch: int) -> None:
+        if not d.is_main:  # rank 0 evaluates; the others wait for it at the next step's all-reduce
+            return
         res, artifacts = task.evaluate(model, device)
         model.train()
         result = EpochResult(epoch, engine.state.step, res, artifacts)
@@ -262,9 +324,16 @@ def train_epochs(model: torch.nn.Module, features: list[dict], collate: Callable
             best[:] = result, {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
 
     def save(epoch: int, next_i: int, order) -> None:
+        rngs = [rng_state()]
+        if d.enabled:
+            rngs = [None] * d.world
+            dist.all_gather_object(rngs, rng_state())
+        if not d.is_main:
+            d.barrier()
+            return
         b = best[0]
         state = {**engine.state.state_dict(), "epoch": epoch, "next": next_i, "order": torch.as_tensor(order),
-                 "gen": gen.get_state(), "rng": rng_state(), "settings": fingerprint,
+                 "gen": gen.get_state(), "rng": rngs, "settings": fingerprint,
                  "history": [[h.epoch, h.step, h.metrics] for h in history],
                  "best": None if b is None else [b.epoch, b.step, b.metrics]}
         if engine.scaler.is_enabled():
@@ -272,19 +341,26 @@ def train_epochs(model: torch.nn.Module, features: list[dict], collate: Callable
         ckpt.save_checkpoint(out_dir, engine.state.step, model, engine.optimizer, state, t.keep_checkpoints,
                              extra_weights=None if b is None else {"best": best[1]})
         engine.tick()
+        d.barrier()
 
     model.train()
     for epoch in range(start_epoch, epochs + 1):
         if order is None:
             order = torch.randperm(len(features), generator=gen).numpy()
+            if cfg.data.group_by_length:
+                order = group_by_length(order, [len(f["input_ids"]) for f in features], t.batch_size)
         if start_i == 0:
             engine.state.take_meters()  # a logging line covers steps of its own epoch only
         for i in range(start_i, len(order), t.batch_size):
             idx = order[i : i + t.batch_size]
-            micro = math.ceil(len(idx) / t.grad_accum)
-            batches = [to_device(collate([features[j] for j in idx[k : k + micro]]), device) for k in range(0, len(idx), micro)]
+            mine, weight = idx[d.rank :: d.world], 1.0  # this process's share of the batch
+            if len(mine) == 0:
+                mine, weight = idx[:1], 0.0
+            micro = math.ceil(len(mine) / t.grad_accum)
+            batches = [to_device({**collate([features[j] for j in part]), "sequence_ids": torch.as_tensor(part)}, device)
+                       for part in (mine[k : k + micro] for k in range(0, len(mine), micro))]
             try:
-                out = engine.step(batches, _loss_fn(len(idx)))
+                out = engine.step(batches, _loss_fn(len(idx), t.seed, engine.state.step, weight))
             except NonFiniteLoss as err:
                 raise TrainingError(f"{err}; try a lower --lr") from None
             engine.state.add(loss=out["loss"] / len(idx), grad_norm=out["grad_norm"], n=1)
@@ -296,9 +372,10 @@ def train_epochs(model: torch.nn.Module, features: list[dict], collate: Callable
                 metrics.write({"type": "train", "step": step, "epoch": epoch, "loss": m["loss"] / m["n"], "lr": out["lr"],
                                "elapsed": elapsed})
                 bar.set_postfix(loss=f"{m['loss'] / m['n']:.4f}", lr=f"{out['lr']:.2e}")
-                log_step(f"step {step}/{total}  epoch {epoch}  loss {m['loss'] / m['n']:.4f}  lr {out['lr']:.2e}  "
-                         f"grad-norm {m['grad_norm'] / m['n']:.3f}  elapsed {duration(elapsed)}  "
-                         f"eta {duration(elapsed * (total - step) / step)}", bar_shown=not bar.disable)
+                if d.is_main:  # one process reports
+                    log_step(f"step {step}/{total}  epoch {epoch}  loss {m['loss'] / m['n']:.4f}  lr {out['lr']:.2e}  "
+                             f"grad-norm {m['grad_norm'] / m['n']:.3f}  elapsed {duration(elapsed)}  "
+                             f"eta {duration(elapsed * (total - step) / step)}", bar_shown=not bar.disable)
             if step == total or i + t.batch_size >= len(order):
                 evaluate(epoch)  # the end of the epoch, or of the run
             elif t.eval_every and step % t.eval_every == 0:
@@ -311,6 +388,8 @@ def train_epochs(model: torch.nn.Module, features: list[dict], collate: Callable
         if engine.state.step >= total:
             break
     bar.close()
+    if not d.is_main:
+        return None, [], engine.tick()
     model.load_state_dict(best[1])
     if best[0].artifacts is None:  # the best evaluation came before a resumption: its predictions again
         best[0].artifacts = task.evaluate(model, device)[1]

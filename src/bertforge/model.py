@@ -35,8 +35,8 @@ The model:
   or alone.  transformers leaves pad positions in the softmax (their logits equal the head's bias), so its
   loss depends on the padding of the batch; its logits at real positions are ours.
 * On the CPU, dropout masks come from 16-bit random numbers (:mod:`bertforge.ops.dropout`): the drop
-  probability is ``p`` rounded to a multiple of 1/65536.  In CPU pretraining each sequence's masks come from
-  a generator of its own, keyed by (seed, step, the sequence's index in the epoch, the dropout site), so that
+  probability is ``p`` rounded to a multiple of 1/65536.  In CPU training (pretraining and fine-tuning) each
+  sequence's masks come from a generator of its own, keyed by (seed, step, the sequence's index, the dropout site), so that
   a run's result does not depend on the number of processes or accumulation steps.  The embeddings' dropout
   applies to real tokens only (padding is removed before it).
 * The last encoder layer of the training objective (:meth:`BertForPreTraining.pretraining_loss`) computes its
@@ -84,6 +84,7 @@ in the demo's budget (the figures are in that module's docstring).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch
 import torch.nn as nn
@@ -544,9 +545,11 @@ class BertForSequenceClassification(BertPreTrainedModel):
         self.classifier = nn.Linear(config.hidden_size, self.num_labels)
         self.init_weights()
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, labels=None):
-        pooled = self.bert(input_ids, attention_mask, token_type_ids, position_ids).pooler_output
-        logits = self.classifier(self.dropout(pooled))  # (B, num_labels)
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, labels=None,
+                dropout_keys=None):
+        pooled = self.bert(input_ids, attention_mask, token_type_ids, position_ids, dropout_keys).pooler_output  # (B, C)
+        one_row_each = SimpleNamespace(keys=dropout_keys, counts=[1] * pooled.shape[0])
+        logits = self.classifier(self.dropout(pooled, one_row_each))  # (B, num_labels)
         loss = None
         if labels is not None:
             if self.num_labels == 1:
@@ -569,9 +572,10 @@ class BertForQuestionAnswering(BertPreTrainedModel):
         self.init_weights()
 
     def forward(
-        self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, start_positions=None, end_positions=None
+        self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, start_positions=None, end_positions=None,
+        dropout_keys=None,
     ) -> QuestionAnsweringOutput:
-        seq = self.bert(input_ids, attention_mask, token_type_ids, position_ids).last_hidden_state
+        seq = self.bert(input_ids, attention_mask, token_type_ids, position_ids, dropout_keys).last_hidden_state
         start_logits, end_logits = self.qa_outputs(seq).unbind(-1)  # 2 x (B, T)
         if attention_mask is not None:  # padding is no answer: out of the softmax, in the loss and in any probability
             pad = ~attention_mask.bool()

@@ -3,8 +3,8 @@
 Departures (listed in :mod:`bertforge.model`): on the CPU the mask comes from 16-bit random numbers, so the
 drop probability is ``p`` rounded to a multiple of 1/65536.  On other devices this is ``F.dropout``.
 
-In CPU pretraining each sequence's masks come from a generator of its own, keyed by (seed, step, the
-sequence's index in the epoch, the dropout site) (:class:`DropoutKeys`): the masks of a sequence do not
+In CPU training (pretraining and fine-tuning) each sequence's masks come from a generator of its own, keyed
+by (seed, step, the sequence's index in the epoch or the training set, the dropout site) (:class:`DropoutKeys`): the masks of a sequence do not
 depend on which other sequences share its micro-batch, so a run's result does not depend on the number of
 processes or accumulation steps.  Without keys, masks come from torch's global generator.
 """
