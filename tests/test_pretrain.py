@@ -414,3 +414,15 @@ def test_mask_only_accuracy_counts_the_mask_positions_only():
     assert res["mlm_accuracy_masked"] == pytest.approx(at_mask)
     assert res["mlm_accuracy"] == pytest.approx((pred == labels)[:, 3:9].float().mean().item())
     assert "mlm_accuracy_masked" not in evaluate_pretraining(model, [batch], "cpu")
+
+
+def test_init_range_sets_how_a_new_model_starts(small_text_corpus, story_tok_dir, tmp_path, capsys):
+    out = tmp_path / "wide"
+    assert main(["--quiet", *_args(small_text_corpus, story_tok_dir, out, "--max-steps", "1", "--lr", "1e-9",
+                                   "--eval-every", "0", "--init-range", "0.08")]) == 0
+    assert json.loads((out / "config.json").read_text())["initializer_range"] == 0.08
+    w = _weights(out)["bert.encoder.layer.0.intermediate.dense.weight"]
+    assert 0.07 < float(w.std()) < 0.09  # BERT's 0.02 without the flag
+    args = _args(small_text_corpus, story_tok_dir, tmp_path / "x", "--init", str(out), "--init-range", "0.05")
+    assert main(args) == 2
+    assert "--init-range sets how a new model starts" in capsys.readouterr().err

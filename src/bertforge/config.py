@@ -357,10 +357,14 @@ class PretrainModelConfig:
                                     check="open-fraction")
     dropout: float | None = setting(None, "hidden and attention dropout during pretraining (none = the model's); the "
                                           "saved config.json keeps the model's own, for fine-tuning", check="fraction")
+    init_range: float | None = setting(None, "standard deviation of the initial weights of a new model (none = the "
+                                             "model config's initializer_range, BERT's 0.02)", check="positive")
 
     def validate(self) -> None:
         validate_fields(self)
         check_preset(self.preset)
+        if self.init_range is not None and self.init:
+            raise UserError("--init-range sets how a new model starts; --init continues from trained weights")
 
 
 # ------------------------------------------------------------------------------------------------ recipes

@@ -197,6 +197,8 @@ def prepare_model_config(cfg: PretrainConfig, tok: Tokenizer, resume: bool) -> B
         config = BertConfig.load(mc.model_config)
     else:
         config = BertConfig.preset(mc.preset, vocab_size=n_vocab)
+    if mc.init_range is not None and not resume:
+        config.initializer_range = mc.init_range  # kept in config.json: the new heads of fine-tuning start alike
     check_vocab_fits(tok, config.vocab_size, "--tokenizer and the model")
     if cfg.data.max_seq_length > config.max_position_embeddings:
         raise UserError(
