@@ -42,14 +42,16 @@ class Dist:
         return t.tolist()
 
 
-def init_distributed(device_kind: str) -> Dist:
-    """Join the process group that ``torchrun`` describes in the environment (no-op without torchrun)."""
+def init_distributed(impl: ImplConfig) -> Dist:
+    """Join the process group that ``torchrun`` describes in the environment (no-op without torchrun): NCCL
+    when ``impl`` trains on CUDA, gloo on the CPU."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return Dist()
     rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
     if not dist.is_initialized():
-        backend = "nccl" if device_kind == "cuda" else "gloo"
+        cuda = impl.device.startswith("cuda") or (impl.device == "auto" and torch.cuda.is_available())
+        backend = "nccl" if cuda else "gloo"
         if backend == "nccl":
             torch.cuda.set_device(local_rank)
         # rank 0 alone evaluates a fine-tuning run while the others wait in the next all-reduce: a CPU evaluation

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+import torch.distributed as dist
 
 from .config import ImplConfig, TrainConfig
 from .devices import Dist, autocast_context, resolve_precision
@@ -117,6 +118,22 @@ def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
+
+
+def gather_rng_states(d: Dist) -> list[dict]:
+    """Every process's random states, in rank order (a collective under torchrun), for a checkpoint."""
+    if not d.enabled:
+        return [rng_state()]
+    states: list = [None] * d.world
+    dist.all_gather_object(states, rng_state())
+    return states
+
+
+def restore_rng_state(states: list[dict] | dict, rank: int) -> None:
+    """This process's states from :func:`gather_rng_states`' list (rank 0's when the run had fewer processes;
+    a single dict: a checkpoint written before the list)."""
+    states = states if isinstance(states, list) else [states]
+    set_rng_state(states[rank] if rank < len(states) else states[0])
 
 
 def maybe_compile(model: torch.nn.Module, impl: ImplConfig) -> torch.nn.Module:

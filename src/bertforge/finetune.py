@@ -38,12 +38,12 @@ from .batching import to_device
 from .checkpoint import save_pretrained
 from .config import BertConfig, FinetuneConfig, validate_fields
 from .devices import Dist, init_distributed, resolve_device, setup_backend
-from .engine import Engine, LinearSchedule, NonFiniteLoss, rng_state, set_rng_state
+from .engine import Engine, LinearSchedule, NonFiniteLoss, gather_rng_states, restore_rng_state
 from .errors import TrainingError, UserError
 from .files import (OutputLock, atomic_dir, check_inputs_outside, check_output, recover_beside, remove_output,
                     remove_stale_temporaries, write_marker)
 from .logs import MetricsLog, duration, file_log, log_step, rounded
-from .ops.dropout import DropoutKeys
+from .ops.dropout import batch_keys
 from .plots import plot_finetuning
 from .tasks import FinetuneTask
 from .tokenizer import check_vocab_fits, load_tokenizer
@@ -79,8 +79,7 @@ def run_finetuning(task: FinetuneTask, cfg: FinetuneConfig, overwrite: bool = Fa
         check_inputs_outside(cfg.out, [cfg.model, cfg.data.train_file, cfg.data.validation_file])
     if not os.path.isdir(cfg.model):
         raise UserError(f"model directory not found: {cfg.model}")
-    impl = cfg.impl
-    d = init_distributed("cuda" if impl.device.startswith("cuda") or (impl.device == "auto" and torch.cuda.is_available()) else "cpu")
+    d = init_distributed(cfg.impl)
     try:
         if cfg.train.batch_size < d.world * cfg.train.grad_accum:
             raise UserError(f"--batch-size {cfg.train.batch_size} is smaller than processes x --grad-accum")
@@ -189,11 +188,8 @@ def _loss_fn(global_batch: int, seed: int | None = None, step: int = 0, weight: 
     small batch of an epoch) takes part with a batch that counts for nothing."""
 
     def loss_fn(model, batch: dict):
-        batch = dict(batch)
-        ids = batch.pop("sequence_ids", None)
-        if seed is not None and ids is not None and batch["input_ids"].device.type == "cpu":
-            batch["dropout_keys"] = DropoutKeys(seed, step, ids.tolist())
-        loss = model(**batch).loss
+        keys = batch_keys(batch, seed, step)
+        loss = model(**{k: v for k, v in batch.items() if k != "sequence_ids"}, dropout_keys=keys).loss
         n = batch["input_ids"].shape[0] * weight
         return loss * (n / global_batch), {"loss": loss.detach() * n}
 
@@ -280,10 +276,9 @@ def train_epochs(model: torch.nn.Module, features: list[dict], collate: Callable
                 raise UserError(f"--resume continues the run in {out_dir} with its own settings; this command changes "
                                 + "; ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else ""))
 
-        if d.is_main:
+        if d.is_main:  # rank 0 chooses the checkpoint (moving damaged ones aside); the others load the same
             for p in remove_stale_temporaries(os.path.join(out_dir, ckpt.CHECKPOINTS)):
                 log.warning("removed %s, left by an interrupted save", p)
-        if d.is_main:  # rank 0 chooses the checkpoint (moving damaged ones aside); the others load the same
             step, path, state = ckpt.restore_newest(out_dir, model, engine.optimizer, check=same_settings,
                                                     required=("epoch", "next", "order", "gen", "rng", "history", "settings"))
         if d.enabled:
@@ -297,8 +292,7 @@ def train_epochs(model: torch.nn.Module, features: list[dict], collate: Callable
         if "scaler" in state and engine.scaler.is_enabled():
             engine.scaler.load_state_dict(state["scaler"])
         gen.set_state(state["gen"])
-        rngs = state["rng"] if isinstance(state["rng"], list) else [state["rng"]]
-        set_rng_state(rngs[d.rank] if d.rank < len(rngs) else rngs[0])
+        restore_rng_state(state["rng"], d.rank)
         history = [EpochResult(e, s, m) for e, s, m in state["history"]]
         if state.get("best") is not None:
             best[:] = EpochResult(*state["best"]), load_file(os.path.join(path, "best.safetensors"))
@@ -324,10 +318,7 @@ def train_epochs(model: torch.nn.Module, features: list[dict], collate: Callable
             best[:] = result, {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
 
     def save(epoch: int, next_i: int, order) -> None:
-        rngs = [rng_state()]
-        if d.enabled:
-            rngs = [None] * d.world
-            dist.all_gather_object(rngs, rng_state())
+        rngs = gather_rng_states(d)
         if not d.is_main:
             d.barrier()
             return
@@ -343,12 +334,13 @@ def train_epochs(model: torch.nn.Module, features: list[dict], collate: Callable
         engine.tick()
         d.barrier()
 
+    lengths = [len(f["input_ids"]) for f in features] if cfg.data.group_by_length else None
     model.train()
     for epoch in range(start_epoch, epochs + 1):
         if order is None:
             order = torch.randperm(len(features), generator=gen).numpy()
-            if cfg.data.group_by_length:
-                order = group_by_length(order, [len(f["input_ids"]) for f in features], t.batch_size)
+            if lengths is not None:
+                order = group_by_length(order, lengths, t.batch_size)
         if start_i == 0:
             engine.state.take_meters()  # a logging line covers steps of its own epoch only
         for i in range(start_i, len(order), t.batch_size):

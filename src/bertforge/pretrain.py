@@ -49,7 +49,7 @@ from .data import (
 from .devices import Dist, init_distributed, resolve_device, setup_backend
 from .electra import DISCRIMINATOR_WEIGHT, GENERATOR_DIR, ElectraPretraining, generator_config
 from .electra import flops_per_token as electra_flops
-from .engine import Engine, LinearSchedule, LossFn, NonFiniteLoss, rng_state, set_rng_state
+from .engine import Engine, LinearSchedule, LossFn, NonFiniteLoss, gather_rng_states, restore_rng_state
 from .errors import TrainingError, UserError
 from .evaluation import evaluate_pretraining, evaluate_replaced_token_detection, fill_mask_samples
 from .files import (
@@ -64,7 +64,7 @@ from .files import (
 )
 from .logs import MetricsLog, duration, file_log, log_step, rounded
 from .model import BertForMaskedLM, BertForPreTraining, flops_per_token
-from .ops.dropout import DropoutKeys
+from .ops.dropout import batch_keys
 from .plots import plot_pretraining
 from .tokenizer import check_vocab_fits, load_tokenizer, save_tokenizer, special_ids, train_tokenizer
 
@@ -91,12 +91,6 @@ class PretrainingObjective(torch.nn.Module):
 ELECTRA_COUNTS = ("real", "replaced", "hit_replaced", "hit_original", "gen_hits")
 
 
-def _keys(b: dict, seed: int | None, step: int):
-    if seed is not None and "sequence_ids" in b and b["input_ids"].device.type == "cpu":
-        return DropoutKeys(seed, step, b["sequence_ids"].tolist())
-    return None
-
-
 def electra_loss_fn(n_mask: float, n_tokens: float, seed: int | None = None, step: int = 0) -> LossFn:
     """ELECTRA's loss of one micro-batch, normalised over the global batch: the generator's MLM loss over
     the masked tokens (``n_mask``) plus 50 times the discriminator's over the real tokens (``n_tokens``).
@@ -104,7 +98,7 @@ def electra_loss_fn(n_mask: float, n_tokens: float, seed: int | None = None, ste
 
     def loss_fn(objective, b: dict):
         gen, disc, counts = objective(b["input_ids"], b["attention_mask"], b["token_type_ids"], b["labels"],
-                                      dropout_keys=_keys(b, seed, step))
+                                      dropout_keys=batch_keys(b, seed, step))
         loss = gen.float() / n_mask + DISCRIMINATOR_WEIGHT * disc.float() / n_tokens
         return loss, {"mlm": gen.detach(), "disc": disc.detach(), **dict(zip(ELECTRA_COUNTS, counts))}
 
@@ -121,7 +115,7 @@ def pretraining_loss_fn(n_mask: float, batch_size: int, seed: int | None = None,
 
     def loss_fn(objective, b: dict):
         mlm, nsp = objective(b["input_ids"], b["attention_mask"], b["token_type_ids"], b["labels"],
-                             b.get("next_sentence_label"), dropout_keys=_keys(b, seed, step))
+                             b.get("next_sentence_label"), dropout_keys=batch_keys(b, seed, step))
         loss, parts = mlm.float() / n_mask, {"mlm": mlm.detach()}
         if nsp is not None:
             loss, parts["nsp"] = loss + nsp.float() / batch_size, nsp.detach()
@@ -261,8 +255,7 @@ class Pretraining:
 
     def __init__(self, cfg: PretrainConfig, resume: bool, replace: bool = False):
         self.cfg, self.resume, t, dc = cfg, resume, cfg.train, cfg.data
-        device_kind = "cuda" if cfg.impl.device.startswith("cuda") or (cfg.impl.device == "auto" and torch.cuda.is_available()) else "cpu"
-        self.d = d = init_distributed(device_kind)
+        self.d = d = init_distributed(cfg.impl)
         self.device = resolve_device(cfg.impl, d)
         setup_backend(self.device, cfg.impl, d)
 
@@ -459,10 +452,7 @@ class Pretraining:
 
     def save(self) -> None:
         """A checkpoint of everything that decides the rest of the run, and the refreshed model directory."""
-        states = [rng_state()]
-        if self.d.enabled:
-            states = [None] * self.d.world
-            dist.all_gather_object(states, rng_state())
+        states = gather_rng_states(self.d)
         if self.d.is_main:
             e = self.engine
             state = {**e.state.state_dict(), "loader": self.loader.state_dict(), "rng": states}
@@ -488,8 +478,7 @@ class Pretraining:
         if "scaler" in state and self.engine.scaler.is_enabled():
             self.engine.scaler.load_state_dict(state["scaler"])
         self.loader.load_state_dict(state["loader"])
-        rank = self.d.rank
-        set_rng_state(state["rng"][rank] if rank < len(state["rng"]) else state["rng"][0])
+        restore_rng_state(state["rng"], self.d.rank)
         self.metrics.truncate_after(step)
         log.info("resumed from %s (step %d)", path, step)
 

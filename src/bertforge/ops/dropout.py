@@ -92,6 +92,15 @@ class DropoutKeys:
         return gens
 
 
+def batch_keys(batch: dict, seed: int | None, step: int) -> DropoutKeys | None:
+    """The keys of a training batch's masks: on the CPU, given a ``seed`` and the batch's ``sequence_ids``
+    (each sequence's index in the epoch or the training set); else None (torch's global generator)."""
+    ids = batch.get("sequence_ids")
+    if seed is None or ids is None or batch["input_ids"].device.type != "cpu":
+        return None
+    return DropoutKeys(seed, step, ids.tolist())
+
+
 def keyed_dropout(x: torch.Tensor, p: float, keys: DropoutKeys, counts: Sequence[int]) -> torch.Tensor:
     """Dropout of rows ``x`` (N, C) that belong to the sequences of ``keys``, ``counts[b]`` consecutive rows
     each, with each sequence's mask from its own generator."""
