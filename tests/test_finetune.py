@@ -244,3 +244,20 @@ def test_torchrun_killed_in_a_save_and_resumed_ends_as_one_uninterrupted_process
     assert all(abs(x.get("loss", 0) - y.get("loss", 0)) < 1e-5 for x, y in zip(ra, rb))
     assert not (killed / "checkpoints").exists()
     capsys.readouterr()
+
+
+def test_default_learning_rate_follows_the_models_width(setup, tmp_path):
+    """Without --lr a run takes the rate for its model's width (tiny: hidden 128), saved with the run so that
+    its finetune_config.json repeats it; --lr wins; the rule itself by width."""
+    from bertforge.config import FINETUNE_LR_BY_WIDTH, finetune_lr
+
+    assert finetune_lr(128) == finetune_lr(256) == FINETUNE_LR_BY_WIDTH[0][1]
+    assert finetune_lr(384) == finetune_lr(768) == FINETUNE_LR_BY_WIDTH[-1][1] < finetune_lr(256)
+    base = ["--quiet", "finetune", "classify", "--model", str(setup / "model"), "--train", str(setup / "t.jsonl"),
+            "--validation", str(setup / "t.jsonl"), "--no-progress", "--max-seq-length", "16", "--max-steps", "2"]
+    assert main([*base, "--out", str(tmp_path / "auto")]) == 0
+    saved = json.loads((tmp_path / "auto" / "finetune_config.json").read_text())["finetune"]["train"]
+    assert saved["lr"] == finetune_lr(128)
+    assert main([*base, "--out", str(tmp_path / "given"), "--lr", "3e-5"]) == 0
+    assert json.loads((tmp_path / "given" / "finetune_config.json").read_text())["finetune"]["train"]["lr"] == 3e-5
+    assert main([*base, "--out", str(tmp_path / "missing"), "--model", str(tmp_path / "nowhere")]) == 2

@@ -298,6 +298,7 @@ def run_finetune_bench(task: str, model: str | None = None, preset: str = "mini"
         raise UserError("bertforge bench compares against transformers: pip install 'bertforge[test]'") from None
     from .batching import to_device
     from .finetune import _loss_fn
+    from .finetune import group_by_length as group_by_length_order
     from .tasks import TASKS
     from .tokenizer import load_tokenizer, save_tokenizer, train_tokenizer
 
@@ -328,8 +329,9 @@ def run_finetune_bench(task: str, model: str | None = None, preset: str = "mini"
         reinit = t.configure(config)
         features, collate = t.encode(tok, cfg)
         features = features[: batch_size * n_batches]
-        if group_by_length:
-            features = sorted(features, key=lambda f: len(f["input_ids"]))
+        if group_by_length:  # fine-tuning's own grouping (one run of batches here: sorted, longest first)
+            order = group_by_length_order(list(range(len(features))), [len(f["input_ids"]) for f in features], batch_size)
+            features = [features[i] for i in order]
         batches = [to_device(collate(features[i : i + batch_size]), dev) for i in range(0, len(features) - batch_size + 1, batch_size)]
         if not batches:
             raise UserError(f"fewer than {batch_size} training examples for one batch")

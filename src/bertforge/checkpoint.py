@@ -16,6 +16,7 @@ This module knows models only through what every :class:`~bertforge.model.BertPr
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -30,7 +31,7 @@ from safetensors.torch import load_file, save_file
 
 from .config import BertConfig
 from .errors import UserError
-from .files import atomic_dir, fault_point, follow_umask, fsync
+from .files import atomic_dir, fault_point, follow_umask, fsync, remove_output
 
 log = logging.getLogger("bertforge")
 
@@ -227,6 +228,19 @@ def has_weight(path: str, name: str) -> bool:
 # ------------------------------------------------------------------------------------------------ training
 CHECKPOINTS = "checkpoints"
 _STEP_DIR = re.compile(r"^step-(\d{8})$")
+
+
+@contextlib.contextmanager
+def removed_unless_checkpointed(out: str, kind: str, enabled: bool = True):
+    """A new run written in place into ``out`` (a ``kind`` output) that fails before its first checkpoint
+    leaves nothing behind: there is nothing to resume, and no half-written output stays."""
+    try:
+        yield
+    except BaseException:
+        if enabled and os.path.isdir(out) and not list_checkpoints(out):
+            with contextlib.suppress(UserError, OSError):  # the run's own error is the one to report
+                remove_output(out, kind)
+        raise
 
 
 def list_checkpoints(out: str) -> list[tuple[int, str]]:

@@ -106,10 +106,12 @@ def shown(value: Any) -> str:
 
 
 def add_setting_flags(p: argparse.ArgumentParser, cfg: Any, only: Sequence[str] | None = None,
-                      exclude: Sequence[str] = (), notes: dict[str, str] | None = None) -> list[str]:
+                      exclude: Sequence[str] = (), notes: dict[str, str] | None = None,
+                      defaults: dict[str, str] | None = None) -> list[str]:
     """A flag for each field of ``cfg`` (a dataclass, or a :class:`~bertforge.config.Sections` run config),
     its help text and default taken from the field: ``--max-seq-length`` sets ``max_seq_length``.  Every flag
-    defaults to None, so that only explicit flags override.  Returns the flags' destinations."""
+    defaults to None, so that only explicit flags override.  ``defaults`` describes in words the defaults
+    decided at run time.  Returns the flags' destinations."""
     from .config import Sections, flag_of
 
     fields = cfg.flat_fields() if isinstance(cfg, Sections) else {f.name: (cfg, f) for f in dataclasses.fields(cfg)}
@@ -119,7 +121,9 @@ def add_setting_flags(p: argparse.ArgumentParser, cfg: Any, only: Sequence[str] 
             continue
         help_ = f.metadata.get("help", "")
         default = getattr(holder, f.name)
-        if "(default" not in help_ and default not in (None, "", []):
+        if defaults and name in defaults:
+            help_ += f" (default: {defaults[name]})"
+        elif "(default" not in help_ and default not in (None, "", []):
             help_ += f" (default: {shown(default)})"
         if notes and name in notes:
             help_ += f" [{notes[name]}]"
@@ -238,7 +242,7 @@ def cmd_finetune(a: argparse.Namespace) -> int:
 
 
 def _add_finetune_parsers(sub) -> None:
-    from .config import FINETUNE_FLAGS, ClassifyConfig, SquadConfig
+    from .config import FINETUNE_FLAGS, ClassifyConfig, SquadConfig, finetune_lr_rule
 
     ft = sub.add_parser("finetune", help="fine-tune a BERT for classification or SQuAD question answering")
     fts = ft.add_subparsers(dest="task", metavar="TASK", parser_class=_Parser)
@@ -246,7 +250,7 @@ def _add_finetune_parsers(sub) -> None:
     for name, settings, help_ in (("classify", ClassifyConfig, "sentence or sentence-pair classification (TSV, CSV, JSONL)"),
                                   ("squad", SquadConfig, "SQuAD v1.1 extractive question answering")):
         p = fts.add_parser(name, help=help_)
-        flags = add_setting_flags(p, _task_class(name).config(), only=FINETUNE_FLAGS)
+        flags = add_setting_flags(p, _task_class(name).config(), only=FINETUNE_FLAGS, defaults={"lr": finetune_lr_rule()})
         p.add_argument("--config", help="YAML or JSON file with the same settings as the flags, or a run's "
                                         "finetune_config.json (flags override it)")
         p.add_argument("--overwrite", action="store_true", help="replace an earlier fine-tuning output that bertforge wrote in --out")

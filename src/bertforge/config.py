@@ -229,7 +229,7 @@ class TrainConfig:
 
     batch_size: int = setting(32, "global batch size in sequences (all processes and accumulation steps)", check="positive")
     grad_accum: int = setting(1, "gradient accumulation steps per optimizer step", check="positive")
-    lr: float = setting(1e-4, "peak learning rate", check="positive")
+    lr: float | None = setting(1e-4, "peak learning rate", check="positive")
     warmup_steps: int | None = setting(None, "warmup steps (default: --warmup-ratio of the run)", check="non-negative")
     warmup_ratio: float = setting(0.06, "warmup as a fraction of the run", check="fraction")
     weight_decay: float = setting(0.01, "AdamW weight decay (none on biases and LayerNorm weights)", check="probability")
@@ -248,6 +248,8 @@ class TrainConfig:
 
     def validate(self) -> None:
         validate_fields(self)
+        if self.lr is None:
+            raise UserError("--lr needs a value")
         if self.batch_size % self.grad_accum:
             raise UserError(f"--batch-size {self.batch_size} must be a positive multiple of --grad-accum {self.grad_accum}")
         if self.max_steps is None and self.max_time is None and self.epochs is None:
@@ -481,9 +483,26 @@ def _yaml_load(text: str):
 
 # ================================================================================================ fine-tuning
 # What fine-tuning changes in TrainConfig's defaults (BERT's fine-tuning recipe); tasks may change more.
+# lr None: by the model's width (finetune_lr).
 FINETUNE_TRAIN_DEFAULTS: dict[str, Any] = dict(
-    lr=5e-5, batch_size=32, warmup_ratio=0.1, epochs=3, log_every=20, eval_every=None, save_every=None,
+    lr=None, batch_size=32, warmup_ratio=0.1, epochs=3, log_every=20, eval_every=None, save_every=None,
 )
+
+# Fine-tuning's learning rate when none is given, by the model's hidden size: narrow models take larger
+# steps (as ELECTRA's fine-tuning: 3e-4 for its small model, 1e-4 for base; BERT's grid for base and large:
+# 2e-5 to 5e-5).  Measured here on SST-2 (benchmarks/README.md, "Fine-tuning's learning rate by size").
+FINETUNE_LR_BY_WIDTH: tuple[tuple[int, float], ...] = ((256, 1e-4), (1 << 30, 5e-5))
+
+
+def finetune_lr(hidden_size: int) -> float:
+    """The default fine-tuning learning rate of a model ``hidden_size`` wide (:data:`FINETUNE_LR_BY_WIDTH`)."""
+    return next(lr for width, lr in FINETUNE_LR_BY_WIDTH if hidden_size <= width)
+
+
+def finetune_lr_rule() -> str:
+    """:data:`FINETUNE_LR_BY_WIDTH` in words, for ``--help``."""
+    *narrow, (_, wide) = FINETUNE_LR_BY_WIDTH
+    return "by the model's width: " + ", ".join(f"{lr:g} up to hidden size {w}" for w, lr in narrow) + f", {wide:g} above"
 
 
 # The FinetuneConfig settings a fine-tuning command takes (flags, --config keys); the rest keep their defaults.

@@ -36,7 +36,7 @@ from . import checkpoint as ckpt
 from . import modelcard
 from .batching import to_device
 from .checkpoint import save_pretrained
-from .config import BertConfig, FinetuneConfig, validate_fields
+from .config import BertConfig, FinetuneConfig, finetune_lr, validate_fields
 from .devices import Dist, init_distributed, resolve_device, setup_backend
 from .engine import Engine, LinearSchedule, NonFiniteLoss, gather_rng_states, restore_rng_state
 from .errors import TrainingError, UserError
@@ -69,6 +69,10 @@ def run_finetuning(task: FinetuneTask, cfg: FinetuneConfig, overwrite: bool = Fa
     only then); with it the run writes into ``cfg.out`` (its checkpoints in ``checkpoints/``, removed at the
     end), and ``overwrite`` removes the earlier output first, as pretraining's does.
     """
+    if cfg.train.lr is None and cfg.model:  # the default: by the model's width
+        if not os.path.isdir(cfg.model):
+            raise UserError(f"model directory not found: {cfg.model}")
+        cfg.train.lr = finetune_lr(BertConfig.load(cfg.model).hidden_size)
     cfg.validate()
     validate_fields(task.settings)
     if resume and overwrite:
@@ -104,12 +108,8 @@ def _in_place(out: str, replace: bool, resume: bool) -> Iterator[str]:
         remove_output(out, "finetune")
     os.makedirs(out, exist_ok=True)
     write_marker(out, "finetune")
-    try:
+    with ckpt.removed_unless_checkpointed(out, "finetune", enabled=not resume):
         yield out
-    except BaseException:
-        if not resume and not ckpt.list_checkpoints(out):
-            remove_output(out, "finetune")
-        raise
 
 
 def _run(task: FinetuneTask, cfg: FinetuneConfig, replace: bool, resume: bool = False, d: Dist | None = None) -> dict:

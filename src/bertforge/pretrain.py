@@ -19,7 +19,6 @@ from its newest checkpoint ends, on the CPU, with exactly the weights of an unin
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import time
@@ -236,17 +235,10 @@ def run_pretraining(cfg: PretrainConfig, resume: bool = False, overwrite: bool =
     replace = check_run(cfg, resume, overwrite)
     main_rank = int(os.environ.get("RANK", "0")) == 0
     new = not resume and (replace or not os.path.exists(cfg.out) or not os.listdir(cfg.out))
-    with OutputLock(cfg.out, enabled=main_rank):  # rank 0 writes, so rank 0 locks
-        try:
-            run = Pretraining(cfg, resume, replace)
-            with file_log(cfg.out, run.d.is_main):
-                return run.train()
-        except BaseException:
-            # a new run that fails before its first checkpoint leaves nothing behind (no half-written output)
-            if main_rank and new and os.path.isdir(cfg.out) and not ckpt.list_checkpoints(cfg.out):
-                with contextlib.suppress(UserError, OSError):
-                    remove_output(cfg.out, "pretrain")
-            raise
+    with OutputLock(cfg.out, enabled=main_rank), ckpt.removed_unless_checkpointed(cfg.out, "pretrain", main_rank and new):
+        run = Pretraining(cfg, resume, replace)
+        with file_log(cfg.out, run.d.is_main):
+            return run.train()
 
 
 class Pretraining:

@@ -41,3 +41,20 @@ def test_keyed_masks_depend_on_the_sequence_not_on_its_batch():
     m2 = keyed_attention_dropout(att, 0.5, DropoutKeys(0, 3, [4, 9]), [6, 4], [6, 4])
     m1 = keyed_attention_dropout(att[1:, :, :4, :4], 0.5, DropoutKeys(0, 3, [9]), [4], [4])
     assert torch.equal(m2[1, :, :4, :4], m1[0]) and float(m2[1, :, 4:].abs().sum()) == 0
+    assert float(m2[1, :, :4, 4:].abs().sum()) == 0  # padded keys: zero, whatever the probabilities hold there
+
+
+def test_keyed_masks_are_dropout_masks_from_each_sequences_generator():
+    """The keyed masks, written in place into one tensor, hold exactly the numbers :func:`dropout_mask` draws
+    from each sequence's generator (the definition the batch-independence rests on)."""
+    from bertforge.ops.dropout import DropoutKeys, dropout_mask, keyed_attention_dropout, keyed_dropout
+
+    keys = DropoutKeys(3, 5, [7, 8])
+    gens = DropoutKeys(3, 5, [7, 8]).generators()
+    rows = keyed_dropout(torch.ones(4 + 6, 10), 0.1, keys, [4, 6])
+    assert torch.equal(rows[:4], dropout_mask((4, 10), 0.1, "cpu", generator=gens[0]))
+    assert torch.equal(rows[4:], dropout_mask((6, 10), 0.1, "cpu", generator=gens[1]))
+    gens = DropoutKeys(3, 5, [7, 8]).generators()
+    att = keyed_attention_dropout(torch.ones(2, 3, 5, 5), 0.1, DropoutKeys(3, 5, [7, 8]), [5, 2], [5, 3])
+    assert torch.equal(att[0], dropout_mask((3, 5, 5), 0.1, "cpu", generator=gens[0]))
+    assert torch.equal(att[1, :, :2, :3], dropout_mask((3, 2, 3), 0.1, "cpu", generator=gens[1]))
