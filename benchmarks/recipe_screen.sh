@@ -29,7 +29,7 @@ $BF evaluate mlm --model "$mlm_model" --data "$DATA/gutenberg/validation.jsonl" 
 probe=null
 if [ "$PROBE" = 1 ]; then
   $BF finetune classify --model "$dir" --train "$DATA/sst2/train.tsv" --validation "$DATA/sst2/dev.tsv" \
-    --out "$dir-sst2" --overwrite --max-train-examples 20000 --epochs 1 --no-progress > "$dir-sst2.log" 2>&1
+    --out "$dir-sst2" --overwrite --max-train-examples 20000 --epochs 1 --lr 5e-5 --no-progress > "$dir-sst2.log" 2>&1
   probe=$($PY -c "import json; print(json.load(open('$dir-sst2/metrics.json'))['accuracy'])")
 fi
 $PY - "$name" "$BUDGET" "$dir" "$probe" "$*" >> "$OUT/results.jsonl" <<'PY'

@@ -75,7 +75,7 @@ for s in $steps; do
       for obj in mlm electra; do for S in $SEEDS; do
         $BF finetune classify --model "$OUT/equal-$obj-$BUDGET" --train "$DATA/sst2/train.tsv" \
           --validation "$DATA/sst2/dev.tsv" --out "$OUT/equal-$obj-$BUDGET-sst2-$S" --overwrite \
-          --max-train-examples 20000 --epochs 1 --seed "$S" --no-progress
+          --max-train-examples 20000 --epochs 1 --lr 5e-5 --seed "$S" --no-progress
       done; done ;;
     equal-squad)
       for obj in mlm electra; do

@@ -20,31 +20,16 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 
-def _bits16(shape, device, generator: torch.Generator | None) -> torch.Tensor:
-    """Random 16-bit integers of ``shape``: four from each 64-bit draw."""
-    n = math.prod(shape)
-    bits = torch.randint(-(2**63), 2**63 - 1, ((n + 3) // 4,), dtype=torch.int64, device=device, generator=generator)
-    return bits.view(torch.int16)[:n].view(shape)
-
-
-def _threshold(p: float) -> int:
-    return round(p * 65536) - 32768  # a 16-bit number at or above it keeps its element: probability 1 - p
-
-
 def dropout_mask(shape, p: float, device, dtype=torch.float32, generator: torch.Generator | None = None) -> torch.Tensor:
     """Inverted dropout's multiplier: 1/(1-p) with probability 1 - p (p rounded to 1/65536), else 0, from
     torch's generator.  A float mask, because multiplying by it is several times faster on the CPU than
     ``torch.where`` with a boolean one, and comparing straight into a float tensor is faster than producing
     booleans."""
-    mask = torch.ge(_bits16(shape, device, generator), _threshold(p), out=torch.empty(shape, dtype=dtype, device=device))
+    n = math.prod(shape)
+    bits = torch.randint(-(2**63), 2**63 - 1, ((n + 3) // 4,), dtype=torch.int64, device=device, generator=generator)
+    b16 = bits.view(torch.int16)[:n].view(shape)  # four 16-bit numbers from each 64-bit draw
+    mask = torch.ge(b16, round(p * 65536) - 32768, out=torch.empty(shape, dtype=dtype, device=device))
     return mask.mul_(1.0 / (1.0 - p))
-
-
-def _fill_mask(out: torch.Tensor, p: float, generator: torch.Generator) -> None:
-    """:func:`dropout_mask`'s values (the same numbers from the same generator) written into ``out``, a view
-    of a larger mask: one pass, where a separate mask then copied in place costs three."""
-    keep = torch.tensor(1.0 / (1.0 - p), dtype=out.dtype)
-    torch.where(_bits16(out.shape, "cpu", generator) >= _threshold(p), keep, keep.new_zeros(()), out=out)
 
 
 class _Dropout16(torch.autograd.Function):
@@ -119,24 +104,18 @@ def batch_keys(batch: dict, seed: int | None, step: int) -> DropoutKeys | None:
 def keyed_dropout(x: torch.Tensor, p: float, keys: DropoutKeys, counts: Sequence[int]) -> torch.Tensor:
     """Dropout of rows ``x`` (N, C) that belong to the sequences of ``keys``, ``counts[b]`` consecutive rows
     each, with each sequence's mask from its own generator."""
-    mask = torch.empty(x.shape, dtype=x.dtype)  # (N, C), each sequence's rows filled from its own generator
-    start = 0
-    for n, g in zip(counts, keys.generators()):
-        if n:
-            _fill_mask(mask[start : start + n], p, g)
-        start += n
-    assert start == len(x), f"keyed dropout: {start} rows in the layout, {len(x)} in the tensor"
-    return x * mask.to(x.device)
+    C = x.shape[-1]
+    masks = [dropout_mask((n, C), p, "cpu", x.dtype, g) for n, g in zip(counts, keys.generators()) if n]
+    return x * torch.cat(masks).to(x.device) if masks else x
 
 
 def keyed_attention_dropout(att: torch.Tensor, p: float, keys: DropoutKeys, rows: Sequence[int],
                             cols: Sequence[int]) -> torch.Tensor:
     """Dropout of attention probabilities (B, nh, Tq, Tk), sequence b's real queries and keys being its first
     ``rows[b]`` and ``cols[b]``; each sequence's mask from its own generator, the padding's left at zero."""
-    mask = torch.empty_like(att)
+    B, nh = att.shape[:2]
+    mask = att.new_zeros(att.shape)
     for b, (r, c, g) in enumerate(zip(rows, cols, keys.generators())):
         if r and c:
-            _fill_mask(mask[b, :, :r, :c], p, g)
-        mask[b, :, r:].zero_()  # padding: zeros, never uninitialised memory (0 * NaN is NaN)
-        mask[b, :, :r, c:].zero_()
+            mask[b, :, :r, :c] = dropout_mask((nh, r, c), p, "cpu", att.dtype, g)
     return att * mask
