@@ -69,10 +69,11 @@ def run_finetuning(task: FinetuneTask, cfg: FinetuneConfig, overwrite: bool = Fa
     only then); with it the run writes into ``cfg.out`` (its checkpoints in ``checkpoints/``, removed at the
     end), and ``overwrite`` removes the earlier output first, as pretraining's does.
     """
-    if cfg.train.lr is None and cfg.model:  # the default: by the model's width
+    if cfg.model and isinstance(cfg.model, str):  # (the rest of --model's checks: in validate)
         if not os.path.isdir(cfg.model):
             raise UserError(f"model directory not found: {cfg.model}")
-        cfg.train.lr = finetune_lr(BertConfig.load(cfg.model).hidden_size)
+        if cfg.train.lr is None:  # the default: by the model's width
+            cfg.train.lr = finetune_lr(BertConfig.load(cfg.model).hidden_size)
     cfg.validate()
     validate_fields(task.settings)
     if resume and overwrite:
@@ -81,8 +82,6 @@ def run_finetuning(task: FinetuneTask, cfg: FinetuneConfig, overwrite: bool = Fa
         raise UserError(f"nothing to resume: no complete checkpoint in {os.path.join(cfg.out, ckpt.CHECKPOINTS)}")
     if check_output(cfg.out, "finetune", overwrite=overwrite, resume=resume):
         check_inputs_outside(cfg.out, [cfg.model, cfg.data.train_file, cfg.data.validation_file])
-    if not os.path.isdir(cfg.model):
-        raise UserError(f"model directory not found: {cfg.model}")
     d = init_distributed(cfg.impl)
     try:
         if cfg.train.batch_size < d.world * cfg.train.grad_accum:
