@@ -16,7 +16,8 @@ from bertforge.checkpoint import list_checkpoints, load_checkpoint
 from bertforge.cli import main
 from bertforge.config import BertConfig, TrainConfig
 from bertforge.engine import build_optimizer
-from bertforge.electra import ElectraForMaskedLM, ElectraPretraining, generator_config
+from bertforge.electra import ElectraForMaskedLM, ElectraPretraining, generator_config, sample
+from bertforge.ops.dropout import DropoutKeys
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +56,24 @@ def test_generator_shape_follows_the_paper():
         g = m.generator.config
         assert g.hidden_size % g.num_attention_heads == 0
         assert hasattr(m.generator.electra, "embeddings_project") == (g.hidden_size != m.config.hidden_size)
+
+
+def test_sampling_follows_the_generator_and_each_sequence_draws_alone():
+    p = torch.tensor([0.5, 0.0, 0.2, 0.3, 0.0])
+    logits = p.log().expand(100_000, 5)
+    draws = sample(logits, torch.zeros(100_000, dtype=torch.long), sampler=torch.Generator().manual_seed(1))
+    freq = torch.bincount(draws, minlength=5) / 100_000
+    assert freq[1] == 0 and freq[4] == 0  # never a token of probability 0
+    assert torch.allclose(freq, p, atol=0.01)  # 4 standard deviations of a frequency near 0.5 is 0.006
+    # keyed: the rows of sequence 7 draw the same tokens whichever sequences share its batch
+    rows = torch.randn(3, 40)
+    alone = sample(rows, torch.tensor([0, 0, 0]), DropoutKeys(3, 5, [7]))
+    batch = torch.cat([torch.randn(2, 40), rows, torch.randn(4, 40)])
+    batched = sample(batch, torch.tensor([0, 0, 1, 1, 1, 2, 2, 2, 2]), DropoutKeys(3, 5, [2, 7, 9]))
+    assert torch.equal(batched[2:5], alone)
+    # and a sequence's draws change with the step
+    later = [sample(rows, torch.tensor([0, 0, 0]), DropoutKeys(3, step, [7])) for step in range(6, 11)]
+    assert any(not torch.equal(d, alone) for d in later)
 
 
 def test_outputs_metrics_and_transformers_loading(electra_run, tok_dir):
