@@ -426,3 +426,24 @@ def test_init_range_sets_how_a_new_model_starts(small_text_corpus, story_tok_dir
     args = _args(small_text_corpus, story_tok_dir, tmp_path / "x", "--init", str(out), "--init-range", "0.05")
     assert main(args) == 2
     assert "--init-range sets how a new model starts" in capsys.readouterr().err
+
+
+def test_sinusoidal_positions_start_from_sines_and_stay_learned(small_text_corpus, story_tok_dir, tmp_path):
+    from bertforge.config import BertConfig
+    from bertforge.electra import ElectraPretraining
+    from bertforge.model import sinusoidal_positions_
+
+    model = ElectraPretraining(BertConfig.preset("tiny", vocab_size=50))
+    sinusoidal_positions_(model)
+    w = model.bert.embeddings.position_embeddings.weight.detach().double()  # (P, C)
+    assert model.generator.electra.embeddings.position_embeddings.weight is model.bert.embeddings.position_embeddings.weight
+    assert float(w.std()) == pytest.approx(0.02, rel=1e-3)
+    # one linear map takes every position to the next (what random positions lack): least squares, no residual
+    R = torch.linalg.lstsq(w[:-1], w[1:]).solution
+    assert torch.allclose(w[:-1] @ R, w[1:], atol=1e-8)
+    out = tmp_path / "sin"
+    assert main(["--quiet", *_args(small_text_corpus, story_tok_dir, out, "--max-steps", "2", "--eval-every", "0",
+                                   "--position-init", "sinusoidal")]) == 0
+    saved = _weights(out)["bert.embeddings.position_embeddings.weight"].double()
+    assert 0.9 < float(torch.nn.functional.cosine_similarity(saved.flatten(), w.flatten(), dim=0)) < 1  # moved, from sines
+    assert json.loads((out / "pretrain_config.json").read_text())["model"]["position_init"] == "sinusoidal"

@@ -361,6 +361,10 @@ class PretrainModelConfig:
                                           "saved config.json keeps the model's own, for fine-tuning", check="fraction")
     init_range: float | None = setting(None, "standard deviation of the initial weights of a new model (none = the "
                                              "model config's initializer_range, BERT's 0.02)", check="positive")
+    position_init: str = setting("normal", "how a new model's position embeddings start: normal (BERT's: random) or "
+                                           "sinusoidal (the Transformer's sines and cosines at the same scale, still "
+                                           "learned); not used with --init or --resume",
+                                 choices=("normal", "sinusoidal"))
 
     def validate(self) -> None:
         validate_fields(self)

@@ -83,6 +83,7 @@ in the demo's budget (the figures are in that module's docstring).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -595,6 +596,26 @@ MODEL_CLASSES = {
     c.__name__: c
     for c in (BertModel, BertForPreTraining, BertForMaskedLM, BertForSequenceClassification, BertForQuestionAnswering)
 }
+
+
+def sinusoidal_positions_(model: nn.Module) -> None:
+    """Start every position-embedding table of ``model`` from the Transformer's sines and cosines (Vaswani et
+    al., 2017) at the standard deviation of the model's other initial weights.  They stay learned parameters:
+    only their starting point differs from BERT's random one.  With random positions, each of the T positions
+    must learn on its own how it relates to its neighbours, and attention stays uniform for a long time (a
+    mini BERT after 30 minutes here: every head within 0.6 nats of uniform, none looking at the next or the
+    previous token); with sinusoids, an offset is one linear map shared by all positions."""
+    for m in model.modules():
+        if isinstance(m, BertEmbeddings):
+            w = m.position_embeddings.weight  # (P, C)
+            P, C = w.shape
+            pos = torch.arange(P, dtype=torch.float64).unsqueeze(1)  # (P, 1)
+            freq = torch.exp(torch.arange(0, C, 2, dtype=torch.float64) * (-math.log(10000.0) / C))  # (C/2,)
+            table = torch.zeros(P, C, dtype=torch.float64)
+            table[:, 0::2] = torch.sin(pos * freq)
+            table[:, 1::2] = torch.cos(pos * freq)[:, : C // 2]
+            with torch.no_grad():
+                w.copy_(table / table.std() * model.config.initializer_range)
 
 
 def flops_per_token(config: BertConfig, seq_len: int, mlm_fraction: float | None = 0.15, train: bool = True) -> float:

@@ -62,7 +62,7 @@ from .files import (
     write_marker,
 )
 from .logs import MetricsLog, duration, file_log, log_step, rounded
-from .model import BertForMaskedLM, BertForPreTraining, flops_per_token
+from .model import BertForMaskedLM, BertForPreTraining, flops_per_token, sinusoidal_positions_
 from .ops.dropout import batch_keys
 from .plots import plot_pretraining
 from .tokenizer import check_vocab_fits, load_tokenizer, save_tokenizer, special_ids, train_tokenizer
@@ -284,6 +284,8 @@ class Pretraining:
             self.model = model_cls.from_pretrained(cfg.model.init, config=self.config)
         else:
             self.model = model_cls(self.config)
+        if cfg.model.position_init == "sinusoidal" and not cfg.model.init and not resume:
+            sinusoidal_positions_(self.model)
         if cfg.model.dropout is not None:  # pretraining's own; config.json keeps the model's, for fine-tuning
             self.model.set_dropout(cfg.model.dropout)
         self.model.to(self.device)
