@@ -59,11 +59,11 @@ for s in $steps; do
       $BF evaluate mlm --model "$OUT/budget-90m" --data "$DATA/gutenberg/validation.jsonl" --max-blocks 2000 ;;
     budget-squad)
       $BF finetune squad --model "$OUT/budget-90m" --train "$DATA/squad/train-8k-v1.1.json" \
-        --validation "$DATA/squad/dev-v1.1.json" --out "$OUT/budget-squad" --overwrite --epochs 2 --lr 3e-4 \
-        --batch-size 32 --max-seq-length 256 --no-progress ;;
+        --validation "$DATA/squad/dev-v1.1.json" --out "$OUT/budget-squad" --overwrite --epochs 1 --lr 3e-4 \
+        --batch-size 32 --max-seq-length 256 --seed 0 --no-progress ;;
     budget-sst2)
       $BF finetune classify --model "$OUT/budget-90m" --train "$DATA/sst2/train.tsv" --validation "$DATA/sst2/dev.tsv" \
-        --out "$OUT/budget-sst2" --overwrite --epochs 2 --lr 1e-4 --batch-size 32 --no-progress ;;
+        --out "$OUT/budget-sst2" --overwrite --epochs 1 --batch-size 32 --seed 0 --no-progress ;;  # lr: the default by width
     equal-mlm|equal-electra)  # issue 15: mini, the budget recipe, masked LM or ELECTRA, the same wall-clock budget
       obj=${s#equal-}
       $BF pretrain --data "$DATA/gutenberg/train-000.jsonl" --tokenizer "$MINILM" --preset mini --objective "$obj" \
