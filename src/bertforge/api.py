@@ -72,7 +72,11 @@ def run_pretraining(out: str, data: list[str] | str | None = None, resume: bool 
     from_file = read_config_file(config) if config else {}
     recipe = settings.get("recipe", from_file.get("recipe"))
     if resume and out and os.path.isfile(os.path.join(out, CONFIG_FILE)):
-        cfg = PretrainConfig.from_dict(read_json_object(os.path.join(out, CONFIG_FILE), CONFIG_FILE))
+        saved = read_json_object(os.path.join(out, CONFIG_FILE), CONFIG_FILE)
+        if isinstance(saved.get("model"), dict):  # saved before these settings existed: the run started BERT's way
+            saved["model"].setdefault("position_init", "normal")
+            saved["model"].setdefault("attention_init", "normal")
+        cfg = PretrainConfig.from_dict(saved)
         if recipe is not None and recipe != cfg.recipe:
             raise UserError(f"--recipe {recipe}: the run in {out} was started with --recipe {cfg.recipe}, and a "
                             "resumed run keeps its settings")

@@ -365,10 +365,18 @@ class PretrainModelConfig:
                                            "sinusoidal (the Transformer's sines and cosines at the same scale, still "
                                            "learned); not used with --init or --resume",
                                  choices=("normal", "sinusoidal"))
+    attention_init: str = setting("normal", "how a new model's attention starts: normal (BERT's: random) or local "
+                                            "(the first layer's heads 0 and 1 start looking at the previous and the "
+                                            "next token; needs --position-init sinusoidal; ELECTRA: the discriminator's and the "
+                                            "generator's first layers); not used "
+                                            "with --init or --resume", choices=("normal", "local"))
 
     def validate(self) -> None:
         validate_fields(self)
         check_preset(self.preset)
+        if self.attention_init == "local" and self.position_init != "sinusoidal" and not self.init:
+            raise UserError("--attention-init local (the budget recipe's) reads the positions' sines and cosines: with "
+                            "--position-init normal, pass --attention-init normal too")
         if self.init_range is not None and self.init:
             raise UserError("--init-range sets how a new model starts; --init continues from trained weights")
 
@@ -379,8 +387,10 @@ class PretrainModelConfig:
 # "The budget recipe"); "bert" is BERT's (Devlin et al., 2019), as bertforge ran it before 0.3.  Explicit
 # flags and config-file keys win over the recipe; the resolved values are saved with the run.
 RECIPES: dict[str, dict[str, Any]] = {
-    "budget": dict(lr=1e-3, warmup_ratio=0.06, adam_beta2=0.98, max_grad_norm=0.5, dropout=0.0, nsp=False, mask_prob=0.3),
-    "bert": dict(lr=1e-4, warmup_ratio=0.06, adam_beta2=0.999, max_grad_norm=1.0, dropout=None, nsp=True, mask_prob=0.15),
+    "budget": dict(lr=1e-3, warmup_ratio=0.06, adam_beta2=0.98, max_grad_norm=0.5, dropout=0.0, nsp=False, mask_prob=0.3,
+                   position_init="sinusoidal", attention_init="local"),
+    "bert": dict(lr=1e-4, warmup_ratio=0.06, adam_beta2=0.999, max_grad_norm=1.0, dropout=None, nsp=True, mask_prob=0.15,
+                 position_init="normal", attention_init="normal"),
 }
 
 
@@ -397,7 +407,8 @@ class PretrainConfig(Sections):
 
     out: str = setting("", "output directory (a Hugging Face BERT directory, with metrics and checkpoints)")
     recipe: str = setting("budget", "the defaults of the settings that decide what a budget buys: budget (the best "
-                                    "model per hour measured here: masked LM only, 30% masked, lr 1e-3, dropout off, ...) or bert "
+                                    "model per hour measured here: masked LM only, 30% masked, lr 1e-3, dropout off, heads that start on "
+                                    "the neighbouring tokens, ...) or bert "
                                     "(BERT's: NSP, lr 1e-4, dropout 0.1, ...); explicit flags win",
                           choices=tuple(RECIPES))
     model: PretrainModelConfig = field(default_factory=lambda: PretrainModelConfig(**recipe_section("budget", PretrainModelConfig)))

@@ -62,7 +62,7 @@ from .files import (
     write_marker,
 )
 from .logs import MetricsLog, duration, file_log, log_step, rounded
-from .model import BertForMaskedLM, BertForPreTraining, flops_per_token, sinusoidal_positions_
+from .model import BertForMaskedLM, BertForPreTraining, flops_per_token, local_attention_heads_, sinusoidal_positions_
 from .ops.dropout import batch_keys
 from .plots import plot_pretraining
 from .tokenizer import check_vocab_fits, load_tokenizer, save_tokenizer, special_ids, train_tokenizer
@@ -286,6 +286,8 @@ class Pretraining:
             self.model = model_cls(self.config)
         if cfg.model.position_init == "sinusoidal" and not cfg.model.init and not resume:
             sinusoidal_positions_(self.model)
+            if cfg.model.attention_init == "local":
+                local_attention_heads_(self.model)
         if cfg.model.dropout is not None:  # pretraining's own; config.json keeps the model's, for fine-tuning
             self.model.set_dropout(cfg.model.dropout)
         self.model.to(self.device)
@@ -493,7 +495,8 @@ class Pretraining:
         settings = {"recipe": cfg.recipe, "objective": mc.objective, "preset": mc.model_config or mc.preset,
                     "max_seq_length": dc.max_seq_length, "batch_size": t.batch_size, "lr": t.lr, "max_steps": t.max_steps,
                     "max_time (s)": t.max_time, "warmup_ratio": t.warmup_ratio, "mask_prob": dc.mask_prob, "nsp": dc.nsp,
-                    "dropout in pretraining": mc.dropout, "seed": t.seed}
+                    "dropout in pretraining": mc.dropout, "position_init": mc.position_init,
+                    "attention_init": mc.attention_init, "seed": t.seed}
         keys = ("mlm_accuracy", "mlm_accuracy_masked", "mlm_loss", "nsp_accuracy", "disc_accuracy", "disc_accuracy_replaced",
                 "disc_accuracy_original", "tokens_per_second")
         load = "BertModel" if self.electra else "BertForPreTraining" if dc.nsp else "BertForMaskedLM"
