@@ -602,6 +602,11 @@ MODEL_CLASSES = {
 }
 
 
+def sinusoid_frequencies(C: int) -> torch.Tensor:
+    """The Transformer's frequencies, 10000^(-2f/C) radian per position, of columns 2f (sin) and 2f+1 (cos): (C/2,)."""
+    return torch.exp(torch.arange(0, C, 2, dtype=torch.float64) * (-math.log(10000.0) / C))
+
+
 def sinusoidal_positions_(model: nn.Module) -> None:
     """Start every position-embedding table of ``model`` from the Transformer's sines and cosines (Vaswani et
     al., 2017) at the standard deviation of the model's other initial weights.  They stay learned parameters:
@@ -614,7 +619,7 @@ def sinusoidal_positions_(model: nn.Module) -> None:
             w = m.position_embeddings.weight  # (P, C)
             P, C = w.shape
             pos = torch.arange(P, dtype=torch.float64).unsqueeze(1)  # (P, 1)
-            freq = torch.exp(torch.arange(0, C, 2, dtype=torch.float64) * (-math.log(10000.0) / C))  # (C/2,)
+            freq = sinusoid_frequencies(C)  # (C/2,)
             table = torch.zeros(P, C, dtype=torch.float64)
             table[:, 0::2] = torch.sin(pos * freq)
             table[:, 1::2] = torch.cos(pos * freq)[:, : C // 2]
@@ -650,7 +655,7 @@ def local_attention_heads_(model: nn.Module, offsets: tuple[int, ...] = (-1, 1),
     pairs = max(1, min(pairs, E // 8))
     # the pairs whose frequency 10000^(-2f/E) lies in [0.1, 1], evenly spread (f = E/8 is 0.1 rad/position)
     fs = [round(k * (E // 8) / pairs) for k in range(pairs)]
-    freq = [10000.0 ** (-2 * f / E) for f in fs]
+    freq = sinusoid_frequencies(E)[fs].tolist()  # those of sinusoidal_positions_' columns
     cols = [c for f in fs for c in (2 * f, 2 * f + 1)]  # sin, cos columns of sinusoidal_positions_' table
     with torch.no_grad():
         emb.word_embeddings.weight[:, cols] = 0
