@@ -3,7 +3,8 @@
 #   DATA=../shared/data OUT=runs/bench bash benchmarks/run_all.sh [step...]
 # Steps: learn pretrain-mini sst2-minilm sst2-scratch squad-scratch squad-minilm tokenize bench pretrain-speed
 #        budget-long budget-squad budget-sst2 (issue 14's long run, LONG=90m by default: rerun the same command
-#        to resume it; budget-90m is budget-long with LONG=90m)
+#        to resume it; budget-90m is budget-long with LONG=90m); budget-tapt budget-tapt-squad (that model
+#        pretrained on further on SQuAD's training contexts, TAPT_STEPS=500 steps of 16 x 256 tokens, then SQuAD)
 #        sst2-transformers squad-transformers (issue 16's parity: transformers' side of sst2-minilm, squad-minilm)
 #        equal-mlm equal-electra equal-sst2 equal-squad (issue 15's equal-budget comparison: BUDGET=30m by default)
 # SEEDS="0 1 2" (the default) for the SST-2 parity runs and the equal-budget SST-2 fine-tuning.
@@ -67,6 +68,15 @@ for s in $steps; do
     budget-sst2)
       $BF finetune classify --model "$OUT/budget-$LONG" --train "$DATA/sst2/train.tsv" --validation "$DATA/sst2/dev.tsv" \
         --out "$OUT/budget-$LONG-sst2" --overwrite --epochs 1 --batch-size 32 --seed 0 --no-progress ;;  # lr: the default by width
+    budget-tapt)  # issue 14: the long run's model, pretrained on further on SQuAD's training contexts (no questions)
+      $PY benchmarks/squad_contexts.py "$DATA/squad/train-v1.1.json" "$OUT/squad-train-contexts.jsonl"
+      $BF pretrain --init "$OUT/budget-$LONG" --data "$OUT/squad-train-contexts.jsonl" --out "$OUT/budget-$LONG-tapt" \
+        --overwrite --max-steps "${TAPT_STEPS:-500}" --max-seq-length 256 --batch-size 16 --eval-every 0 --save-every 0 \
+        --no-progress ;;
+    budget-tapt-squad)
+      $BF finetune squad --model "$OUT/budget-$LONG-tapt" --train "$DATA/squad/train-8k-v1.1.json" \
+        --validation "$DATA/squad/dev-v1.1.json" --out "$OUT/budget-$LONG-tapt-squad" --overwrite --epochs 1 --lr 3e-4 \
+        --batch-size 32 --max-seq-length 256 --seed 0 --no-progress ;;
     equal-mlm|equal-electra)  # issue 15: mini, the budget recipe, masked LM or ELECTRA, the same wall-clock budget
       obj=${s#equal-}
       $BF pretrain --data "$DATA/gutenberg/train-000.jsonl" --tokenizer "$MINILM" --preset mini --objective "$obj" \
@@ -78,7 +88,7 @@ for s in $steps; do
       for obj in mlm electra; do for S in $SEEDS; do
         $BF finetune classify --model "$OUT/equal-$obj-$BUDGET" --train "$DATA/sst2/train.tsv" \
           --validation "$DATA/sst2/dev.tsv" --out "$OUT/equal-$obj-$BUDGET-sst2-$S" --overwrite \
-          --max-train-examples 20000 --epochs 1 --lr 5e-5 --seed "$S" --no-progress
+          --max-train-examples 20000 --epochs 1 --seed "$S" --no-progress  # lr: the default by width (3e-4)
       done; done ;;
     equal-squad)
       for obj in mlm electra; do

@@ -89,6 +89,25 @@ def test_few_updates_are_warned_and_a_batch_that_accumulation_cannot_split_refus
     assert not (tmp_path / "p").exists()
 
 
+def test_positions_beyond_the_pretraining_length_are_warned(setup, tmp_path, capsys):
+    # a model bertforge pretrained from scratch on 4-token sequences, fine-tuned on sentences of 5-6 tokens
+    model = tmp_path / "short"
+    shutil.copytree(setup / "model", model)
+    saved = {"data": {"max_seq_length": 4}, "model": {"init": None}}
+    (model / "pretrain_config.json").write_text(json.dumps(saved))
+    _run_model = ["--batch-size", "8", "--epochs", "1"]
+    assert main(_args(setup, tmp_path / "a", *_run_model, model=str(model))) == 0
+    assert "pretrained on sequences of at most 4 tokens and these reach 6: positions 4-5 start untrained" in capsys.readouterr().err
+    saved["data"]["max_seq_length"] = 6  # long enough: no warning
+    (model / "pretrain_config.json").write_text(json.dumps(saved))
+    assert main(_args(setup, tmp_path / "b", *_run_model, model=str(model))) == 0
+    assert "untrained" not in capsys.readouterr().err
+    saved["data"]["max_seq_length"], saved["model"]["init"] = 4, "elsewhere"  # pretrained on from other weights: unknown
+    (model / "pretrain_config.json").write_text(json.dumps(saved))
+    assert main(_args(setup, tmp_path / "c", *_run_model, model=str(model))) == 0
+    assert "untrained" not in capsys.readouterr().err
+
+
 RESUMABLE = ["--batch-size", "4", "--epochs", "3", "--save-every", "3", "--eval-every", "5", "--log-every", "1"]
 
 

@@ -121,6 +121,7 @@ def _run(task: FinetuneTask, cfg: FinetuneConfig, replace: bool, resume: bool = 
         raise UserError(f"--max-seq-length {cfg.data.max_seq_length} exceeds the model's {config.max_position_embeddings} positions")
     reinit_head = task.configure(config)
     features, collate = task.encode(tok, cfg)
+    warn_untrained_positions(cfg.model, max((len(f["input_ids"]) for f in features), default=0), d)
     device = resolve_device(cfg.impl, d)
     setup_backend(device, cfg.impl, d)
     torch.manual_seed(cfg.train.seed)
@@ -175,6 +176,31 @@ def _write_card(folder: str, task: FinetuneTask, cfg: FinetuneConfig, metrics: d
         "question-answering" if task.name == "squad" else "text-classification", shown, settings,
         [cfg.data.train_file, cfg.data.validation_file], cfg.model, modelcard.base_license(cfg.model),
         load=task.model_class.__name__))
+
+
+def pretrained_length(model_dir: str) -> int | None:
+    """The longest sequence ``bertforge pretrain`` trained the model in ``model_dir`` on, when it trained it
+    from its start (positions beyond it are still at their starting values); None when unknown (a model
+    from elsewhere, or one pretrained on from another's weights with ``--init``)."""
+    from .pretrain import CONFIG_FILE
+
+    try:
+        with open(os.path.join(model_dir, CONFIG_FILE), encoding="utf-8") as f:
+            saved = json.load(f)
+        if saved["model"].get("init"):
+            return None
+        return int(saved["data"]["max_seq_length"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def warn_untrained_positions(model_dir: str, longest: int, d: Dist) -> None:
+    """Warn when the fine-tuning sequences reach positions the model was never pretrained at."""
+    trained = pretrained_length(model_dir)
+    if trained and longest > trained and d.is_main:
+        log.warning("%s was pretrained on sequences of at most %d tokens and these reach %d: positions %d-%d start "
+                    "untrained (a shorter --max-seq-length keeps to what it learned)", model_dir, trained, longest,
+                    trained, longest - 1)
 
 
 MIN_UPDATES = 100  # fewer optimizer updates than this rarely fine-tune a BERT well: warned
