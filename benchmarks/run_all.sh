@@ -61,9 +61,10 @@ for s in $steps; do
         --tokenizer "$MINILM" --out "$OUT/budget-$LONG" --preset mini --max-time "$LONG" --save-every 500 \
         --eval-every 500 --no-progress "${resume[@]}"
       $BF evaluate mlm --model "$OUT/budget-$LONG" --data "$DATA/gutenberg/validation.jsonl" --max-blocks 2000 ;;
-    budget-squad)
-      $BF finetune squad --model "$OUT/budget-$LONG" --train "$DATA/squad/train-8k-v1.1.json" \
-        --validation "$DATA/squad/dev-v1.1.json" --out "$OUT/budget-$LONG-squad" --overwrite --epochs 1 --lr 3e-4 \
+    budget-squad|budget-tapt-squad)  # the long run's model, or (budget-tapt-squad) budget-tapt's
+      model="$OUT/budget-$LONG"; [ "$s" = budget-tapt-squad ] && model="$model-tapt"
+      $BF finetune squad --model "$model" --train "$DATA/squad/train-8k-v1.1.json" \
+        --validation "$DATA/squad/dev-v1.1.json" --out "$model-squad" --overwrite --epochs 1 --lr 3e-4 \
         --batch-size 32 --max-seq-length 256 --seed 0 --no-progress ;;
     budget-sst2)
       $BF finetune classify --model "$OUT/budget-$LONG" --train "$DATA/sst2/train.tsv" --validation "$DATA/sst2/dev.tsv" \
@@ -73,10 +74,6 @@ for s in $steps; do
       $BF pretrain --init "$OUT/budget-$LONG" --data "$OUT/squad-train-contexts.jsonl" --out "$OUT/budget-$LONG-tapt" \
         --overwrite --max-steps "${TAPT_STEPS:-500}" --max-seq-length 256 --batch-size 16 --eval-every 0 --save-every 0 \
         --no-progress ;;
-    budget-tapt-squad)
-      $BF finetune squad --model "$OUT/budget-$LONG-tapt" --train "$DATA/squad/train-8k-v1.1.json" \
-        --validation "$DATA/squad/dev-v1.1.json" --out "$OUT/budget-$LONG-tapt-squad" --overwrite --epochs 1 --lr 3e-4 \
-        --batch-size 32 --max-seq-length 256 --seed 0 --no-progress ;;
     equal-mlm|equal-electra)  # issue 15: mini, the budget recipe, masked LM or ELECTRA, the same wall-clock budget
       obj=${s#equal-}
       $BF pretrain --data "$DATA/gutenberg/train-000.jsonl" --tokenizer "$MINILM" --preset mini --objective "$obj" \
