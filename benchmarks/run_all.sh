@@ -6,7 +6,8 @@
 #        to resume it; budget-90m is budget-long with LONG=90m); budget-tapt budget-tapt-squad (that model
 #        pretrained on further on SQuAD's training contexts, TAPT_STEPS=500 steps of 16 x 256 tokens, then SQuAD)
 #        sst2-transformers squad-transformers (issue 16's parity: transformers' side of sst2-minilm, squad-minilm)
-#        equal-mlm equal-electra equal-sst2 equal-squad (issue 15's equal-budget comparison: BUDGET=30m by default)
+#        equal-mlm equal-electra equal-sst2 equal-squad (issue 15's equal-budget comparison: BUDGET=30m by default;
+#        GEN=0.5 a generator half the model's width, OBJS=electra fine-tunes only the ELECTRA model)
 # SEEDS="0 1 2" (the default) for the SST-2 parity runs and the equal-budget SST-2 fine-tuning.
 set -euo pipefail
 DATA=${DATA:-${BERTFORGE_DATA:-../shared/data}}
@@ -18,6 +19,9 @@ mkdir -p "$OUT"
 SEEDS=${SEEDS:-0 1 2}
 BUDGET=${BUDGET:-30m}
 LONG=${LONG:-90m}
+GEN=${GEN:-0.25}        # ELECTRA's generator width (a fraction of the model's); other than 0.25 names the runs equal-electra-g$GEN
+OBJS=${OBJS:-mlm electra}  # which equal-budget models equal-sst2 and equal-squad fine-tune
+equal_name() { if [ "$1" = electra ] && [ "$GEN" != 0.25 ]; then echo "equal-electra-g$GEN-$BUDGET"; else echo "equal-$1-$BUDGET"; fi; }
 steps=${*:-learn pretrain-mini sst2-minilm sst2-scratch squad-scratch squad-minilm}
 log() { echo "[$(date -u +%H:%M:%S)] $*"; }
 for s in $steps; do
@@ -66,31 +70,32 @@ for s in $steps; do
       $BF finetune squad --model "$model" --train "$DATA/squad/train-8k-v1.1.json" \
         --validation "$DATA/squad/dev-v1.1.json" --out "$model-squad" --overwrite --epochs 1 --lr 3e-4 \
         --batch-size 32 --max-seq-length 256 --seed 0 --no-progress ;;
-    budget-sst2)
+    budget-sst2)  # SST2_EPOCHS=3: three epochs (dev accuracy after each), into budget-$LONG-sst2-3ep
+      E=${SST2_EPOCHS:-1}; sfx=""; [ "$E" != 1 ] && sfx="-${E}ep"
       $BF finetune classify --model "$OUT/budget-$LONG" --train "$DATA/sst2/train.tsv" --validation "$DATA/sst2/dev.tsv" \
-        --out "$OUT/budget-$LONG-sst2" --overwrite --epochs 1 --batch-size 32 --seed 0 --no-progress ;;  # lr: the default by width
+        --out "$OUT/budget-$LONG-sst2$sfx" --overwrite --epochs "$E" --batch-size 32 --seed 0 --no-progress ;;  # lr: the default by width
     budget-tapt)  # issue 14: the long run's model, pretrained on further on SQuAD's training contexts (no questions)
       $PY benchmarks/squad_contexts.py "$DATA/squad/train-v1.1.json" "$OUT/squad-train-contexts.jsonl"
       $BF pretrain --init "$OUT/budget-$LONG" --data "$OUT/squad-train-contexts.jsonl" --out "$OUT/budget-$LONG-tapt" \
         --overwrite --max-steps "${TAPT_STEPS:-500}" --max-seq-length 256 --batch-size 16 --eval-every 0 --save-every 0 \
         --no-progress ;;
     equal-mlm|equal-electra)  # issue 15: mini, the budget recipe, masked LM or ELECTRA, the same wall-clock budget
-      obj=${s#equal-}
+      obj=${s#equal-}; name=$(equal_name "$obj"); gen=(); [ "$obj" = electra ] && gen=(--generator-size "$GEN")
       $BF pretrain --data "$DATA/gutenberg/train-000.jsonl" --tokenizer "$MINILM" --preset mini --objective "$obj" \
-        --out "$OUT/equal-$obj-$BUDGET" --overwrite --max-time "$BUDGET" --eval-every 0 --save-every 0 \
-        --max-eval-instances 256 --no-progress
-      mlm_model="$OUT/equal-$obj-$BUDGET"; [ "$obj" = electra ] && mlm_model="$mlm_model/generator"
+        --out "$OUT/$name" --overwrite --max-time "$BUDGET" --eval-every 0 --save-every 0 \
+        --max-eval-instances 256 --no-progress "${gen[@]}"
+      mlm_model="$OUT/$name"; [ "$obj" = electra ] && mlm_model="$mlm_model/generator"
       $BF evaluate mlm --model "$mlm_model" --data "$DATA/gutenberg/validation.jsonl" --max-blocks 2000 ;;
     equal-sst2)  # each equal-budget model fine-tuned the same way, one run per seed
-      for obj in mlm electra; do for S in $SEEDS; do
-        $BF finetune classify --model "$OUT/equal-$obj-$BUDGET" --train "$DATA/sst2/train.tsv" \
-          --validation "$DATA/sst2/dev.tsv" --out "$OUT/equal-$obj-$BUDGET-sst2-$S" --overwrite \
+      for obj in $OBJS; do name=$(equal_name "$obj"); for S in $SEEDS; do
+        $BF finetune classify --model "$OUT/$name" --train "$DATA/sst2/train.tsv" \
+          --validation "$DATA/sst2/dev.tsv" --out "$OUT/$name-sst2-$S" --overwrite \
           --max-train-examples 20000 --epochs 1 --seed "$S" --no-progress  # lr: the default by width (3e-4)
       done; done ;;
     equal-squad)
-      for obj in mlm electra; do
-        $BF finetune squad --model "$OUT/equal-$obj-$BUDGET" --train "$DATA/squad/train-8k-v1.1.json" \
-          --validation "$DATA/squad/dev-v1.1.json" --out "$OUT/equal-$obj-$BUDGET-squad" --overwrite --epochs 1 \
+      for obj in $OBJS; do name=$(equal_name "$obj")
+        $BF finetune squad --model "$OUT/$name" --train "$DATA/squad/train-8k-v1.1.json" \
+          --validation "$DATA/squad/dev-v1.1.json" --out "$OUT/$name-squad" --overwrite --epochs 1 \
           --lr 3e-4 --batch-size 32 --max-seq-length 256 --seed 0 --no-progress
       done ;;
     tokenize)

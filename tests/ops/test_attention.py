@@ -56,9 +56,13 @@ def test_varlen_attention_equals_padded_attention(monkeypatch, train):
     ids, am, tt = padded_batch(300)
     am[3] = am[3].flip(0)  # left padding too
 
+    from bertforge.ops import attention as A
+
+    monkeypatch.setattr(A, "SEQUENCE_ATTENTION_WASTE", 2.0)  # the padded layout, not the CPU's per-sequence loop
+
     def run(varlen: bool):
         monkeypatch.setattr(P, "VARLEN_DEVICES", {"cpu", "cuda"} if varlen else {"cuda"})
-        assert (Padding(am, *am.shape).offsets is not None) == varlen
+        assert A.pick_kernel(ids.device, 0.0, Padding(am, *am.shape)) == ("varlen" if varlen else "sdpa")
         m.zero_grad()
         out = m(ids, am, tt)
         h = out.last_hidden_state[am.bool()]  # (N, C) real tokens
@@ -70,3 +74,38 @@ def test_varlen_attention_equals_padded_attention(monkeypatch, train):
     assert g_var.keys() == g_pad.keys()
     for k in g_pad:
         assert (g_var[k] - g_pad[k]).abs().max() < 1e-4, k
+
+
+def test_sequence_attention_equals_padded_attention(monkeypatch):
+    """In CPU training with dropout a padded batch's attention runs one sequence at a time over its real
+    tokens: the same hidden states and gradients as the padded (B, T) layout, with the same keyed dropout
+    masks.  Without dropout the batched SDPA kernel runs, whatever the padding."""
+    from bertforge.ops import attention as A
+    from bertforge.ops.dropout import DropoutKeys
+
+    p = 0.1
+    torch.manual_seed(0)
+    cfg = BertConfig.preset("tiny", vocab_size=300, hidden_dropout_prob=0.0, attention_probs_dropout_prob=p)
+    m = BertModel(cfg).train()
+    ids, am, tt = padded_batch(300)
+    monkeypatch.setattr(A, "SEQUENCE_ATTENTION_WASTE", 0.0)
+    assert A.pick_kernel(ids.device, 0.0, Padding(am, *am.shape)) == "sdpa"
+
+    def run(waste: float, expect: str):
+        monkeypatch.setattr(A, "SEQUENCE_ATTENTION_WASTE", waste)
+        keys = DropoutKeys(3, 7, [10, 11, 12, 13])
+        assert A.pick_kernel(ids.device, p, Padding(am, *am.shape, keys)) == expect
+        m.zero_grad()
+        out = m(ids, am, tt, dropout_keys=keys)
+        h = out.last_hidden_state[am.bool()]  # (N, C) real tokens
+        (h.square().sum() + out.pooler_output.sum()).backward()
+        return h.detach(), {k: q.grad.clone() for k, q in m.named_parameters() if q.grad is not None}
+
+    (h_seq, g_seq), (h_pad, g_pad) = run(0.0, "seq"), run(2.0, "own")
+    assert (h_seq - h_pad).abs().max() < 1e-5
+    assert g_seq.keys() == g_pad.keys()
+    for k in g_pad:
+        assert (g_seq[k] - g_pad[k]).abs().max() < 1e-4, k
+    monkeypatch.setattr(A, "SEQUENCE_ATTENTION_WASTE", 0.0)  # the masks are the keyed ones: other keys, other states
+    other = m(ids, am, tt, dropout_keys=DropoutKeys(4, 7, [10, 11, 12, 13])).last_hidden_state[am.bool()]
+    assert (other - h_seq).abs().max() > 1e-3

@@ -6,9 +6,13 @@ computes it is decided in one place, :func:`pick_kernel`:
 * ``F.scaled_dot_product_attention`` (flash / memory-efficient / math kernels) wherever it can, including
   variable-length attention over nested jagged tensors when a padded batch runs on CUDA
   (:class:`~bertforge.ops.padding.Padding` says when);
-* our own maths on the CPU in training with dropout, since SDPA's CPU kernels have no dropout: the key
-  mask applied in place, the softmax scale folded into the query projection, the dropout multiplier
-  carrying 1/(1-p) (every pass over the (B, nh, T, T) scores costs more than the matmuls there).
+* our own maths on the CPU in training with dropout, since SDPA's CPU kernels have no dropout: over a padded
+  batch one sequence at a time over its real tokens (:func:`sequence_attention`), when padding would make
+  enough of the (B, T, T) work (``SEQUENCE_ATTENTION_WASTE``; no scores, softmax or dropout at pad
+  positions), else on the padded layout (the key mask applied in place).  Either way the softmax scale is
+  folded into the query projection and the dropout multiplier carries 1/(1-p) (every pass over the scores
+  costs more than the matmuls there).  Without dropout SDPA's batched CPU kernel beats a loop over sequences
+  (7x on SQuAD's windows, in a microbenchmark), so inference keeps the padded layout.
 
 :func:`self_attention` runs the projections and the attention for every token; :func:`row_attention` only
 for some query rows (the rows-only last layer of pretraining), every token still a key and a value.
@@ -26,12 +30,23 @@ from .linear import linear
 from .padding import Padding, gather_rows
 
 
+# A padded CPU batch runs attention one sequence at a time (no work on padding) when padding would make at
+# least this fraction of the padded (B, T, T) score work; below it one batched call is faster.
+SEQUENCE_ATTENTION_WASTE = 0.1
+
+
 def pick_kernel(device: torch.device, p: float, padding: Padding | None = None) -> str:
-    """Which code computes attention: ``"own"`` (our maths, on the CPU with dropout, which SDPA's CPU kernels
-    lack), ``"varlen"`` (SDPA over nested jagged tensors of each sequence's real tokens, where ``padding``
-    runs variable-length: CUDA), or ``"sdpa"`` (SDPA on the padded (B, T) layout with a key mask)."""
-    if p > 0.0 and device.type == "cpu":
-        return "own"
+    """Which code computes attention: ``"seq"`` (on the CPU with dropout, a padded batch one sequence at a
+    time over its real tokens, our maths), ``"own"`` (our maths on the padded layout, on the CPU with
+    dropout, which SDPA's CPU kernels lack), ``"varlen"`` (SDPA over nested jagged tensors of each
+    sequence's real tokens, where ``padding`` runs variable-length: CUDA), or ``"sdpa"`` (SDPA on the padded
+    (B, T) layout with a key mask)."""
+    cpu = device.type == "cpu"
+    lengths = getattr(padding, "lengths", None)
+    if p > 0.0 and cpu:
+        per_sequence = lengths is not None and not torch.compiler.is_compiling() and (
+            1.0 - sum(n * n for n in lengths) / (padding.B * padding.T**2) >= SEQUENCE_ATTENTION_WASTE)
+        return "seq" if per_sequence else "own"
     if padding is not None and padding.offsets is not None:
         return "varlen"
     return "sdpa"
@@ -50,6 +65,64 @@ def attention_with_dropout(q, k, v, key_mask, p: float, keyed=None) -> torch.Ten
     if keyed is not None and keyed[0] is not None and not torch.compiler.is_compiling():
         return keyed_attention_dropout(att, p, *keyed) @ v
     return (att * dropout_mask(att.shape, p, att.device, att.dtype)) @ v
+
+
+class _SequenceAttention(torch.autograd.Function):
+    """Attention with dropout over each sequence's real rows, one sequence at a time, as one autograd node: the
+    forward writes every sequence's output into one (N, C) tensor and the backward every gradient into one
+    (N, 3C) tensor, where per-sequence autograd would add a node, a copy and an allocation per operation and
+    sequence.  Keeps each sequence's probabilities and dropout mask for the backward (as autograd would)."""
+
+    @staticmethod
+    def forward(ctx, qkv: torch.Tensor, lengths: list[int], n_head: int, p: float, gens):
+        N, C = qkv.shape[0], qkv.shape[1] // 3
+        hs = C // n_head
+        y = qkv.new_empty(N, C)
+        probs, masks, start = [], [], 0
+        for b, n in enumerate(lengths):
+            q, k, v = qkv[start : start + n].view(n, 3, n_head, hs).permute(1, 2, 0, 3)  # 3 x (nh, n, hs)
+            att = (q @ k.transpose(1, 2)).softmax(-1)  # (nh, n, n); q comes pre-scaled
+            mask = dropout_mask(att.shape, p, att.device, att.dtype, gens[b] if gens else None)
+            y[start : start + n].view(n, n_head, hs).copy_((att * mask @ v).transpose(0, 1))  # (n, nh, hs)
+            probs.append(att), masks.append(mask)
+            start += n
+        ctx.save_for_backward(qkv)
+        ctx.probs, ctx.masks, ctx.lengths, ctx.n_head = probs, masks, lengths, n_head
+        return y
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):
+        (qkv,) = ctx.saved_tensors
+        dy = dy.contiguous()
+        N, C = qkv.shape[0], qkv.shape[1] // 3
+        nh = ctx.n_head
+        hs = C // nh
+        dqkv = torch.empty_like(qkv)
+        start = 0
+        for n, att, mask in zip(ctx.lengths, ctx.probs, ctx.masks):
+            q, k, v = qkv[start : start + n].view(n, 3, nh, hs).permute(1, 2, 0, 3)  # 3 x (nh, n, hs)
+            dq, dk, dv = dqkv[start : start + n].view(n, 3, nh, hs).permute(1, 2, 0, 3)  # where their gradients go
+            dyb = dy[start : start + n].view(n, nh, hs).transpose(0, 1)  # (nh, n, hs)
+            dv.copy_((att * mask).transpose(1, 2) @ dyb)
+            g = (dyb @ v.transpose(1, 2)).mul_(mask)  # (nh, n, n): the gradient of the probabilities
+            ds = torch._softmax_backward_data(g, att, -1, att.dtype)  # of the scores
+            dq.copy_(ds @ k)
+            dk.copy_(ds.transpose(1, 2) @ q)
+            start += n
+        ctx.probs = ctx.masks = None
+        return dqkv, None, None, None, None
+
+
+def sequence_attention(qkv: torch.Tensor, lengths, n_head: int, p: float, keys=None) -> torch.Tensor:
+    """Attention with dropout ``p`` over each sequence's real tokens alone, one sequence at a time: ``qkv``
+    (N, 3C) holds the query (pre-scaled), key and value rows of the sequences' real tokens, ``lengths[b]``
+    consecutive rows each; (N, C).  Each sequence's mask comes from its generator in ``keys`` (the masks
+    :func:`~bertforge.ops.dropout.keyed_attention_dropout` draws), else from torch's generator."""
+    gens = keys.generators() if keys is not None else None
+    kept = [n for n in lengths if n]  # a sequence without real tokens has no rows (and, keyed, no mask)
+    if gens is not None and len(kept) < len(lengths):
+        gens = [g for g, n in zip(gens, lengths) if n]
+    return _SequenceAttention.apply(qkv, kept, n_head, p, gens)
 
 
 def attend(kernel: str, q, k, v, key_mask, p: float, keyed=None) -> torch.Tensor:
@@ -75,10 +148,12 @@ def self_attention(x, q_proj, k_proj, v_proj, n_head: int, padding: Padding, p: 
     C = x.shape[-1]
     hs = C // n_head
     kernel = pick_kernel(x.device, p, padding)
-    own = kernel == "own"
+    own = kernel in ("own", "seq")
     wq, bq = _scaled_query(*q_proj, hs, own)
     w = torch.cat([wq, k_proj[0], v_proj[0]])  # (3C, C)
     b = torch.cat([bq, k_proj[1], v_proj[1]])  # (3C,)
+    if kernel == "seq":  # real tokens only, one sequence at a time
+        return sequence_attention(linear(x, w, b), padding.lengths, n_head, p, padding.keys)  # (N, C)
     if kernel == "varlen":  # only real tokens, no (B, T) layout
         qkv = linear(x, w, b).view(-1, 3, n_head, hs)  # (N, 3, nh, hs)
         q, k, v = (padding.jagged(t.contiguous()) for t in qkv.unbind(1))  # nested (B, nh, j, hs)
@@ -97,7 +172,7 @@ def row_attention(x, x_rows, rows, q_proj, k_proj, v_proj, n_head: int, padding:
     rows): they are the only queries, every token is still a key and a value."""
     C = x.shape[-1]
     hs = C // n_head
-    kernel = pick_kernel(x.device, p)  # queries in a (B, R) grid: never variable-length
+    kernel = pick_kernel(x.device, p)  # queries in a (B, R) grid: never variable-length or per sequence
     own = kernel == "own"
     w = torch.cat([k_proj[0], v_proj[0]])  # (2C, C)
     b = torch.cat([k_proj[1], v_proj[1]])  # (2C,)

@@ -2,7 +2,8 @@
 
 Departure (listed in :mod:`bertforge.model`): padding is removed before every token-wise computation
 (projections, feed-forward, LayerNorm) and put back only for attention; on CUDA a padded batch's attention
-runs variable-length over nested jagged tensors instead (see :mod:`bertforge.ops.attention`).
+runs variable-length over nested jagged tensors instead, and on the CPU one sequence at a time over its real
+rows (see :mod:`bertforge.ops.attention`).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ class Padding:
     ``attn_mask`` is the boolean (B, 1, 1, T) key mask for SDPA (True = attend), or None.
     ``offsets`` (B+1,) delimit each sequence's real tokens among the N rows when attention runs
     variable-length (see ``VARLEN_DEVICES``; every sequence needs a real token), else None.
+    ``lengths`` lists each sequence's real tokens (consecutive among the N rows) on the CPU, else None.
     """
 
     def __init__(self, attention_mask: torch.Tensor | None, B: int, T: int, keys=None):
@@ -53,6 +55,7 @@ class Padding:
         self.indices = None
         self.attn_mask = None
         self.offsets, self.max_len = None, T
+        self.lengths = None  # on the CPU, with padding: each sequence's number of real tokens (list)
         self.keys, self.counts = keys, [T] * B  # dropout keys and each sequence's real tokens (with keys)
         if attention_mask is None:
             return
@@ -65,6 +68,8 @@ class Padding:
             if not bool((keep == (torch.arange(T, device=keep.device) < lengths[:, None])).all()):
                 raise ValueError("dropout keyed by sequence needs right-padded batches")
             self.counts = lengths.tolist()
+        if keep.device.type == "cpu":  # each sequence's real tokens, consecutive rows among the N (any padding side)
+            self.lengths = self.counts if keys is not None else keep.sum(1).tolist()
         self.attn_mask = keep[:, None, None, :]  # (B, 1, 1, T)
         self.indices = keep.reshape(-1).nonzero().squeeze(1)  # (N,)
         if keep.device.type in VARLEN_DEVICES:
