@@ -88,8 +88,16 @@ def test_sequence_attention_equals_padded_attention(monkeypatch):
     cfg = BertConfig.preset("tiny", vocab_size=300, hidden_dropout_prob=0.0, attention_probs_dropout_prob=p)
     m = BertModel(cfg).train()
     ids, am, tt = padded_batch(300)
+    cpu = ids.device
+    # the defaults: short sequences keep the padded layout, long padded ones run per sequence, full ones padded
+    long_am = torch.ones(4, 128, dtype=torch.long)
+    long_am[1:, 80:] = 0
+    assert A.pick_kernel(cpu, p, Padding(am, *am.shape)) == "own"
+    assert A.pick_kernel(cpu, p, Padding(long_am, 4, 128)) == "seq"
+    assert A.pick_kernel(cpu, p, Padding(torch.ones(4, 128, dtype=torch.long), 4, 128)) == "own"
+    monkeypatch.setattr(A, "SEQUENCE_ATTENTION_MIN_T", 0)
     monkeypatch.setattr(A, "SEQUENCE_ATTENTION_WASTE", 0.0)
-    assert A.pick_kernel(ids.device, 0.0, Padding(am, *am.shape)) == "sdpa"
+    assert A.pick_kernel(cpu, 0.0, Padding(am, *am.shape)) == "sdpa"
 
     def run(waste: float, expect: str):
         monkeypatch.setattr(A, "SEQUENCE_ATTENTION_WASTE", waste)
