@@ -8,10 +8,10 @@ computes it is decided in one place, :func:`pick_kernel`:
   (:class:`~bertforge.ops.padding.Padding` says when);
 * our own maths on the CPU in training with dropout, since SDPA's CPU kernels have no dropout: over a padded
   batch one sequence at a time over its real tokens (:func:`sequence_attention`), when padding would make
-  enough of the (B, T, T) work and is long enough (``SEQUENCE_ATTENTION_*``; no scores, softmax or dropout at pad
-  positions), else on the padded layout (the key mask applied in place).  Either way the softmax scale is
-  folded into the query projection and the dropout multiplier carries 1/(1-p) (every pass over the scores
-  costs more than the matmuls there).  Without dropout SDPA's batched CPU kernel beats a loop over sequences
+  enough of the (B, T, T) work in a batch long enough (``SEQUENCE_ATTENTION_*``; no scores, softmax or
+  dropout at pad positions), else on the padded layout (the key mask applied in place).  Either way the
+  softmax scale is folded into the query projection and the dropout multiplier carries 1/(1-p) (every pass
+  over the scores costs more than the matmuls there).  Without dropout SDPA's batched CPU kernel beats a loop over sequences
   (7x on SQuAD's windows, in a microbenchmark), so inference keeps the padded layout.
 
 :func:`self_attention` runs the projections and the attention for every token; :func:`row_attention` only
@@ -47,8 +47,9 @@ def pick_kernel(device: torch.device, p: float, padding: Padding | None = None) 
     cpu = device.type == "cpu"
     lengths = getattr(padding, "lengths", None)
     if p > 0.0 and cpu:
-        per_sequence = (lengths is not None and padding.T >= SEQUENCE_ATTENTION_MIN_T and not torch.compiler.is_compiling()
-                        and 1.0 - sum(n * n for n in lengths) / (padding.B * padding.T**2) >= SEQUENCE_ATTENTION_WASTE)
+        per_sequence = (
+            lengths is not None and padding.T >= SEQUENCE_ATTENTION_MIN_T and not torch.compiler.is_compiling()
+            and 1.0 - sum(n * n for n in lengths) / (padding.B * padding.T**2) >= SEQUENCE_ATTENTION_WASTE)
         return "seq" if per_sequence else "own"
     if padding is not None and padding.offsets is not None:
         return "varlen"
