@@ -40,8 +40,8 @@ from .config import BertConfig, FinetuneConfig, finetune_lr, validate_fields
 from .devices import Dist, init_distributed, resolve_device, setup_backend
 from .engine import Engine, LinearSchedule, NonFiniteLoss, gather_rng_states, restore_rng_state
 from .errors import TrainingError, UserError
-from .files import (OutputLock, atomic_dir, check_inputs_outside, check_output, recover_beside, remove_output,
-                    remove_stale_temporaries, write_marker)
+from .files import (OutputLock, atomic_dir, check_inputs_outside, check_output, read_json_object, recover_beside,
+                    remove_output, remove_stale_temporaries, write_marker)
 from .logs import MetricsLog, duration, file_log, log_step, rounded
 from .ops.dropout import batch_keys
 from .plots import plot_finetuning
@@ -185,12 +185,11 @@ def pretrained_length(model_dir: str) -> int | None:
     from .pretrain import CONFIG_FILE
 
     try:
-        with open(os.path.join(model_dir, CONFIG_FILE), encoding="utf-8") as f:
-            saved = json.load(f)
+        saved = read_json_object(os.path.join(model_dir, CONFIG_FILE), CONFIG_FILE)
         if saved["model"].get("init"):
             return None
         return int(saved["data"]["max_seq_length"])
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (UserError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
 

@@ -16,10 +16,10 @@ The model:
 
 * Attention runs through ``torch.nn.functional.scaled_dot_product_attention`` (flash / memory-efficient
   kernels where available); the maths is the paper's softmax(QK^T / sqrt(d)) V.  On CUDA, a padded batch's
-  attention runs variable-length over nested jagged tensors (each sequence's real tokens only); on the CPU,
-  one sequence at a time over its real tokens.  On the CPU in training with dropout, where SDPA has no
-  dropout, our own maths runs instead.  All of them, and the choice among them, in
-  :mod:`bertforge.ops.attention`.
+  attention runs variable-length over nested jagged tensors (each sequence's real tokens only).  On the CPU
+  in training with dropout, where SDPA has no dropout, our own maths runs instead, one sequence at a time
+  over its real tokens when padding makes enough of a long batch.  All of them, and the choice among them,
+  in :mod:`bertforge.ops.attention`.
 * Q, K and V are computed by one matmul over the concatenated weights (fewer, larger kernels).  The
   parameters stay three ``nn.Linear`` named query/key/value, so checkpoints keep transformers' names.
 * Padding is removed before every token-wise computation (projections, feed-forward, LayerNorm) and put

@@ -3,8 +3,9 @@
 * :mod:`.linear`: ``F.linear`` through oneDNN's fp32 kernel on the CPU.
 * :mod:`.dropout`: dropout with 16-bit random masks on the CPU.
 * :mod:`.padding`: running token-wise layers on real tokens only; row gathers with a cheap backward.
-* :mod:`.attention`: the attention kernels (SDPA, variable-length over nested tensors on CUDA, one sequence
-  at a time on the CPU, own maths with dropout on the CPU) and the one function that picks among them.
+* :mod:`.attention`: the attention kernels (SDPA, variable-length over nested tensors on CUDA, own maths
+  with dropout on the CPU, over the padded layout or one sequence at a time) and the one function that picks
+  among them.
 * :mod:`.cross_entropy`: the masked-LM loss fused with its vocabulary projection, and its reused buffer.
 
 The model reads as the paper's maths; what these change (and do not) is listed in the docstring at the

@@ -11,8 +11,8 @@ computes it is decided in one place, :func:`pick_kernel`:
   enough of the (B, T, T) work in a batch long enough (``SEQUENCE_ATTENTION_*``; no scores, softmax or
   dropout at pad positions), else on the padded layout (the key mask applied in place).  Either way the
   softmax scale is folded into the query projection and the dropout multiplier carries 1/(1-p) (every pass
-  over the scores costs more than the matmuls there).  Without dropout SDPA's batched CPU kernel beats a loop over sequences
-  (7x on SQuAD's windows, in a microbenchmark), so inference keeps the padded layout.
+  over the scores costs more than the matmuls there).  Without dropout SDPA's batched CPU kernel beats a
+  loop over sequences (7x on SQuAD's windows, in a microbenchmark), so inference keeps the padded layout.
 
 :func:`self_attention` runs the projections and the attention for every token; :func:`row_attention` only
 for some query rows (the rows-only last layer of pretraining), every token still a key and a value.
@@ -98,7 +98,7 @@ class _SequenceAttention(torch.autograd.Function):
     def backward(ctx, dy: torch.Tensor):
         (qkv,) = ctx.saved_tensors
         dy = dy.contiguous()
-        N, C = qkv.shape[0], qkv.shape[1] // 3
+        C = qkv.shape[1] // 3
         nh = ctx.n_head
         hs = C // nh
         dqkv = torch.empty_like(qkv)

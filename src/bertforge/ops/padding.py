@@ -2,8 +2,8 @@
 
 Departure (listed in :mod:`bertforge.model`): padding is removed before every token-wise computation
 (projections, feed-forward, LayerNorm) and put back only for attention; on CUDA a padded batch's attention
-runs variable-length over nested jagged tensors instead, and on the CPU one sequence at a time over its real
-rows (see :mod:`bertforge.ops.attention`).
+runs variable-length over nested jagged tensors instead, and in CPU training with dropout one sequence at a
+time over its real rows (see :mod:`bertforge.ops.attention`).
 """
 
 from __future__ import annotations
@@ -63,17 +63,16 @@ class Padding:
         # Host syncs on CUDA (here and in nonzero); on the CPU they are free and save the padded FLOPs.
         if bool(keep.all()):
             return
+        lengths = keep.sum(1)  # (B,) each sequence's real tokens, consecutive rows among the N (any padding side)
         if keys is not None:  # keyed masks are laid out per sequence: its real tokens must come first
-            lengths = keep.sum(1)  # (B,)
             if not bool((keep == (torch.arange(T, device=keep.device) < lengths[:, None])).all()):
                 raise ValueError("dropout keyed by sequence needs right-padded batches")
             self.counts = lengths.tolist()
-        if keep.device.type == "cpu":  # each sequence's real tokens, consecutive rows among the N (any padding side)
-            self.lengths = self.counts if keys is not None else keep.sum(1).tolist()
+        if keep.device.type == "cpu":
+            self.lengths = self.counts if keys is not None else lengths.tolist()
         self.attn_mask = keep[:, None, None, :]  # (B, 1, 1, T)
         self.indices = keep.reshape(-1).nonzero().squeeze(1)  # (N,)
         if keep.device.type in VARLEN_DEVICES:
-            lengths = keep.sum(1)  # (B,)
             shortest, longest = torch.stack(torch.aminmax(lengths)).tolist()
             if shortest > 0:
                 self.offsets, self.max_len = F.pad(lengths.cumsum(0), (1, 0)), longest  # (B+1,)
