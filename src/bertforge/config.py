@@ -357,6 +357,10 @@ class PretrainModelConfig:
                                     "the replaced tokens)", choices=OBJECTIVES)
     generator_size: float = setting(0.25, "ELECTRA: the generator's width as a fraction of the model's",
                                     check="open-fraction")
+    generator_embeddings: str = setting("shared", "ELECTRA: shared (the paper's: the generator reads and predicts "
+                                                  "through the model's embeddings, projected to its width) or own "
+                                                  "(the generator has embeddings of its own width)",
+                                        choices=("shared", "own"))
     dropout: float | None = setting(None, "hidden and attention dropout during pretraining (none = the model's); the "
                                           "saved config.json keeps the model's own, for fine-tuning", check="fraction")
     init_range: float | None = setting(None, "standard deviation of the initial weights of a new model (none = the "

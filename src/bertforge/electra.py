@@ -12,7 +12,9 @@ Shapes of the paper and Google's code (``get_generator_config``): the generator 
 depth, a quarter of its width (``generator_size``), ``width // 64`` heads (at least one) and a 4x
 feed-forward block; the two share the token, position and segment embeddings and their LayerNorm; the
 generator projects the shared embeddings to its width (``embeddings_project``) and back before its tied
-output layer (``generator_predictions``), the names of transformers' ``ElectraForMaskedLM``.
+output layer (``generator_predictions``), the names of transformers' ``ElectraForMaskedLM``.  With
+``--generator-embeddings own`` (the paper's untied ablation) the generator has embeddings of its own width
+instead, and no projection.
 
 Departures from the paper (listed with the others in :mod:`bertforge.model`): the shared embeddings are
 as wide as the discriminator (ELECTRA-Small's are 128 for a 256-wide model), so that the discriminator is a
@@ -150,19 +152,25 @@ class ElectraPretraining(BertPreTrainedModel):
 
     head_prefixes = ("discriminator_predictions.", "generator.")
 
-    def __init__(self, config: BertConfig, generator_size: float = 0.25):
+    def __init__(self, config: BertConfig, generator_size: float = 0.25, share_embeddings: bool = True):
         super().__init__(config)
+        self.share_embeddings = share_embeddings
         self.bert = BertModel(config, add_pooling_layer=False)  # nothing trains a pooler here
         self.discriminator_predictions = ElectraDiscriminatorPredictions(config)
-        self.generator = ElectraForMaskedLM(generator_config(config, generator_size), config.hidden_size)
+        gen = generator_config(config, generator_size)
+        self.generator = ElectraForMaskedLM(gen, config.hidden_size if share_embeddings else gen.hidden_size)
         self.init_weights()
 
     def tie_weights(self) -> None:
-        """The generator's embeddings are the discriminator's (one module, trained by both)."""
-        self.generator.electra.embeddings = self.bert.embeddings
+        """The generator's embeddings are the discriminator's (one module, trained by both), unless it has its
+        own (``share_embeddings=False``: as wide as the generator, no projection)."""
+        if getattr(self, "share_embeddings", True):
+            self.generator.electra.embeddings = self.bert.embeddings
 
     def tied_keys(self) -> set[str]:
         """State-dict keys that are views of others (left out of checkpoints, restored by tying)."""
+        if not self.share_embeddings:
+            return set()
         return {f"generator.electra.embeddings.{k}" for k in self.bert.embeddings.state_dict()}
 
     def replaced_token_detection(self, input_ids, attention_mask, token_type_ids, labels, dropout_keys=None,
@@ -227,14 +235,16 @@ def sample(logits: torch.Tensor, seq_of_row: torch.Tensor, keys=None, sampler: t
     return torch.searchsorted(cdf, u, right=True).squeeze(1).clamp_(max=cdf.shape[1] - 1)
 
 
-def flops_per_token(config: BertConfig, generator: BertConfig, seq_len: int, mask_fraction: float) -> float:
+def flops_per_token(config: BertConfig, generator: BertConfig, seq_len: int, mask_fraction: float,
+                    share_embeddings: bool = True) -> float:
     """Training FLOPs per token of the ELECTRA objective (2 per multiply-add, x3 with the backward pass): the
-    discriminator over every token with its head, the generator's encoder, its embedding projection, and its
-    head at the masked tokens."""
+    discriminator over every token with its head, the generator's encoder, its embedding projection (shared
+    embeddings), and its head at the masked tokens."""
     from .model import flops_per_token as encoder_flops
 
     H, G, V = config.hidden_size, generator.hidden_size, config.vocab_size
-    per_token = 2 * H * H + 2 * H + (2 * H * G if G != H else 0) + mask_fraction * 2 * (G * H + H * V)
+    E = H if share_embeddings else G  # the generator's embedding width
+    per_token = 2 * H * H + 2 * H + (2 * E * G if G != E else 0) + mask_fraction * 2 * (G * E + E * V)
     return encoder_flops(config, seq_len, None) + encoder_flops(generator, seq_len, None) + 3 * per_token
 
 

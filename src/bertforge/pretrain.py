@@ -279,7 +279,8 @@ class Pretraining:
         self.electra = cfg.model.objective == "electra"
         model_cls = BertForPreTraining if dc.nsp else BertForMaskedLM
         if self.electra:
-            self.model = ElectraPretraining(self.config, cfg.model.generator_size)
+            self.model = ElectraPretraining(self.config, cfg.model.generator_size,
+                                            cfg.model.generator_embeddings == "shared")
         elif cfg.model.init and not resume:
             self.model = model_cls.from_pretrained(cfg.model.init, config=self.config)
         else:
@@ -509,8 +510,9 @@ class Pretraining:
         dc = self.cfg.data
         if not self.electra:
             return flops_per_token(self.config, dc.max_seq_length, dc.mask_prob)
-        return electra_flops(self.config, generator_config(self.config, self.cfg.model.generator_size), dc.max_seq_length,
-                             dc.mask_prob)
+        mc = self.cfg.model
+        return electra_flops(self.config, generator_config(self.config, mc.generator_size), dc.max_seq_length,
+                             dc.mask_prob, mc.generator_embeddings == "shared")
 
     def _finish(self, last_eval: dict | None) -> dict[str, Any]:
         """Final evaluation and checkpoint (unless the last step just made them), metrics.json, plots."""
