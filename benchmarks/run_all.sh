@@ -7,7 +7,9 @@
 #        pretrained on further on SQuAD's training contexts, TAPT_STEPS=500 steps of 16 x 256 tokens, then SQuAD)
 #        sst2-transformers squad-transformers (issue 16's parity: transformers' side of sst2-minilm, squad-minilm)
 #        equal-mlm equal-electra equal-sst2 equal-squad (issue 15's equal-budget comparison: BUDGET=30m by default;
-#        GEN=0.5 a generator half the model's width, OBJS=electra fine-tunes only the ELECTRA model)
+#        GEN=0.5 a generator half the model's width, OBJS=electra fine-tunes only the ELECTRA model);
+#        budget-electra budget-pair-sst2 budget-pair-squad (the long pair: ELECTRA as budget-long, GEN=0.25 by
+#        default, then both long models fine-tuned as equal-sst2 and equal-squad)
 # SEEDS="0 1 2" (the default) for the SST-2 parity runs and the equal-budget SST-2 fine-tuning.
 set -euo pipefail
 DATA=${DATA:-${BERTFORGE_DATA:-../shared/data}}
@@ -97,6 +99,23 @@ for s in $steps; do
         $BF finetune squad --model "$OUT/$name" --train "$DATA/squad/train-8k-v1.1.json" \
           --validation "$DATA/squad/dev-v1.1.json" --out "$OUT/$name-squad" --overwrite --epochs 1 \
           --lr 3e-4 --batch-size 32 --max-seq-length 256 --seed 0 --no-progress
+      done ;;
+    budget-electra)  # issue 15's long pair: ELECTRA (generator $GEN) as budget-long on the same shards; resumes
+      name="budget-electra-g$GEN-$LONG"; resume=(); [ -d "$OUT/$name/checkpoints" ] && resume=(--resume)
+      $BF pretrain --data "$DATA/gutenberg/train-00*.jsonl" --eval-data "$DATA/gutenberg/validation.jsonl" \
+        --tokenizer "$MINILM" --out "$OUT/$name" --preset mini --objective electra --generator-size "$GEN" \
+        --max-time "$LONG" --save-every 500 --eval-every 500 --no-progress "${resume[@]}"
+      $BF evaluate mlm --model "$OUT/$name/generator" --data "$DATA/gutenberg/validation.jsonl" --max-blocks 2000 ;;
+    budget-pair-sst2|budget-pair-squad)  # both long models (masked LM, ELECTRA) fine-tuned as equal-sst2, equal-squad
+      for name in "budget-$LONG" "budget-electra-g$GEN-$LONG"; do
+        if [ "$s" = budget-pair-sst2 ]; then for S in $SEEDS; do
+          $BF finetune classify --model "$OUT/$name" --train "$DATA/sst2/train.tsv" --validation "$DATA/sst2/dev.tsv" \
+            --out "$OUT/$name-sst2-20k-$S" --overwrite --max-train-examples 20000 --epochs 1 --seed "$S" --no-progress
+        done; else
+          $BF finetune squad --model "$OUT/$name" --train "$DATA/squad/train-8k-v1.1.json" \
+            --validation "$DATA/squad/dev-v1.1.json" --out "$OUT/$name-squad" --overwrite --epochs 1 --lr 3e-4 \
+            --batch-size 32 --max-seq-length 256 --seed 0 --no-progress
+        fi
       done ;;
     tokenize)
       $PY benchmarks/tokenize_speed.py "$DATA/gutenberg/validation.jsonl" ;;
