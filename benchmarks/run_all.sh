@@ -9,7 +9,7 @@
 #        equal-mlm equal-electra equal-sst2 equal-squad (issue 15's equal-budget comparison: BUDGET=30m by default;
 #        GEN=0.5 a generator half the model's width, OBJS=electra fine-tunes only the ELECTRA model);
 #        budget-electra budget-pair-sst2 budget-pair-squad (the long pair: ELECTRA as budget-long, GEN=0.25 by
-#        default, then both long models fine-tuned as equal-sst2 and equal-squad)
+#        default; both long models fine-tuned as equal-sst2; the ELECTRA one on SQuAD as budget-squad)
 # SEEDS="0 1 2" (the default) for the SST-2 parity runs and the equal-budget SST-2 fine-tuning.
 set -euo pipefail
 DATA=${DATA:-${BERTFORGE_DATA:-../shared/data}}
@@ -24,6 +24,12 @@ LONG=${LONG:-90m}
 GEN=${GEN:-0.25}        # ELECTRA's generator width (a fraction of the model's); other than 0.25 names the runs equal-electra-g$GEN
 OBJS=${OBJS:-mlm electra}  # which equal-budget models equal-sst2 and equal-squad fine-tune
 equal_name() { if [ "$1" = electra ] && [ "$GEN" != 0.25 ]; then echo "equal-electra-g$GEN-$BUDGET"; else echo "equal-$1-$BUDGET"; fi; }
+# the two fine-tunings every pretrained-from-scratch comparison uses: MODEL dir -> MODEL-sst2-SEED, MODEL-squad
+sst2_20k() { $BF finetune classify --model "$1" --train "$DATA/sst2/train.tsv" --validation "$DATA/sst2/dev.tsv" \
+  --out "$1-sst2-$2" --overwrite --max-train-examples 20000 --epochs 1 --seed "$2" --no-progress; }  # lr: the default by width
+squad_8k() { $BF finetune squad --model "$1" --train "$DATA/squad/train-8k-v1.1.json" \
+  --validation "$DATA/squad/dev-v1.1.json" --out "$1-squad" --overwrite --epochs 1 --lr 3e-4 --batch-size 32 \
+  --max-seq-length 256 --seed 0 --no-progress; }
 steps=${*:-learn pretrain-mini sst2-minilm sst2-scratch squad-scratch squad-minilm}
 log() { echo "[$(date -u +%H:%M:%S)] $*"; }
 for s in $steps; do
@@ -69,9 +75,7 @@ for s in $steps; do
       $BF evaluate mlm --model "$OUT/budget-$LONG" --data "$DATA/gutenberg/validation.jsonl" --max-blocks 2000 ;;
     budget-squad|budget-tapt-squad)  # the long run's model, or (budget-tapt-squad) budget-tapt's
       model="$OUT/budget-$LONG"; [ "$s" = budget-tapt-squad ] && model="$model-tapt"
-      $BF finetune squad --model "$model" --train "$DATA/squad/train-8k-v1.1.json" \
-        --validation "$DATA/squad/dev-v1.1.json" --out "$model-squad" --overwrite --epochs 1 --lr 3e-4 \
-        --batch-size 32 --max-seq-length 256 --seed 0 --no-progress ;;
+      squad_8k "$model" ;;
     budget-sst2)  # SST2_EPOCHS=3: three epochs (dev accuracy after each), into budget-$LONG-sst2-3ep
       E=${SST2_EPOCHS:-1}; sfx=""; [ "$E" != 1 ] && sfx="-${E}ep"
       $BF finetune classify --model "$OUT/budget-$LONG" --train "$DATA/sst2/train.tsv" --validation "$DATA/sst2/dev.tsv" \
@@ -89,34 +93,19 @@ for s in $steps; do
       mlm_model="$OUT/$name"; [ "$obj" = electra ] && mlm_model="$mlm_model/generator"
       $BF evaluate mlm --model "$mlm_model" --data "$DATA/gutenberg/validation.jsonl" --max-blocks 2000 ;;
     equal-sst2)  # each equal-budget model fine-tuned the same way, one run per seed
-      for obj in $OBJS; do name=$(equal_name "$obj"); for S in $SEEDS; do
-        $BF finetune classify --model "$OUT/$name" --train "$DATA/sst2/train.tsv" \
-          --validation "$DATA/sst2/dev.tsv" --out "$OUT/$name-sst2-$S" --overwrite \
-          --max-train-examples 20000 --epochs 1 --seed "$S" --no-progress  # lr: the default by width (3e-4)
-      done; done ;;
+      for obj in $OBJS; do for S in $SEEDS; do sst2_20k "$OUT/$(equal_name "$obj")" "$S"; done; done ;;
     equal-squad)
-      for obj in $OBJS; do name=$(equal_name "$obj")
-        $BF finetune squad --model "$OUT/$name" --train "$DATA/squad/train-8k-v1.1.json" \
-          --validation "$DATA/squad/dev-v1.1.json" --out "$OUT/$name-squad" --overwrite --epochs 1 \
-          --lr 3e-4 --batch-size 32 --max-seq-length 256 --seed 0 --no-progress
-      done ;;
+      for obj in $OBJS; do squad_8k "$OUT/$(equal_name "$obj")"; done ;;
     budget-electra)  # issue 15's long pair: ELECTRA (generator $GEN) as budget-long on the same shards; resumes
       name="budget-electra-g$GEN-$LONG"; resume=(); [ -d "$OUT/$name/checkpoints" ] && resume=(--resume)
       $BF pretrain --data "$DATA/gutenberg/train-00*.jsonl" --eval-data "$DATA/gutenberg/validation.jsonl" \
         --tokenizer "$MINILM" --out "$OUT/$name" --preset mini --objective electra --generator-size "$GEN" \
         --max-time "$LONG" --save-every 500 --eval-every 500 --no-progress "${resume[@]}"
       $BF evaluate mlm --model "$OUT/$name/generator" --data "$DATA/gutenberg/validation.jsonl" --max-blocks 2000 ;;
-    budget-pair-sst2|budget-pair-squad)  # both long models (masked LM, ELECTRA) fine-tuned as equal-sst2, equal-squad
-      for name in "budget-$LONG" "budget-electra-g$GEN-$LONG"; do
-        if [ "$s" = budget-pair-sst2 ]; then for S in $SEEDS; do
-          $BF finetune classify --model "$OUT/$name" --train "$DATA/sst2/train.tsv" --validation "$DATA/sst2/dev.tsv" \
-            --out "$OUT/$name-sst2-20k-$S" --overwrite --max-train-examples 20000 --epochs 1 --seed "$S" --no-progress
-        done; else
-          $BF finetune squad --model "$OUT/$name" --train "$DATA/squad/train-8k-v1.1.json" \
-            --validation "$DATA/squad/dev-v1.1.json" --out "$OUT/$name-squad" --overwrite --epochs 1 --lr 3e-4 \
-            --batch-size 32 --max-seq-length 256 --seed 0 --no-progress
-        fi
-      done ;;
+    budget-pair-sst2)  # both long models (masked LM, ELECTRA) fine-tuned as equal-sst2
+      for name in "budget-$LONG" "budget-electra-g$GEN-$LONG"; do for S in $SEEDS; do sst2_20k "$OUT/$name" "$S"; done; done ;;
+    budget-pair-squad)  # the long ELECTRA model as budget-squad fine-tunes the masked-LM one (same settings)
+      squad_8k "$OUT/budget-electra-g$GEN-$LONG" ;;
     tokenize)
       $PY benchmarks/tokenize_speed.py "$DATA/gutenberg/validation.jsonl" ;;
     bench)

@@ -164,7 +164,7 @@ class ElectraPretraining(BertPreTrainedModel):
     def tie_weights(self) -> None:
         """The generator's embeddings are the discriminator's (one module, trained by both), unless it has its
         own (``share_embeddings=False``: as wide as the generator, no projection)."""
-        if getattr(self, "share_embeddings", True):
+        if self.share_embeddings:
             self.generator.electra.embeddings = self.bert.embeddings
 
     def tied_keys(self) -> set[str]:
