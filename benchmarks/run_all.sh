@@ -107,20 +107,21 @@ for s in $steps; do
         --tokenizer "$MINILM" --out "$OUT/$name" --preset mini --objective electra --generator-size "$GEN" \
         --max-time "$LONG" --save-every 500 --eval-every 500 --no-progress "${resume[@]}"
       $BF evaluate mlm --model "$OUT/$name/generator" --data "$DATA/gutenberg/validation.jsonl" --max-blocks 2000 ;;
-    budget-pair-sst2)  # both long models (masked LM, ELECTRA) fine-tuned as equal-sst2
-      for name in "budget-$LONG" "budget-electra-g$GEN-$LONG"; do for S in $SEEDS; do sst2_20k "$OUT/$name" "$S"; done; done ;;
+    budget-pair-sst2|budget-mlm-sst2|budget-electra-sst2)  # both long models (masked LM, ELECTRA), or one, as equal-sst2
+      names=(); [ "$s" != budget-electra-sst2 ] && names+=("budget-$LONG")
+      [ "$s" != budget-mlm-sst2 ] && names+=("budget-electra-g$GEN-$LONG")
+      for name in "${names[@]}"; do for S in $SEEDS; do sst2_20k "$OUT/$name" "$S"; done; done ;;
     budget-pair-squad)  # the long ELECTRA model as budget-squad fine-tunes the masked-LM one (same settings)
       for S in $SQUAD_SEEDS; do squad_8k "$OUT/budget-electra-g$GEN-$LONG" "$S"; done ;;
-    budget-mlm-sst2|budget-electra-sst2)  # one long model fine-tuned as equal-sst2 (budget-pair-sst2: both)
-      name="budget-$LONG"; [ "$s" = budget-electra-sst2 ] && name="budget-electra-g$GEN-$LONG"
-      for S in $SEEDS; do sst2_20k "$OUT/$name" "$S"; done ;;
     budget-pair)  # issue 15's long pair side by side in one session (Linux, taskset): masked LM on core 0 and ELECTRA
-      # on core 1, one thread each, the same clock; then each fine-tuned (SST-2 20k, SQuAD 8k) the same way, again a core each
+      # on core 1, the same clock; then each fine-tuned (SST-2 20k, SQuAD 8k) the same way, again a core each.
+      # LOCAL_WORLD_SIZE=2: bertforge gives each of two local processes half the cores, one thread here
       for pair in "budget-long budget-electra" "budget-mlm-sst2 budget-electra-sst2" "budget-squad budget-pair-squad"; do
-        set -- $pair
-        LOCAL_WORLD_SIZE=2 taskset -c 0 bash "$0" "$1" > "$OUT/$1.log" 2>&1 &
-        LOCAL_WORLD_SIZE=2 taskset -c 1 bash "$0" "$2" > "$OUT/$2.log" 2>&1 &
-        wait
+        read -r a b <<< "$pair"
+        LOCAL_WORLD_SIZE=2 taskset -c 0 bash "$0" "$a" > "$OUT/$a.log" 2>&1 & pa=$!
+        LOCAL_WORLD_SIZE=2 taskset -c 1 bash "$0" "$b" > "$OUT/$b.log" 2>&1 & pb=$!
+        ok=1; wait "$pa" || ok=0; wait "$pb" || ok=0
+        [ "$ok" = 1 ] || { echo "budget-pair: $a or $b failed (see $OUT/$a.log, $OUT/$b.log)"; exit 1; }
       done ;;
     tokenize)
       $PY benchmarks/tokenize_speed.py "$DATA/gutenberg/validation.jsonl" ;;
