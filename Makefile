@@ -4,6 +4,9 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_PIN := torch==2.13.0
+# `make test` runs the tests in parallel (pytest-xdist), one worker per core up to 4; each worker and the
+# processes it starts get their share of the cores (tests/conftest.py).  TEST_WORKERS=0 runs them in one process.
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ "$$n" -gt 4 ] && n=4; echo $$n)
 
 .PHONY: demo test install clean
 
@@ -19,7 +22,7 @@ demo: install
 	$(VENV)/bin/bertforge demo
 
 test: install
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS)
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache

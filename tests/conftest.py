@@ -12,7 +12,15 @@ import pathlib
 import pytest
 import torch
 
-torch.set_num_threads(min(2, os.cpu_count() or 1))
+# Under pytest-xdist (`make test` runs `-n auto`) the cores are shared among the workers: each worker, and
+# every bertforge process it starts (which reads OMP_NUM_THREADS), gets its share, so that workers do not
+# oversubscribe the cores.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // _WORKERS))
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+else:
+    torch.set_num_threads(min(2, os.cpu_count() or 1))
 
 
 def data_path(*parts: str) -> pathlib.Path:

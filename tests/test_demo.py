@@ -1,10 +1,12 @@
-"""bertforge demo --quick: the whole pipeline end to end on the built-in corpus, in under a minute."""
+"""bertforge demo --quick: the whole pipeline end to end on the built-in corpus (at a toy size)."""
 
 import json
 import math
 import time
+from dataclasses import replace
 
 from bertforge.cli import main
+from bertforge.demo import DemoSettings
 from bertforge.demo_corpus import (
     LAUGHED,
     LOVED,
@@ -18,7 +20,11 @@ from bertforge.demo_corpus import (
 )
 
 
-def test_demo_quick_runs_end_to_end(tmp_path, capsys):
+def test_demo_quick_runs_end_to_end(tmp_path, capsys, monkeypatch):
+    """`demo --quick` through the command line, every stage and output, at a toy size (its figures at its real
+    size are the demo's benchmark in benchmarks/README.md)."""
+    toy = replace(DemoSettings.quick(), stories=300, mlm_steps=60, nsp_steps=20, finetune_epochs=1)
+    monkeypatch.setattr(DemoSettings, "quick", classmethod(lambda cls: toy))
     out = tmp_path / "demo"
     t0 = time.time()
     assert main(["--quiet", "demo", "--quick", "--out", str(out), "--no-progress", "--seed", "3"]) == 0
@@ -29,6 +35,7 @@ def test_demo_quick_runs_end_to_end(tmp_path, capsys):
     for k in ("mlm_accuracy", "mlm_baseline", "nsp_accuracy", "sentiment_accuracy", "sentiment_accuracy_no_pretraining"):
         assert math.isfinite(s[k]) and 0 <= s[k] <= 1, k
     assert s["seed"] == 3 and s["settings"]["seed"] == 3 and s["seconds"] > 0
+    assert s["settings"]["mlm_steps"] == 60 and s["pretrain_steps"] == [60, 20]  # the toy settings ran
     assert s["mlm_accuracy"] > s["mlm_baseline"]  # even the quick run learns more than word frequencies
     samples = json.loads((out / "samples.json").read_text())
     for f in ("report.md", "report.html", "results.png", "pretrained/plots/loss.png", "pretrained/plots/accuracy.png",

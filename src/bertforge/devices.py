@@ -75,14 +75,21 @@ def resolve_device(impl: ImplConfig, d: Dist | None = None) -> torch.device:
 
 
 def setup_backend(device: torch.device, impl: ImplConfig, d: Dist | None = None) -> None:
-    """Threads on the CPU (all cores, shared among local ranks); TF32 matmuls on CUDA."""
+    """Threads on the CPU: ``--threads``, else ``OMP_NUM_THREADS`` when set, else all cores shared among the
+    local ranks; TF32 matmuls on CUDA."""
     if device.type == "cpu":
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", d.world if d else 1))
-        threads = impl.threads or max(1, (os.cpu_count() or 1) // max(1, local_world))
+        threads = impl.threads or _env_threads() or max(1, (os.cpu_count() or 1) // max(1, local_world))
         torch.set_num_threads(threads)
     else:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
+
+
+def _env_threads() -> int | None:
+    """``OMP_NUM_THREADS`` as a positive number of threads, else None (unset or unreadable)."""
+    value = os.environ.get("OMP_NUM_THREADS", "").strip()
+    return int(value) if value.isdigit() and int(value) > 0 else None
 
 
 def resolve_precision(device: torch.device, impl: ImplConfig) -> str:

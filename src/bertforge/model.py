@@ -45,6 +45,10 @@ The model:
   the only ones that reach the loss (every token is still a key and a value: :meth:`BertLayer.forward_rows`);
   the vocabulary projection and its cross-entropy are fused (:mod:`bertforge.ops.cross_entropy`).  Losses
   and gradients are unchanged.
+* While ``torch.compile`` traces (``--compile``), padding stays in (the padded layout with a key mask) and
+  the last layer runs at every position: unpadding and the row selection have data-dependent shapes, which
+  split the compiled objective into many graphs (18 for a 2-layer model, against 2 this way).  The masked-LM
+  head stays sparse; the values are the same.
 * On the CPU, fp32 projections over 1,024 rows or more run through torch's oneDNN linear kernel instead of
   MKL's GEMM (faster on the development machine; :mod:`bertforge.ops.linear`); the values are the same up
   to float rounding order.
@@ -382,6 +386,10 @@ class BertModel(BertPreTrainedModel):
         The last layer runs only at ``positions`` (:meth:`BertLayer.forward_rows`): in pretraining only [CLS]
         and the masked tokens reach the loss, so this skips most of it.  Values equal ``forward`` there.
         """
+        if torch.compiler.is_compiling():  # the whole last layer: selecting its rows needs data-dependent shapes
+            padding = self._padding(input_ids, attention_mask, dropout_keys)  # the padded layout while compiling
+            x = self.encoder(self.embed(input_ids, token_type_ids, None, padding), padding)  # (B, T, C)
+            return x.reshape(-1, x.shape[-1])[positions]  # (M, C)
         positions, inverse = torch.unique(positions, return_inverse=True)  # the row gathers need unique rows
         padding = self._padding(input_ids, attention_mask, dropout_keys).flat()
         rows = padding.rows_of(positions)  # (M',) indices among the flat rows, sorted

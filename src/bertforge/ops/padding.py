@@ -60,6 +60,9 @@ class Padding:
         if attention_mask is None:
             return
         keep = attention_mask.bool()  # (B, T)
+        if torch.compiler.is_compiling():  # the padded layout with a key mask: no data-dependent shapes, one graph
+            self.attn_mask = keep[:, None, None, :]  # (B, 1, 1, T)
+            return
         # Host syncs on CUDA (here and in nonzero); on the CPU they are free and save the padded FLOPs.
         if bool(keep.all()):
             return
