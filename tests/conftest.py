@@ -12,7 +12,7 @@ import pathlib
 import pytest
 import torch
 
-# Under pytest-xdist (`make test` runs `-n auto`) the cores are shared among the workers: each worker, and
+# Under pytest-xdist (`make test` runs a worker per core, up to 4) the cores are shared among the workers: each worker, and
 # every bertforge process it starts (which reads OMP_NUM_THREADS), gets its share, so that workers do not
 # oversubscribe the cores.
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))

@@ -21,8 +21,8 @@ from bertforge.demo_corpus import (
 
 
 def test_demo_quick_runs_end_to_end(tmp_path, capsys, monkeypatch):
-    """`demo --quick` through the command line, every stage and output, at a toy size (its figures at its real
-    size are the demo's benchmark in benchmarks/README.md)."""
+    """`demo --quick` through the command line, every stage and output, at a toy size (what it reaches at its
+    real size, seed by seed, is in the README's demo section)."""
     toy = replace(DemoSettings.quick(), stories=300, mlm_steps=60, nsp_steps=20, finetune_epochs=1)
     monkeypatch.setattr(DemoSettings, "quick", classmethod(lambda cls: toy))
     out = tmp_path / "demo"
