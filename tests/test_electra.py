@@ -236,3 +236,20 @@ def test_electra_refuses_nsp_and_init(small_text_corpus, tok_dir, tmp_path, caps
     assert main(["--quiet", *_args(small_text_corpus, tok_dir, tmp_path / "b", "--max-steps", "1", "--init", tok_dir)]) == 2
     assert "--init" in capsys.readouterr().err
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_replacements_trace_under_torch_compile():
+    """``--compile``: the replacements drawn from the global generator (no keys: CUDA) trace with a symbolic
+    number of masked rows in one graph and draw what eager draws (``torch.rand(M, generator=None)`` made
+    the compiled ELECTRA objective fail there)."""
+    logits = torch.randn(7, 50)
+    seq_of_row = torch.tensor([0, 0, 1, 1, 1, 2, 2])
+    compiled = torch.compile(sample, dynamic=True, backend="aot_eager", fullgraph=True)
+    torch.manual_seed(3)
+    eager = sample(logits, seq_of_row)
+    torch.manual_seed(3)
+    assert torch.equal(compiled(logits, seq_of_row), eager)
+    torch.manual_seed(4)
+    eager = sample(logits[:5], seq_of_row[:5])
+    torch.manual_seed(4)
+    assert torch.equal(compiled(logits[:5], seq_of_row[:5]), eager)  # another number of rows

@@ -224,7 +224,8 @@ def sample(logits: torch.Tensor, seq_of_row: torch.Tensor, keys=None, sampler: t
     cdf = logits.float().softmax(-1).cumsum_(-1)  # (M, V)
     M = cdf.shape[0]
     if keys is None:
-        u = torch.rand(M, generator=sampler, device=sampler.device if sampler is not None else cdf.device)
+        # rand_like draws from the global generator as torch.rand(M) would, and traces with a symbolic M
+        u = torch.rand(M, generator=sampler, device=sampler.device) if sampler is not None else torch.rand_like(cdf[:, 0])
     else:
         gens = keys.generators()
         # rows come sorted by position, so each sequence's rows are consecutive

@@ -45,10 +45,11 @@ The model:
   the only ones that reach the loss (every token is still a key and a value: :meth:`BertLayer.forward_rows`);
   the vocabulary projection and its cross-entropy are fused (:mod:`bertforge.ops.cross_entropy`).  Losses
   and gradients are unchanged.
-* While ``torch.compile`` traces (``--compile``), padding stays in (the padded layout with a key mask) and
-  the last layer runs at every position: unpadding and the row selection have data-dependent shapes, which
-  split the compiled objective into many graphs (18 for a 2-layer model, against 2 this way).  The masked-LM
-  head stays sparse; the values are the same.
+* While ``torch.compile`` traces (``--compile``) the pretraining objective, padding stays in (the padded
+  layout with a key mask) and the last layer runs at every position: unpadding and the row selection have
+  data-dependent shapes, which split the compiled objective into many graphs (18 for a 2-layer model,
+  against 2 this way).  The masked-LM head stays sparse; the values are the same.  (ELECTRA's discriminator
+  and the fine-tuning heads keep unpadding, compiled in pieces.)
 * On the CPU, fp32 projections over 1,024 rows or more run through torch's oneDNN linear kernel instead of
   MKL's GEMM (faster on the development machine; :mod:`bertforge.ops.linear`); the values are the same up
   to float rounding order.
@@ -387,7 +388,7 @@ class BertModel(BertPreTrainedModel):
         and the masked tokens reach the loss, so this skips most of it.  Values equal ``forward`` there.
         """
         if torch.compiler.is_compiling():  # the whole last layer: selecting its rows needs data-dependent shapes
-            padding = self._padding(input_ids, attention_mask, dropout_keys)  # the padded layout while compiling
+            padding = self._padding(input_ids, attention_mask, key_masked=True)  # padding left in
             x = self.encoder(self.embed(input_ids, token_type_ids, None, padding), padding)  # (B, T, C)
             return x.reshape(-1, x.shape[-1])[positions]  # (M, C)
         positions, inverse = torch.unique(positions, return_inverse=True)  # the row gathers need unique rows
@@ -403,10 +404,12 @@ class BertModel(BertPreTrainedModel):
         """The encoder's input: the embeddings (ELECTRA's generator projects them to its width)."""
         return self.embeddings(input_ids, token_type_ids, position_ids, padding)
 
-    def _padding(self, input_ids, attention_mask, dropout_keys=None) -> Padding:
+    def _padding(self, input_ids, attention_mask, dropout_keys=None, key_masked: bool = False) -> Padding:
         B, T = input_ids.shape
         if T > self.config.max_position_embeddings:
             raise ValueError(f"sequence length {T} exceeds max_position_embeddings {self.config.max_position_embeddings}")
+        if key_masked:
+            return Padding.key_masked(attention_mask, B, T)
         return Padding(attention_mask, B, T, dropout_keys if self.training else None)
 
 

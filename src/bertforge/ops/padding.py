@@ -60,9 +60,6 @@ class Padding:
         if attention_mask is None:
             return
         keep = attention_mask.bool()  # (B, T)
-        if torch.compiler.is_compiling():  # the padded layout with a key mask: no data-dependent shapes, one graph
-            self.attn_mask = keep[:, None, None, :]  # (B, 1, 1, T)
-            return
         # Host syncs on CUDA (here and in nonzero); on the CPU they are free and save the padded FLOPs.
         if bool(keep.all()):
             return
@@ -79,6 +76,15 @@ class Padding:
             shortest, longest = torch.stack(torch.aminmax(lengths)).tolist()
             if shortest > 0:
                 self.offsets, self.max_len = F.pad(lengths.cumsum(0), (1, 0)), longest  # (B+1,)
+
+    @classmethod
+    def key_masked(cls, attention_mask: torch.Tensor | None, B: int, T: int) -> Padding:
+        """The padded (B, T) layout with the key mask alone, padding left in: no data-dependent shapes and no
+        host syncs, for code that ``torch.compile`` traces (outputs at pad positions are then computed)."""
+        padding = cls(None, B, T)
+        if attention_mask is not None:
+            padding.attn_mask = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T)
+        return padding
 
     def jagged(self, t: torch.Tensor) -> torch.Tensor:
         """(N, nh, hs) rows of real tokens -> nested (B, nh, j, hs), j each sequence's length."""
