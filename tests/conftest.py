@@ -12,15 +12,17 @@ import pathlib
 import pytest
 import torch
 
-# Under pytest-xdist (`make test` runs a worker per core, up to 4) the cores are shared among the workers: each worker, and
-# every bertforge process it starts (which reads OMP_NUM_THREADS), gets its share, so that workers do not
-# oversubscribe the cores.
+from bertforge.devices import available_cores
+
+# Under pytest-xdist (`make test` runs a worker per core, up to 4) the cores are shared among the workers: each
+# worker, and the bertforge processes it starts (which read BERTFORGE_THREADS and share it among torchrun's
+# local ranks), gets its share, so that workers do not oversubscribe the cores.
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if _WORKERS > 1:
-    os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // _WORKERS))
-    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    os.environ["BERTFORGE_THREADS"] = str(max(1, available_cores() // _WORKERS))
+    torch.set_num_threads(int(os.environ["BERTFORGE_THREADS"]))
 else:
-    torch.set_num_threads(min(2, os.cpu_count() or 1))
+    torch.set_num_threads(min(2, available_cores()))
 
 
 def data_path(*parts: str) -> pathlib.Path:

@@ -338,7 +338,7 @@ def test_compiled_objective_equals_eager():
     got = run(compiled)
     # while compiling, the padded layout and the whole last layer: one graph up to the masked positions (a
     # data-dependent shape), one after; the CPU fast paths (unpadding, the rows-only last layer) made 18
-    assert counters["stats"]["unique_graphs"] <= 2, dict(counters["graph_break"])
+    assert 1 <= counters["stats"]["unique_graphs"] <= 2, dict(counters["graph_break"])
     assert got[0] == pytest.approx(eager[0], rel=1e-5)
     for a, b in zip(got[1], eager[1]):
         assert (a - b).abs().max() < 1e-5

@@ -265,7 +265,7 @@ class ImplConfig:
                                      "fp32 on the CPU), fp32, bf16 or fp16")
     report_to: str = setting("none", "where metrics go besides metrics.jsonl", choices=("none", "tensorboard"))
     compile: bool = setting(False, "torch.compile the model")
-    threads: int | None = setting(None, "CPU threads (default: OMP_NUM_THREADS, else all cores shared among local processes)", check="positive")
+    threads: int | None = setting(None, "CPU threads (default: the available cores shared among local processes)", check="positive")
     progress: bool = setting(True, "show a progress bar (default: when stderr is a terminal)")
 
 

@@ -75,20 +75,30 @@ def resolve_device(impl: ImplConfig, d: Dist | None = None) -> torch.device:
 
 
 def setup_backend(device: torch.device, impl: ImplConfig, d: Dist | None = None) -> None:
-    """Threads on the CPU: ``--threads``, else ``OMP_NUM_THREADS`` when set, else all cores shared among the
-    local ranks; TF32 matmuls on CUDA."""
+    """Threads on the CPU: ``--threads``, else the cores this process may run on (or ``BERTFORGE_THREADS``)
+    shared among the local ranks; TF32 matmuls on CUDA.  (``OMP_NUM_THREADS`` is not read: torchrun sets it to
+    1 for every rank.)"""
     if device.type == "cpu":
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", d.world if d else 1))
-        threads = impl.threads or _env_threads() or max(1, (os.cpu_count() or 1) // max(1, local_world))
+        threads = impl.threads or max(1, (_env_threads() or available_cores()) // max(1, local_world))
         torch.set_num_threads(threads)
     else:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
 
 
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity: ``taskset``, cgroup cpusets), else all of them."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # no affinity on this platform
+        return os.cpu_count() or 1
+
+
 def _env_threads() -> int | None:
-    """``OMP_NUM_THREADS`` as a positive number of threads, else None (unset or unreadable)."""
-    value = os.environ.get("OMP_NUM_THREADS", "").strip()
+    """``BERTFORGE_THREADS`` (the threads of this machine's bertforge processes, to share among its local
+    ranks) as a positive number, else None (unset or unreadable)."""
+    value = os.environ.get("BERTFORGE_THREADS", "").strip()
     return int(value) if value.isdigit() and int(value) > 0 else None
 
 
