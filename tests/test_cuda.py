@@ -312,20 +312,21 @@ def test_compiled_objective_equals_eager_on_cuda(report):
     precision (inductor keeps some intermediates in fp32 that eager rounds to bf16)."""
     import time
 
+    from bertforge.config import PretrainConfig
     from bertforge.engine import maybe_compile
-    from bertforge.pretrain import PretrainingObjective
+    from bertforge.objectives import MaskedLM
 
     torch.manual_seed(0)
     cfg = BertConfig.preset("tiny", vocab_size=300, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     model = BertForPreTraining(cfg).to(CUDA).train()
-    objective = PretrainingObjective(model)
+    objective = MaskedLM(model, PretrainConfig())
     b = {k: v.to(CUDA) for k, v in _ragged(pretraining_batch(8, 64, 300)).items()}
+    totals = MaskedLM.counts(b)
 
     def run(fn):
         model.zero_grad(set_to_none=True)
         with _bf16():
-            mlm, nsp = fn(b["input_ids"], b["attention_mask"], b["token_type_ids"], b["labels"], b["next_sentence_label"])
-            loss = mlm.float() + nsp.float()
+            loss, _ = fn(b, totals, 0)
         loss.backward()
         return float(loss.detach()), _grads(model)
 

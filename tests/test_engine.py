@@ -15,11 +15,25 @@ def _model():
     return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
 
 
-def _loss_fn(scale: float = 1.0):
-    def fn(m, b):
-        loss = ((m(b["x"]).squeeze(-1) - b["y"]) ** 2).sum() * scale
+class Squares(torch.nn.Module):
+    """An objective: the summed squared error, normalised over the global batch's examples (or scaled)."""
+
+    def __init__(self, model, scale: float | None = None, poison: str | None = None):
+        super().__init__()
+        self.model, self.scale, self.poison = model, scale, poison
+
+    @staticmethod
+    def counts(b):
+        return {"examples": float(len(b["y"]))}
+
+    def forward(self, b, totals, step):
+        loss = ((self.model(b["x"]).squeeze(-1) - b["y"]) ** 2).sum()
+        loss = loss * (self.scale if self.scale is not None else 1 / totals["examples"])
+        if self.poison == "loss":
+            return loss, {"loss": torch.tensor(math.nan)}
+        if self.poison == "gradient":
+            return loss * torch.tensor(math.inf), {"loss": loss.detach()}  # infinite gradients, finite reported loss
         return loss, {"loss": loss.detach()}
-    return fn
 
 
 def test_accumulated_micro_batches_equal_one_batch():
@@ -28,9 +42,10 @@ def test_accumulated_micro_batches_equal_one_batch():
     results = []
     for parts in (1, 2, 4):
         m = _model()
-        e = Engine(m, TrainConfig(lr=1e-2, weight_decay=0.0), ImplConfig(device="cpu"), torch.device("cpu"))
+        e = Engine(Squares(m), TrainConfig(lr=1e-2, weight_decay=0.0), ImplConfig(device="cpu"), torch.device("cpu"))
         batches = [{"x": a, "y": b} for a, b in zip(x.chunk(parts), y.chunk(parts))]
-        out = e.step(batches, _loss_fn(1 / 8))  # normalised over the whole batch, as the loops do
+        out = e.step(batches)  # normalised over the whole batch, as the loops do
+        assert out["examples"] == 8
         results.append((out["loss"], [p.detach().clone() for p in m.parameters()]))
         assert e.state.step == 1
     for loss, params in results[1:]:
@@ -43,22 +58,18 @@ def test_accumulated_micro_batches_equal_one_batch():
 def test_non_finite_step_is_refused_before_the_optimizer(bad):
     m = _model()
     sched = LinearSchedule(1e-2, 10, None, None, 0.0)
-    e = Engine(m, TrainConfig(lr=1e-2), ImplConfig(device="cpu"), torch.device("cpu"), schedule=sched)
+    objective = Squares(m, scale=1.0, poison=bad)
+    e = Engine(objective, TrainConfig(lr=1e-2), ImplConfig(device="cpu"), torch.device("cpu"), schedule=sched)
     before = [p.detach().clone() for p in m.parameters()]
     b = {"x": torch.randn(3, 4), "y": torch.randn(3)}
 
-    def nan_fn(m, batch):
-        loss, parts = _loss_fn()(m, batch)
-        if bad == "loss":
-            return loss, {"loss": torch.tensor(math.nan)}
-        return loss * torch.tensor(math.inf), parts  # infinite gradients, finite reported loss
-
     with pytest.raises(NonFiniteLoss, match="step 1"):
-        e.step([b], nan_fn)
+        e.step([b])
     assert e.state.step == 0
     assert all(torch.equal(a, p) for a, p in zip(before, m.parameters()))
     assert all(p.grad is None for p in m.parameters())
-    assert e.step([b], _loss_fn())["lr"] == pytest.approx(1e-2 * 1.0)  # the next good step goes through
+    objective.poison = None
+    assert e.step([b])["lr"] == pytest.approx(1e-2 * 1.0)  # the next good step goes through
     assert e.state.step == 1
 
 
@@ -70,3 +81,32 @@ def test_train_state_round_trip_and_meters():
     t.load_state_dict(s.state_dict())
     assert t == s
     assert t.take_meters() == {"loss": 3.0, "n": 2.0} and t.meters == {}
+
+
+def test_state_dict_carries_the_run_on():
+    """A second engine loaded from the first's state_dict takes the same next steps (optimizer moments, step,
+    clock and the random state all carried)."""
+    g = torch.Generator().manual_seed(2)
+    batches = [{"x": torch.randn(4, 4, generator=g), "y": torch.randn(4, generator=g)} for _ in range(4)]
+
+    def engine(m):
+        sched = LinearSchedule(1e-2, 4, None, 1, 0.0)
+        return Engine(Squares(m), TrainConfig(lr=1e-2), ImplConfig(device="cpu"), torch.device("cpu"), schedule=sched)
+
+    straight = engine(_model())
+    for b in batches:
+        straight.step([b])
+    first = engine(m1 := _model())
+    for b in batches[:2]:
+        first.step([b])
+    state = first.state_dict()
+    torch.manual_seed(123)  # the random state is the checkpoint's business: it comes back
+    second = engine(m2 := _model())
+    m2.load_state_dict(m1.state_dict())
+    second.load_state_dict(state)
+    assert torch.equal(torch.get_rng_state(), state["rng"][0]["torch"])
+    assert second.state.step == 2 and second.optimizer.state_dict()["state"].keys() == state["optimizer"]["state"].keys()
+    for b in batches[2:]:
+        second.step([b])
+    for a, b in zip(straight.objective.parameters(), second.objective.parameters()):
+        assert torch.equal(a, b)

@@ -224,7 +224,7 @@ def test_config_file_replays_a_run_and_flags_override_it(setup, tmp_path, capsys
 
 
 def test_group_by_length_batches_similar_lengths_in_a_random_order(setup, tmp_path, capsys):
-    from bertforge.finetune import GROUP_BATCHES, group_by_length
+    from bertforge.batching import GROUP_BATCHES, group_by_length
 
     gen = torch.Generator().manual_seed(0)
     lengths = torch.randint(1, 200, (1000,), generator=gen).tolist()

@@ -67,7 +67,7 @@ def run_pretraining(out: str, data: list[str] | str | None = None, resume: bool 
     from .config import PretrainConfig, parse_duration, read_config_file
     from .files import read_json_object
     from .pretrain import CONFIG_FILE
-    from .pretrain import run_pretraining as run
+    from .pretrain import pretrain as run
 
     from_file = read_config_file(config) if config else {}
     recipe = settings.get("recipe", from_file.get("recipe"))
@@ -109,7 +109,7 @@ def run_finetuning(task: str, model: str = "", train: str = "", validation: str 
     import dataclasses
 
     from .config import finetune_file_settings, read_config_file
-    from .finetune import run_finetuning as run
+    from .finetune import finetune as run
     from .tasks import TASKS
 
     if task not in TASKS:

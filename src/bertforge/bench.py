@@ -4,7 +4,7 @@
 (:func:`run_finetune_bench`).
 
 Training: a full pretraining step exactly as ``bertforge pretrain`` runs it (:meth:`bertforge.engine.Engine.step`
-with :func:`bertforge.pretrain.pretraining_loss_fn`: forward with dropout masks keyed by sequence on the CPU,
+with the masked-LM objective, :class:`bertforge.objectives.MaskedLM`: forward with dropout masks keyed by sequence on the CPU,
 backward, clipping, fused AdamW) against ``transformers.BertForPreTraining`` (SDPA attention, AdamW, clipping)
 on the same masked batch held in memory: random tokens, or with ``text`` and ``tokenizer`` a batch of real
 text built as ``bertforge pretrain`` builds it.  transformers' AdamW is torch's default (foreach) on the CPU,
@@ -29,12 +29,13 @@ import time
 
 import torch
 
-from .config import BertConfig, ImplConfig, TrainConfig
+from .config import BertConfig, ImplConfig, PretrainConfig, TrainConfig
 from .devices import autocast_context, resolve_device, setup_backend
 from .engine import Engine, build_optimizer
 from .errors import UserError
-from .model import BertForPreTraining, BertModel, flops_per_token
-from .pretrain import PretrainingObjective, pretraining_loss_fn
+from .flops import flops_per_token
+from .model import BertForPreTraining, BertModel
+from .objectives import MaskedLM
 
 
 def matmul_peak(device: torch.device, seconds: float = 0.5, sizes: tuple[int, ...] = (1024, 2048, 4096),
@@ -173,7 +174,7 @@ def run_bench(preset: str = "mini", batch_size: int = 32, seq_len: int = 128, st
 
     torch.manual_seed(0)
     ours = BertForPreTraining(cfg).to(dev).train()
-    engine = Engine(ours, TrainConfig(lr=1e-4), impl, dev, objective=PretrainingObjective(ours))
+    engine = Engine(MaskedLM(ours, PretrainConfig()), TrainConfig(lr=1e-4), impl, dev)  # seed 0
     hf_cfg = transformers.BertConfig(**cfg.to_dict())
     hf_cfg._attn_implementation = "sdpa"
     theirs = transformers.BertForPreTraining(hf_cfg).to(dev).train()
@@ -183,11 +184,10 @@ def run_bench(preset: str = "mini", batch_size: int = 32, seq_len: int = 128, st
         opt_theirs = torch.optim.AdamW(theirs.parameters(), lr=1e-4, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01)
     batch = {k: v.to(dev) for k, v in batch.items()}
     theirs_batch = {k: v for k, v in batch.items() if k != "sequence_ids"}
-    n_mask = float((batch["labels"] != -100).sum())
     tokens = int(batch["attention_mask"].sum())  # real tokens, as bertforge pretrain counts them
 
     def step_ours():
-        engine.step([batch], pretraining_loss_fn(n_mask, batch_size, 0, engine.state.step))
+        engine.step([batch])
 
     def step_theirs():
         transformers_step(theirs, opt_theirs, theirs_batch, autocast)
@@ -297,8 +297,8 @@ def run_finetune_bench(task: str, model: str | None = None, preset: str = "mini"
     except ImportError:
         raise UserError("bertforge bench compares against transformers: pip install 'bertforge[test]'") from None
     from .batching import to_device
-    from .finetune import _loss_fn
-    from .finetune import group_by_length as group_by_length_order
+    from .batching import group_by_length as group_by_length_order
+    from .finetune import TaskLoss
     from .tasks import TASKS
     from .tokenizer import load_tokenizer, save_tokenizer, train_tokenizer
 
@@ -341,7 +341,7 @@ def run_finetune_bench(task: str, model: str | None = None, preset: str = "mini"
         hf_class = getattr(transformers, kind.model_class.__name__)
         theirs = hf_class.from_pretrained(os.path.join(tmp, "same"), attn_implementation="sdpa").to(dev).train()
     ours = ours.to(dev).train()
-    engine = Engine(ours, TrainConfig(lr=5e-5), impl, dev)
+    engine = Engine(TaskLoss(ours, 0), TrainConfig(lr=5e-5), impl, dev)
     if dev.type == "cuda":
         opt_theirs = build_optimizer(theirs, TrainConfig(lr=5e-5), dev)
     else:  # torch's default, as transformers' Trainer (adamw_torch) uses it
@@ -356,7 +356,7 @@ def run_finetune_bench(task: str, model: str | None = None, preset: str = "mini"
     ids = torch.arange(batch_size, device=dev)  # the keys of keyed dropout, as in fine-tuning
 
     def step_ours(b):
-        engine.step([{**b, "sequence_ids": ids}], _loss_fn(batch_size, 0, engine.state.step))
+        engine.step([{**b, "sequence_ids": ids}])
 
     def step_theirs(b):
         transformers_step(theirs, opt_theirs, b, autocast)

@@ -256,18 +256,22 @@ def list_checkpoints(out: str) -> list[tuple[int, str]]:
     return sorted(found)
 
 
-def save_checkpoint(out: str, step: int, model, optimizer, state: dict, keep: int,
+def save_checkpoint(out: str, step: int, model, engine_state: dict, run_state: dict, keep: int,
                     extra_weights: dict[str, dict[str, torch.Tensor]] | None = None) -> str:
-    """Write checkpoint ``step`` atomically (weights, optimizer, ``state``, and each of ``extra_weights`` as
-    ``NAME.safetensors``) and keep only the newest ``keep``."""
+    """Write checkpoint ``step`` atomically and keep only the newest ``keep``: the weights, the engine's state
+    (:meth:`~bertforge.engine.Engine.state_dict`: the optimizer in ``optimizer.pt``, the rest with the run's own
+    ``run_state`` in ``trainer_state.pt``), and each of ``extra_weights`` as ``NAME.safetensors``."""
     final = os.path.join(out, CHECKPOINTS, f"step-{step:08d}")
+    state = {**engine_state["train"], "rng": engine_state["rng"], **run_state}
+    if "scaler" in engine_state:
+        state["scaler"] = engine_state["scaler"]
     with atomic_dir(final) as tmp:
         save_file(model_state_for_saving(model), os.path.join(tmp, WEIGHTS_NAME), metadata={"format": "pt"})
         fault_point("write")
         for name, tensors in (extra_weights or {}).items():
             save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(tmp, f"{name}.safetensors"))
             fault_point("write")
-        torch.save(optimizer.state_dict(), os.path.join(tmp, "optimizer.pt"))
+        torch.save(engine_state["optimizer"], os.path.join(tmp, "optimizer.pt"))
         fault_point("write")
         torch.save(state, os.path.join(tmp, "trainer_state.pt"))
         fault_point("write")
@@ -280,18 +284,30 @@ def save_checkpoint(out: str, step: int, model, optimizer, state: dict, keep: in
     return final
 
 
-def restore_newest(out: str, model, optimizer, required: tuple[str, ...] = (), check=None) -> tuple[int, str, dict]:
-    """Restore ``model`` and ``optimizer`` from the newest checkpoint in ``out`` that reads whole (its state
-    holding the ``required`` keys); return (step, folder, state).  Newer ones that do not read (a save
-    interrupted by a kill, a truncated file) are moved aside as ``.damaged-*``, with a warning, and never
-    considered again.  ``check(state)`` runs before anything is loaded (a UserError from it leaves every
+def _read(path: str) -> tuple[dict, dict, dict]:
+    """(weights, optimizer state, trainer state) of checkpoint folder ``path``."""
+    weights = load_file(os.path.join(path, WEIGHTS_NAME))
+    opt_state = torch.load(os.path.join(path, "optimizer.pt"), weights_only=True, map_location="cpu")
+    state = torch.load(os.path.join(path, "trainer_state.pt"), weights_only=True, map_location="cpu")
+    return weights, opt_state, state
+
+
+def _engine_state(opt_state: dict, state: dict) -> dict:
+    """The engine's part of a checkpoint, as :meth:`~bertforge.engine.Engine.load_state_dict` takes it."""
+    train = {k: state[k] for k in ("step", "elapsed", "tokens_seen", "meters")}
+    return {"optimizer": opt_state, "train": train, "rng": state["rng"], "scaler": state.get("scaler")}
+
+
+def restore_newest(out: str, model, required: tuple[str, ...] = (), check=None) -> tuple[int, str, dict, dict]:
+    """Load into ``model`` the newest checkpoint in ``out`` that reads whole (its state holding the ``required``
+    keys); return (step, folder, the engine's state, the whole trainer state).  Newer ones that do not read
+    (a save interrupted by a kill, a truncated file) are moved aside as ``.damaged-*``, with a warning, and
+    never considered again.  ``check(state)`` runs before anything is loaded (a UserError from it leaves every
     checkpoint as it is), and a checkpoint that reads but does not fit the model is an error, never damage."""
     for step, path in reversed(list_checkpoints(out)):
         try:
-            weights = load_file(os.path.join(path, WEIGHTS_NAME))
-            opt_state = torch.load(os.path.join(path, "optimizer.pt"), weights_only=True, map_location="cpu")
-            state = torch.load(os.path.join(path, "trainer_state.pt"), weights_only=True, map_location="cpu")
-            missing = [k for k in required if k not in state]
+            weights, opt_state, state = _read(path)
+            missing = [k for k in ("rng", *required) if k not in state]
             if missing:
                 raise KeyError(f"no {', '.join(missing)} in its state")
         except Exception as e:  # a truncated or corrupt file of an interrupted or damaged save
@@ -302,26 +318,23 @@ def restore_newest(out: str, model, optimizer, required: tuple[str, ...] = (), c
             continue
         if check is not None:
             check(state)
-        try:
-            _apply(path, model, optimizer, weights, opt_state)
-        except UserError:
-            raise
-        except Exception as e:  # shapes or parameter groups of another model
-            raise UserError(f"checkpoint {path} does not fit this run's model ({' '.join(str(e).split())[:200]})") from None
-        return step, path, state
+        _apply(path, model, weights)
+        return step, path, _engine_state(opt_state, state), state
     raise UserError(f"no checkpoint in {os.path.join(out, CHECKPOINTS)} loads; nothing to resume")
 
 
-def _apply(path: str, model, optimizer, weights: dict, opt_state: dict) -> None:
-    missing, unexpected = model.load_state_dict(weights, strict=False)
+def _apply(path: str, model, weights: dict) -> None:
+    try:
+        missing, unexpected = model.load_state_dict(weights, strict=False)
+    except Exception as e:  # shapes of another model
+        raise UserError(f"checkpoint {path} does not fit this run's model ({' '.join(str(e).split())[:200]})") from None
     if unexpected or [k for k in missing if k not in tied_keys(model)]:
         raise UserError(f"checkpoint {path} does not fit the model: missing {missing}, unexpected {unexpected}")
     model.tie_weights()
-    optimizer.load_state_dict(opt_state)
 
 
-def load_checkpoint(path: str, model, optimizer) -> dict:
-    """Restore ``model`` and ``optimizer`` from checkpoint folder ``path``; return its training state."""
-    opt_state = torch.load(os.path.join(path, "optimizer.pt"), weights_only=True, map_location="cpu")
-    _apply(path, model, optimizer, load_file(os.path.join(path, WEIGHTS_NAME)), opt_state)
-    return torch.load(os.path.join(path, "trainer_state.pt"), weights_only=True, map_location="cpu")
+def load_checkpoint(path: str, model) -> tuple[dict, dict]:
+    """Load checkpoint folder ``path`` into ``model``; return (the engine's state, the whole trainer state)."""
+    weights, opt_state, state = _read(path)
+    _apply(path, model, weights)
+    return _engine_state(opt_state, state), state

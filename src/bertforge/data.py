@@ -509,3 +509,72 @@ def eval_batches(corpus: TokenizedCorpus, doc_ids: np.ndarray, masker: Masker, b
     inst, order = loader.instances(0)
     idx = order[:max_instances]
     return [loader.build(0, idx[i : i + batch_size]) for i in range(0, len(idx), batch_size)]
+
+
+# ------------------------------------------------------------------------------------------------ a run's data
+CUT_PARTS = 20  # the documents a corpus of too few is cut into
+
+
+class PretrainingData:
+    """The tokenized corpus, its held-out documents, the masker and the training batches of this process."""
+
+    def __init__(self, cfg, tok, d: Dist, resume: bool):
+        dc, t, self.cfg, self.d = cfg.data, cfg.train, cfg, d
+        self.masker = Masker(tok, MaskingConfig(dc.max_seq_length, dc.mask_prob, dc.short_seq_prob, dc.nsp,
+                                                dc.whole_word_mask))
+        self.corpus = self._corpus(dc.data, tok)
+        need = (2 if dc.nsp else 1) + (0 if dc.eval_data else 1)  # training documents, and one to hold out
+        if self.corpus.n_documents < need:
+            self.corpus = self._cut(self.corpus, need)
+        if dc.eval_data:
+            self.eval_corpus = self._corpus(dc.eval_data, tok)
+            self.train_docs, self.eval_docs = np.arange(self.corpus.n_documents), np.arange(self.eval_corpus.n_documents)
+        else:
+            self.eval_corpus = self.corpus
+            self.train_docs, self.eval_docs = split_documents(self.corpus, t.seed, need_train=2 if dc.nsp else 1)
+        self.loader = PretrainingLoader(self.corpus, self.train_docs, self.masker, t.batch_size, t.seed, d.rank, d.world)
+        self.micro = t.batch_size // d.world // t.grad_accum
+        if self.micro < 1:
+            raise UserError(f"--batch-size {t.batch_size} is smaller than processes x --grad-accum")
+        n_instances = len(self.loader.instances(0)[0]) if not resume else t.batch_size
+        if n_instances < t.batch_size:  # before anything is written
+            raise UserError(f"the training data yields {n_instances} instances per epoch, fewer than one batch of "
+                            f"{t.batch_size}; lower --batch-size or add data")
+
+    def _corpus(self, paths: list[str], tok) -> TokenizedCorpus:
+        dc, c = self.cfg.data, None
+        if self.d.is_main:  # rank 0 builds the cache; the others read it
+            c = build_corpus(paths, tok, dc.cache_dir, dc.text_field, dc.doc_separator, progress=self.cfg.impl.progress)
+        self.d.barrier()
+        return c or build_corpus(paths, tok, dc.cache_dir, dc.text_field, dc.doc_separator)
+
+    def _cut(self, corpus: TokenizedCorpus, need: int) -> TokenizedCorpus:
+        """A corpus of fewer documents than the run needs (a single text file): cut at sentence boundaries."""
+        dc, n_sent = self.cfg.data, len(corpus.sent_ends)
+        parts = min(CUT_PARTS, n_sent)
+        if parts < need:
+            raise UserError(
+                f"the corpus holds {corpus.n_documents} document(s) of {n_sent} sentence(s) in all; this run needs at "
+                f"least {need} documents or sentences ({'2 for next sentence prediction' if dc.nsp else '1'} "
+                f"to train on{', 1 to hold out for evaluation' if not dc.eval_data else ''}): add text, "
+                "give --eval-data, or pass --no-nsp")
+        cut = cut_into_documents(corpus, parts)
+        log.warning("the corpus holds %d document(s): cut into %d parts of about %d sentences at sentence boundaries "
+                    "(NotNext segments come from other parts of the same text)%s", corpus.n_documents,
+                    cut.n_documents, n_sent // cut.n_documents,
+                    "" if dc.eval_data else "; the held-out evaluation text is drawn from these parts")
+        return cut
+
+    def eval_set(self) -> list[dict]:
+        dc, t = self.cfg.data, self.cfg.train
+        pool = self.train_docs if self.eval_corpus is self.corpus else None
+        return eval_batches(self.eval_corpus, self.eval_docs, self.masker, max(self.micro, 32), t.seed,
+                            dc.max_eval_instances, random_pool=pool)
+
+    def most_frequent_token(self, sample: int = 20_000_000) -> int:
+        """The accuracy of always predicting it is the baseline that evaluation reports."""
+        counts = np.bincount(np.asarray(self.corpus.tokens[:sample], dtype=np.int64))
+        for t in self.masker.sp.as_set():
+            if t < len(counts):
+                counts[t] = 0
+        return int(counts.argmax())

@@ -52,10 +52,10 @@ from .config import BertConfig, ClassifyConfig, PretrainConfig
 from .corpus import iter_texts
 from .demo_corpus import generate_stories, write_sentiment, write_story_corpus
 from .files import OutputLock, check_output, remove_output, write_marker
-from .finetune import run_finetuning
+from .finetune import finetune
 from .model import BertForPreTraining
 from .predict import pipeline
-from .pretrain import run_pretraining
+from .pretrain import pretrain
 from .tasks.classify import ClassificationTask, evaluate_classifier
 from .tokenizer import save_tokenizer, train_tokenizer
 
@@ -135,11 +135,11 @@ def _run_demo(out: str, s: DemoSettings, wordpiece: bool, progress: bool) -> dic
     stage1 = os.path.join(out, "pretrained-mlm")
     common = {"data": [stories], "tokenizer": tok_dir, "max_seq_length": 64, "batch_size": s.batch_size, "log_every": 10,
               "seed": s.seed, "progress": progress, "warmup_ratio": 0.06, "cache_dir": os.path.join(out, "cache")}
-    stage1_metrics = run_pretraining(_stage(common, out=stage1, nsp=False, model_config=model_cfg, lr=s.lr, max_steps=s.mlm_steps,
+    stage1_metrics = pretrain(_stage(common, out=stage1, nsp=False, model_config=model_cfg, lr=s.lr, max_steps=s.mlm_steps,
                                           mask_prob=s.mlm_mask_prob, max_seq_length=s.mlm_seq_length))
     cfg = _stage(common, out=os.path.join(out, "pretrained"), nsp=True, init=stage1, lr=s.nsp_lr, max_steps=s.nsp_steps,
                  max_seq_length=s.nsp_seq_length)
-    pre = run_pretraining(cfg)
+    pre = pretrain(cfg)
     pretrain_seconds = time.perf_counter() - t0
 
     # 3. sentiment: fine-tuned from the pretrained model, and from random initialisation
@@ -152,7 +152,7 @@ def _run_demo(out: str, s: DemoSettings, wordpiece: bool, progress: bool) -> dic
             model=init, train_file=senti["train"], validation_file=senti["validation"], out=os.path.join(out, f"sentiment-{name}"),
             epochs=s.finetune_epochs, lr=s.finetune_lr, batch_size=16, max_seq_length=64, seed=s.seed, progress=progress,
             freeze_embeddings=s.freeze_embeddings)
-        run_finetuning(ClassificationTask(ClassifyConfig()), ft)
+        finetune(ClassificationTask(ClassifyConfig()), ft)
         results[name] = evaluate_classifier(ft.out, senti["test"], ClassifyConfig(), max_seq_length=64)
     shutil.rmtree(scratch_init, ignore_errors=True)
     shutil.rmtree(os.path.join(out, "cache"), ignore_errors=True)

@@ -11,8 +11,8 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
@@ -107,33 +107,28 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ rng state
-def rng_state() -> dict:
+def _rng_state() -> dict:
     state = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state()
     return state
 
 
-def set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
-
-
-def gather_rng_states(d: Dist) -> list[dict]:
-    """Every process's random states, in rank order (a collective under torchrun), for a checkpoint."""
+def _gather_rng_states(d: Dist) -> list[dict]:
+    """Every process's random states, in rank order (a collective under torchrun)."""
     if not d.enabled:
-        return [rng_state()]
+        return [_rng_state()]
     states: list = [None] * d.world
-    dist.all_gather_object(states, rng_state())
+    dist.all_gather_object(states, _rng_state())
     return states
 
 
-def restore_rng_state(states: list[dict] | dict, rank: int) -> None:
-    """This process's states from :func:`gather_rng_states`' list (rank 0's when the run had fewer processes;
-    a single dict: a checkpoint written before the list)."""
-    states = states if isinstance(states, list) else [states]
-    set_rng_state(states[rank] if rank < len(states) else states[0])
+def _restore_rng_state(states: list[dict], rank: int) -> None:
+    """This process's states (rank 0's when the run had fewer processes)."""
+    state = states[rank] if rank < len(states) else states[0]
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
 
 
 def maybe_compile(model: torch.nn.Module, impl: ImplConfig) -> torch.nn.Module:
@@ -166,36 +161,43 @@ class TrainState:
         return m
 
     def state_dict(self) -> dict:
-        return {"step": self.step, "elapsed": self.elapsed, "tokens_seen": self.tokens_seen, "meters": dict(self.meters)}
+        return {"step": self.step, "elapsed": self.elapsed, "tokens_seen": self.tokens_seen,
+                "meters": dict(self.meters)}
 
     def load_state_dict(self, d: dict) -> None:
         self.step, self.elapsed, self.tokens_seen = int(d["step"]), float(d["elapsed"]), int(d["tokens_seen"])
-        self.meters = {k: float(v) for k, v in d.get("meters", d.get("acc", {})).items()}  # "acc": before 0.2
+        self.meters = {k: float(v) for k, v in d["meters"].items()}
 
 
 # ------------------------------------------------------------------------------------------------ the step
-LossFn = Callable[[torch.nn.Module, dict], tuple[torch.Tensor, dict[str, torch.Tensor | float]]]
+class Objective(Protocol):
+    """What the engine trains: a module whose ``forward(batch, totals, step)`` returns the loss of one
+    micro-batch, already normalised over the global batch, and named parts to report; ``counts(batch)``
+    gives the micro-batch's share of the normalisers (``totals`` are their sums over the micro-batches of
+    every process)."""
+
+    def counts(self, batch: dict) -> dict[str, float]: ...
+
+    def __call__(self, batch: dict, totals: dict[str, float], step: int) -> tuple[torch.Tensor, dict]: ...
 
 
 class Engine:
-    """Owns the optimisation step of every run: the optimizer, the learning-rate schedule, autocast, DDP and
-    ``torch.compile`` wrapping, gradient accumulation, clipping, the non-finite check, and the clock.
-
-    ``objective`` is the module that the loss function calls (the model itself, or a module around its
-    loss); ``model`` is what the optimizer trains.
+    """Owns the optimisation step of every run and the state it needs: the optimizer, the learning-rate
+    schedule, autocast and the fp16 loss scaler, DDP and ``torch.compile`` wrapping, gradient accumulation,
+    clipping, the non-finite check, the clock, and every process's random state.  :meth:`state_dict` and
+    :meth:`load_state_dict` carry all of it across a checkpoint.
     """
 
-    def __init__(self, model: torch.nn.Module, cfg: TrainConfig, impl: ImplConfig, device: torch.device,
-                 d: Dist | None = None, objective: torch.nn.Module | None = None,
-                 schedule: LinearSchedule | None = None):
-        self.model, self.device, self.dist = model, device, d or Dist()
-        self.optimizer = build_optimizer(model, cfg, device)
+    def __init__(self, objective: torch.nn.Module, cfg: TrainConfig, impl: ImplConfig, device: torch.device,
+                 d: Dist | None = None, schedule: LinearSchedule | None = None):
+        self.objective, self.device, self.dist = objective, device, d or Dist()
+        self.optimizer = build_optimizer(objective, cfg, device)
         self.schedule = schedule
         self.max_grad_norm = cfg.max_grad_norm
         self.autocast = autocast_context(device, impl)
         # fp16 needs its loss scaled (bf16 and fp32 do not): a scaler that skips steps whose gradients overflow
         self.scaler = torch.amp.GradScaler(device.type, enabled=resolve_precision(device, impl) == "fp16")
-        module = objective if objective is not None else model
+        module = objective
         self.ddp = None
         if self.dist.enabled:
             from torch.nn.parallel import DistributedDataParallel as DDP
@@ -221,35 +223,60 @@ class Engine:
         """The learning rate of the next step (None without a schedule: the optimizer's own)."""
         return self.schedule.lr(self.state.step, self.state.elapsed) if self.schedule is not None else None
 
-    def step(self, batches: list[dict], loss_fn: LossFn) -> dict[str, float]:
+    # ---- checkpoints
+    def state_dict(self) -> dict:
+        """The optimizer, the loss scaler, the training state and every process's random states: a collective
+        under torchrun (each process's random state is gathered), to be called by every process."""
+        state = {"optimizer": self.optimizer.state_dict(), "train": self.state.state_dict(),
+                 "rng": _gather_rng_states(self.dist)}
+        if self.scaler.is_enabled():
+            state["scaler"] = self.scaler.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from :meth:`state_dict`'s ``state`` (the weights are the checkpoint's business)."""
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.state.load_state_dict(state["train"])
+        if state.get("scaler") is not None and self.scaler.is_enabled():
+            self.scaler.load_state_dict(state["scaler"])
+        _restore_rng_state(state["rng"], self.dist.rank)
+        self.start_clock()
+
+    # ---- the step
+    def step(self, batches: list[dict]) -> dict[str, float]:
         """One optimizer step over the micro-batches of this process.
 
-        ``loss_fn(module, batch)`` returns the loss to differentiate, already normalised over the global
-        batch (so that N processes with accumulation compute exactly the gradient of one process with the
-        whole batch), and named parts to report.  Returns the parts summed over micro-batches and processes,
-        with ``grad_norm`` and ``lr``.  A non-finite part or gradient norm raises :class:`NonFiniteLoss`
-        before the optimizer applies anything.
+        The objective's loss of each micro-batch is normalised over the global batch (its ``totals``), so
+        that N processes with accumulation compute exactly the gradient of one process with the whole batch.
+        Returns the parts summed over micro-batches and processes, the ``totals``, ``grad_norm`` and ``lr``.
+        A non-finite part or gradient norm raises :class:`NonFiniteLoss` before the optimizer applies anything.
         """
         lr = self.lr()
         if lr is not None:
             set_lr(self.optimizer, lr)
+        local: dict[str, float] = {}
+        for b in batches:
+            for k, v in self.objective.counts(b).items():
+                local[k] = local.get(k, 0.0) + v
+        totals = dict(zip(local, self.dist.all_sum(list(local.values()), self.device)))
         sums: dict[str, float] = {}
         for i, b in enumerate(batches):
             # gradients are all-reduced once per step, after the last micro-batch
             last = self.ddp is None or i == len(batches) - 1
             with contextlib.nullcontext() if last else self.ddp.no_sync():
                 with self.autocast:
-                    loss, parts = loss_fn(self.module, b)
-                self.scaler.scale(loss * self.dist.world).backward()  # DDP averages over processes; the loss is a global mean
+                    loss, parts = self.module(b, totals, self.state.step)
+                # DDP averages over processes; the loss is a global mean
+                self.scaler.scale(loss * self.dist.world).backward()
             for k, v in parts.items():
                 sums[k] = sums.get(k, 0.0) + float(v)
-        totals = dict(zip(sums, self.dist.all_sum(list(sums.values()), self.device)))
+        parts = dict(zip(sums, self.dist.all_sum(list(sums.values()), self.device)))
         scaled = self.scaler.is_enabled()
         if scaled:
             self.scaler.unscale_(self.optimizer)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self._params, self.max_grad_norm, foreach=True))
         # with fp16 loss scaling an overflowing gradient is expected now and then: the scaler skips that step
-        if not all(math.isfinite(v) for v in (*totals.values(), *(() if scaled else (grad_norm,)))):
+        if not all(math.isfinite(v) for v in (*parts.values(), *(() if scaled else (grad_norm,)))):
             self.optimizer.zero_grad(set_to_none=True)
             raise NonFiniteLoss(self.state.step + 1, lr)
         if scaled:
@@ -259,4 +286,5 @@ class Engine:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.state.step += 1
-        return {**totals, "grad_norm": grad_norm, "lr": lr if lr is not None else self.optimizer.param_groups[0]["lr"]}
+        lr = lr if lr is not None else self.optimizer.param_groups[0]["lr"]
+        return {**parts, **totals, "grad_norm": grad_norm, "lr": lr}

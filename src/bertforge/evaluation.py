@@ -87,27 +87,6 @@ def evaluate_pretraining(model, batches: list[dict], device, autocast=None, base
     return res
 
 
-def evaluate_replaced_token_detection(model, batches: list[dict], device, autocast=None, seed: int = 0) -> dict:
-    """ELECTRA's discriminator over fixed batches (replacements sampled from the generator with a generator
-    seeded by ``seed``, the same at every evaluation): its loss and accuracy over the real tokens, on the
-    replaced and on the original ones, and the fraction replaced."""
-    sampler = torch.Generator().manual_seed(seed)
-    disc = 0.0
-    counts = torch.zeros(5, dtype=torch.float64)
-    with eval_mode(model):
-        for b in batches:
-            b = to_device(b, device)
-            with autocast or contextlib.nullcontext():
-                _, d, c = model.replaced_token_detection(b["input_ids"], b["attention_mask"], b["token_type_ids"],
-                                                         b["labels"], sampler=sampler)
-            disc += float(d)
-            counts += c.double().cpu()
-    real, replaced, hit_replaced, hit_original, _ = counts.tolist()
-    return {"disc_loss": disc / max(1, real), "disc_accuracy": (hit_replaced + hit_original) / max(1, real),
-            "disc_accuracy_replaced": hit_replaced / max(1, replaced),
-            "disc_accuracy_original": hit_original / max(1, real - replaced), "replaced_fraction": replaced / max(1, real)}
-
-
 def mlm_blocks(tok, documents, max_seq_length: int, seed: int = 0, mask_prob: float = 0.15,
                max_blocks: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The fixed masked-LM evaluation protocol: the documents' tokens run together and cut into blocks of

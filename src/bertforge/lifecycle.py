@@ -1,0 +1,274 @@
+"""The life of a training run, the same for pretraining and fine-tuning: the output rules and the lock,
+the run's folder and its log, the progress bar and the log line, periodic evaluation and checkpoints, exact
+resume, interruption, and the final metrics, model card and plots.
+
+A command subclasses :class:`TrainingRun` with what is its own (its data, its objective, its evaluation and
+what its checkpoints add to the engine's state) and calls :meth:`TrainingRun.fit`.  The engine
+(:mod:`bertforge.engine`) owns the step and its state; :mod:`bertforge.checkpoint` writes and reads it.
+
+A checkpoint holds everything that decides the rest of the run (weights, optimizer moments, every process's
+random state, the data position, the step, the logging meters), so that a run killed at any point and
+resumed from its newest checkpoint ends, on the CPU, with exactly the weights of an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch.distributed as dist
+from tqdm import tqdm
+
+from . import checkpoint as ckpt
+from . import modelcard
+from .config import TrainConfig
+from .devices import Dist
+from .engine import Engine, NonFiniteLoss
+from .errors import TrainingError, UserError
+from .files import (OutputLock, atomic_dir, atomic_write_json, check_inputs_outside, check_output, recover_beside,
+                    remove_output, remove_stale_temporaries, write_marker)
+from .logs import MetricsLog, duration, file_log, log_step, rounded
+
+log = logging.getLogger("bertforge")
+
+
+# ------------------------------------------------------------------------------------------------ the output
+def preflight(out: str, kind: str, inputs: list, overwrite: bool, resume: bool) -> None:
+    """The output rules, checked before anything is read or written: ``--resume`` needs a checkpoint and
+    excludes ``--overwrite``; an existing output is refused unless ``overwrite`` replaces one of ``kind`` (never
+    one that holds the run's ``inputs``)."""
+    if resume and overwrite:
+        raise UserError("--resume continues the run in --out and --overwrite replaces it: give one of them")
+    if resume and not ckpt.list_checkpoints(out):
+        raise UserError(f"nothing to resume: no complete checkpoint in {os.path.join(out, ckpt.CHECKPOINTS)}")
+    if check_output(out, kind, overwrite=overwrite, resume=resume):
+        check_inputs_outside(out, inputs)
+
+
+@contextlib.contextmanager
+def locked_output(out: str, kind: str, d: Dist, overwrite: bool, resume: bool) -> Iterator[bool]:
+    """Rank 0 holds ``out``'s lock for the whole run; under it, what an interrupted earlier run left beside
+    ``out`` is recovered and the output rule applied again.  Yields whether an earlier output is to be
+    replaced.  The process group ends with the run."""
+    try:
+        d.barrier()  # every process has checked the output before rank 0 writes there
+        with OutputLock(out, enabled=d.is_main):
+            replace = False
+            if d.is_main:
+                recover_beside(out)
+                replace = check_output(out, kind, overwrite=overwrite, resume=resume)
+            d.barrier()
+            yield replace
+    finally:
+        if d.enabled and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def run_folder(out: str, kind: str, d: Dist, replace: bool, resume: bool, in_place: bool) -> Iterator[str]:
+    """The folder the run writes into, with its ``train.log``; only rank 0 writes.
+
+    ``in_place`` (a run that checkpoints): ``out`` itself, an earlier output removed first when ``replace``;
+    a new run that fails before its first checkpoint is removed (nothing there to resume).  Otherwise a
+    temporary folder renamed into place at the end (an earlier output replaced only then), so a run that
+    fails never leaves a half-written output."""
+    if not d.is_main:
+        yield out
+        return
+    if not in_place:
+        with atomic_dir(out, replace=replace) as tmp, file_log(tmp):
+            write_marker(tmp, kind)
+            yield tmp
+        return
+    if replace:
+        remove_output(out, kind)
+    os.makedirs(out, exist_ok=True)
+    write_marker(out, kind)
+    for p in remove_stale_temporaries(out) + remove_stale_temporaries(os.path.join(out, ckpt.CHECKPOINTS)):
+        log.warning("removed %s, left by an interrupted save", p)
+    with ckpt.removed_unless_checkpointed(out, kind, enabled=not resume), file_log(out):
+        yield out
+
+
+def finish(folder: str, metrics: dict, card: str, plot: Callable[[], Any]) -> None:
+    """The end of a run: ``metrics.json``, the model card, the plots (which never cost a finished run)."""
+    atomic_write_json(os.path.join(folder, "metrics.json"), metrics)
+    modelcard.write(folder, card)
+    try:
+        plot()
+    except Exception as e:
+        log.warning("could not draw plots: %s", e)
+
+
+# ------------------------------------------------------------------------------------------------ progress
+class Progress:
+    """The progress bar (on a terminal) and the training log line (in train.log always; on stderr when no bar
+    shows the same figures), with an estimate of the time left from the schedule's progress."""
+
+    def __init__(self, engine: Engine, desc: str, total: int | None, enabled: bool):
+        self.engine, self.total = engine, total
+        st = engine.state
+        self.bar = tqdm(total=total, initial=st.step, desc=desc, unit="step", disable=not enabled, dynamic_ncols=True)
+        self.start_elapsed = st.elapsed
+        self.start_progress = engine.schedule.progress(st.step, st.elapsed)
+
+    def eta(self) -> float:
+        st = self.engine.state
+        done = self.engine.schedule.progress(st.step, st.elapsed)
+        run_time = st.elapsed - self.start_elapsed
+        return run_time * (1 - done) / max(done - self.start_progress, 1e-9) if done > self.start_progress else 0.0
+
+    def line(self, text: str, **postfix: str) -> None:
+        st = self.engine.state
+        self.bar.set_postfix(**postfix)
+        of = f"/{self.total}" if self.total else ""
+        log_step(f"step {st.step}{of}  {text}  elapsed {duration(st.elapsed)}  eta {duration(self.eta())}",
+                 bar_shown=not self.bar.disable)
+
+
+# ------------------------------------------------------------------------------------------------ the run
+class TrainingRun:
+    """One training run on one :class:`~bertforge.engine.Engine`.  Subclasses give:
+
+    * :meth:`next_batches`: this process's micro-batches of the next step;
+    * :meth:`record`: what a step adds to the meters; :meth:`log_line`: the logged row and its text;
+    * :meth:`evaluate`: an evaluation (rank 0), written to ``metrics.jsonl`` by them;
+    * :meth:`run_state` / :meth:`load_run_state`: what a checkpoint adds to the engine's state (the data
+      position, ...), and :attr:`required` its keys;
+    * :meth:`epoch_ended`: whether the step just taken ended an epoch (an evaluation then).
+    """
+
+    desc = "training"
+    required: tuple[str, ...] = ()
+
+    def __init__(self, out: str, d: Dist, engine: Engine, t: TrainConfig, progress: bool, tensorboard: bool,
+                 total: int | None = None):
+        self.out, self.d, self.engine, self.t, self.total = out, d, engine, t, total
+        self.show_progress = progress and d.is_main
+        self.metrics = MetricsLog(out, d.is_main, tensorboard=tensorboard)
+        self.evaluated_at = None  # the step of the last evaluation
+
+    # ---- hooks
+    def next_batches(self) -> list[dict]:
+        raise NotImplementedError
+
+    def record(self, out: dict, seconds: float) -> None:
+        raise NotImplementedError
+
+    def log_line(self, out: dict) -> tuple[dict, str, dict]:
+        """(the metrics row, the log line's text, the progress bar's figures)."""
+        raise NotImplementedError
+
+    def evaluate(self) -> None:
+        raise NotImplementedError
+
+    def run_state(self) -> tuple[dict, dict | None]:
+        """(what a checkpoint saves besides the engine's state, extra weights to save with it or None)."""
+        return {}, None
+
+    def load_run_state(self, state: dict, path: str) -> None:
+        pass
+
+    def check_state(self, state: dict) -> None:
+        """Refuse a checkpoint before anything is loaded (a resumed run must keep its settings)."""
+
+    def epoch_ended(self) -> bool:
+        return False
+
+    def save_model(self) -> None:
+        """Rank 0, after each checkpoint: refresh the model directory (pretraining's output is one)."""
+
+    def nonfinite_hint(self) -> str:
+        return "; try a lower --lr"
+
+    # ---- the loop
+    def fit(self) -> None:
+        """Train until the schedule ends: a log line every ``log_every`` steps, an evaluation every
+        ``eval_every`` steps, at each epoch's end and at the end, a checkpoint every ``save_every`` steps."""
+        e, st, t = self.engine, self.engine.state, self.t
+        e.start_clock()  # the run's clock counts training, evaluation and saves, not the set-up
+        self.progress = Progress(e, self.desc, self.total, self.show_progress)
+        try:
+            while not e.done():
+                t0 = time.perf_counter()
+                batches = self.next_batches()
+                try:
+                    out = e.step(batches)
+                except NonFiniteLoss as err:
+                    raise TrainingError(f"{err}{self.nonfinite_hint()}") from None
+                self.record(out, time.perf_counter() - t0)
+                e.tick()
+                self.progress.bar.update(1)
+                if st.step % t.log_every == 0 or e.done():
+                    self._log(out)
+                if (t.eval_every and st.step % t.eval_every == 0) or self.epoch_ended():
+                    self._evaluate()
+                if t.save_every and st.step % t.save_every == 0 and not e.done():
+                    self.save()
+        except KeyboardInterrupt:
+            self.progress.bar.close()
+            where = (self.last_checkpoint("; continue with --resume (from step {step})")
+                     or " before the first checkpoint")
+            raise TrainingError(f"interrupted at step {st.step}{where}") from None
+        self.progress.bar.close()
+        if self.evaluated_at != st.step:
+            self._evaluate()
+
+    def _log(self, out: dict) -> None:
+        row, text, postfix = self.log_line(out)
+        self.metrics.write(row)
+        if self.d.is_main:
+            self.progress.line(text, **postfix)
+
+    def _evaluate(self) -> None:
+        self.evaluate()
+        self.evaluated_at = self.engine.state.step
+        self.engine.tick()
+
+    # ---- checkpoints
+    def save(self) -> None:
+        """A checkpoint of everything that decides the rest of the run (a collective: every process calls it)."""
+        engine_state = self.engine.state_dict()
+        if self.d.is_main:
+            state, extra = self.run_state()
+            ckpt.save_checkpoint(self.out, self.engine.state.step, self.engine.objective.model, engine_state, state,
+                                 self.t.keep_checkpoints, extra_weights=extra)
+            self.save_model()
+        self.engine.tick()
+        self.d.barrier()
+
+    def restore(self) -> None:
+        """Continue from the newest checkpoint that loads whole; rank 0 chooses it (damaged newer ones are moved
+        aside, with a warning) and the other processes load the same."""
+        model, path = self.engine.objective.model, None
+        if self.d.is_main:
+            step, path, engine_state, state = ckpt.restore_newest(self.out, model, ("rng", *self.required),
+                                                                  self.check_state)
+        if self.d.enabled:
+            chosen = [path]
+            dist.broadcast_object_list(chosen, src=0)
+            if not self.d.is_main:
+                path = chosen[0]
+                engine_state, state = ckpt.load_checkpoint(path, model)
+                step = int(state["step"])
+        try:
+            self.engine.load_state_dict(engine_state)
+        except (ValueError, KeyError, RuntimeError) as e:  # the optimizer's groups of another model
+            detail = " ".join(str(e).split())[:200]
+            raise UserError(f"checkpoint {path} does not fit this run's model ({detail})") from None
+        self.load_run_state(state, path)
+        self.metrics.truncate_after(step)
+        log.info("resumed from %s (step %d%s)", path, step, f" of {self.total}" if self.total else "")
+
+    def last_checkpoint(self, fmt: str = "; the last good checkpoint is {path}") -> str:
+        found = ckpt.list_checkpoints(self.out)
+        return fmt.format(step=found[-1][0], path=found[-1][1]) if found else ""
+
+    def log_eval(self, res: dict, what: str, **extra: Any) -> None:
+        """An evaluation's line in metrics.jsonl (with ``extra`` fields) and in the log."""
+        self.metrics.write({"type": "eval", "step": self.engine.state.step, **extra, **res})
+        log.info("%s: %s", what, rounded(res))

@@ -1,0 +1,80 @@
+"""The protocol every pretraining objective follows (see :mod:`bertforge.objectives`)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from ..config import BertConfig, PretrainConfig
+from ..evaluation import evaluate_pretraining
+
+
+class PretrainingObjective(nn.Module):
+    """The module the engine trains around ``model`` (what checkpoints hold).
+
+    ``forward(batch, totals, step)`` returns the loss of one micro-batch normalised over the global batch
+    (``totals``, the sums of :meth:`counts` over every micro-batch of every process) and the summed parts to
+    report.  On the CPU, with ``seed``, dropout masks are keyed by (seed, ``step``, each sequence's index in
+    the epoch: the batch's ``sequence_ids``), so that they do not depend on how sequences are split among
+    processes and micro-batches (on CUDA the fused attention kernels draw their own).
+    """
+
+    name = ""
+    meter_keys: tuple[str, ...] = ()  # the step's outputs summed into the log's meters
+    pipeline_tag = "fill-mask"
+
+    def __init__(self, model: nn.Module, cfg: PretrainConfig):
+        super().__init__()
+        self.model, self.cfg, self.seed = model, cfg, cfg.train.seed
+
+    # ---- the model
+    @classmethod
+    def build(cls, cfg: PretrainConfig, config: BertConfig, resume: bool) -> PretrainingObjective:
+        """The objective around a new model (or ``--init``'s), built from the current random state."""
+        raise NotImplementedError
+
+    @classmethod
+    def check(cls, cfg: PretrainConfig, resume: bool) -> None:
+        """Settings this objective cannot train with (a UserError), before anything is read."""
+
+    @classmethod
+    def masked_lm_class(cls, path: str):
+        """The class loading the masked LM in ``path`` when it is this objective's own output, else None."""
+        return None
+
+    @property
+    def masked_lm(self) -> nn.Module:
+        """The masked LM that evaluation and the sample predictions read."""
+        return self.model
+
+    # ---- the step
+    @staticmethod
+    def counts(batch: dict) -> dict[str, float]:
+        return {"masked": float((batch["labels"] != -100).sum()), "tokens": float(batch["attention_mask"].sum()),
+                "sequences": float(batch["input_ids"].shape[0])}
+
+    def forward(self, batch: dict, totals: dict[str, float], step: int) -> tuple[torch.Tensor, dict]:
+        raise NotImplementedError
+
+    # ---- the log
+    def log_row(self, m: dict[str, float]) -> dict[str, float]:
+        """The losses of a log line from the meters ``m`` (sums since the last line)."""
+        return {"mlm_loss": m["mlm"] / max(1, m["masked"])}
+
+    def log_text(self, row: dict) -> str:
+        return ""
+
+    # ---- evaluation and outputs
+    def evaluate(self, eval_set: list[dict], device, autocast, baseline_token: int | None, mask_id: int) -> dict:
+        return evaluate_pretraining(self.masked_lm, eval_set, device, autocast, baseline_token, mask_id=mask_id)
+
+    def save_pretrained(self, out: str, tokenizer) -> None:
+        """The run's model directory (refreshed at each checkpoint)."""
+        raise NotImplementedError
+
+    def flops_per_token(self) -> float:
+        raise NotImplementedError
+
+    def describe(self) -> tuple[str, str]:
+        """(what the model was pretrained by, the transformers class that loads the saved model)."""
+        raise NotImplementedError

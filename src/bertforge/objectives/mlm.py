@@ -1,0 +1,62 @@
+"""Masked language modelling, BERT's objective: 80/10/10 masking (:class:`bertforge.data.Masker`), with next
+sentence prediction when the run asks for it (``--nsp``, the ``bert`` recipe's).
+
+The training step runs the model's fast path (:func:`bertforge.ops.rows.pretraining_losses`): the last
+encoder layer and the vocabulary projection only where the loss looks (the masked tokens, and [CLS] for
+NSP); the loss equals the dense computation."""
+
+from __future__ import annotations
+
+import torch
+
+from .. import checkpoint as ckpt
+from ..config import BertConfig, PretrainConfig
+from ..flops import flops_per_token
+from ..model import BertForMaskedLM, BertForPreTraining
+from ..ops.dropout import batch_keys
+from ..ops.rows import pretraining_losses
+from .base import PretrainingObjective
+
+
+class MaskedLM(PretrainingObjective):
+    name = "mlm"
+    meter_keys = ()
+
+    @classmethod
+    def build(cls, cfg: PretrainConfig, config: BertConfig, resume: bool) -> MaskedLM:
+        model_cls = BertForPreTraining if cfg.data.nsp else BertForMaskedLM
+        if cfg.model.init and not resume:
+            return cls(model_cls.from_pretrained(cfg.model.init, config=config), cfg)
+        return cls(model_cls(config), cfg)
+
+    def forward(self, b: dict, totals: dict[str, float], step: int) -> tuple[torch.Tensor, dict]:
+        mlm, nsp = pretraining_losses(self.model, b["input_ids"], b["attention_mask"], b["token_type_ids"],
+                                      b["labels"], b.get("next_sentence_label"),
+                                      dropout_keys=batch_keys(b, self.seed, step))
+        # the MLM loss is a mean over the masked tokens of the global batch, NSP's over its sequences
+        loss, parts = mlm.float() / totals["masked"], {"mlm": mlm.detach()}
+        if nsp is not None:
+            loss, parts["nsp"] = loss + nsp.float() / totals["sequences"], nsp.detach()
+        return loss, parts
+
+    def log_row(self, m: dict[str, float]) -> dict[str, float]:
+        row = super().log_row(m)
+        if self.cfg.data.nsp:
+            row["nsp_loss"] = m["nsp"] / max(1, m["seqs"])
+            row["loss"] = row["mlm_loss"] + row["nsp_loss"]
+        return row
+
+    def log_text(self, row: dict) -> str:
+        return f" (mlm {row['mlm_loss']:.4f}, nsp {row['nsp_loss']:.4f})" if "nsp_loss" in row else ""
+
+    def save_pretrained(self, out: str, tokenizer) -> None:
+        ckpt.save_pretrained(self.model, out)
+
+    def flops_per_token(self) -> float:
+        dc = self.cfg.data
+        return flops_per_token(self.model.config, dc.max_seq_length, dc.mask_prob)
+
+    def describe(self) -> tuple[str, str]:
+        nsp = self.cfg.data.nsp
+        what = "masked language modelling" + (" and next sentence prediction" if nsp else "")
+        return what, "BertForPreTraining" if nsp else "BertForMaskedLM"
