@@ -33,7 +33,8 @@ from .config import BertConfig, ImplConfig, TrainConfig
 from .devices import autocast_context, resolve_device, setup_backend
 from .engine import Engine, build_optimizer
 from .errors import UserError
-from .model import BertForPreTraining, BertModel, flops_per_token
+from .flops import flops_per_token
+from .model import BertForPreTraining, BertModel
 from .pretrain import PretrainingObjective, pretraining_loss_fn
 
 

@@ -46,8 +46,7 @@ from .data import (
     split_documents,
 )
 from .devices import Dist, init_distributed, resolve_device, setup_backend
-from .electra import DISCRIMINATOR_WEIGHT, GENERATOR_DIR, ElectraPretraining, generator_config
-from .electra import flops_per_token as electra_flops
+from .electra import DISCRIMINATOR_WEIGHT, GENERATOR_DIR, ElectraPretraining, electra_flops_per_token, generator_config
 from .engine import Engine, LinearSchedule, LossFn, NonFiniteLoss, gather_rng_states, restore_rng_state
 from .errors import TrainingError, UserError
 from .evaluation import evaluate_pretraining, evaluate_replaced_token_detection, fill_mask_samples
@@ -61,9 +60,12 @@ from .files import (
     remove_stale_temporaries,
     write_marker,
 )
+from .flops import flops_per_token
+from .initialization import local_attention_heads_, set_dropout, sinusoidal_positions_
 from .logs import MetricsLog, duration, file_log, log_step, rounded
-from .model import BertForMaskedLM, BertForPreTraining, flops_per_token, local_attention_heads_, sinusoidal_positions_
+from .model import BertForMaskedLM, BertForPreTraining
 from .ops.dropout import batch_keys
+from .ops.rows import pretraining_losses
 from .plots import plot_pretraining
 from .tokenizer import check_vocab_fits, load_tokenizer, save_tokenizer, special_ids, train_tokenizer
 
@@ -83,8 +85,9 @@ class PretrainingObjective(torch.nn.Module):
         self.model = model
 
     def forward(self, input_ids, attention_mask, token_type_ids, labels, next_sentence_label=None, dropout_keys=None):
-        return self.model.pretraining_loss(input_ids, attention_mask, token_type_ids, labels, next_sentence_label,
-                                           dropout_keys)
+        own = getattr(self.model, "pretraining_loss", None)  # ELECTRA's objective has its own
+        args = (input_ids, attention_mask, token_type_ids, labels, next_sentence_label, dropout_keys)
+        return own(*args) if own is not None else pretraining_losses(self.model, *args)
 
 
 ELECTRA_COUNTS = ("real", "replaced", "hit_replaced", "hit_original", "gen_hits")
@@ -279,8 +282,7 @@ class Pretraining:
         self.electra = cfg.model.objective == "electra"
         model_cls = BertForPreTraining if dc.nsp else BertForMaskedLM
         if self.electra:
-            self.model = ElectraPretraining(self.config, cfg.model.generator_size,
-                                            cfg.model.generator_embeddings == "shared")
+            self.model = ElectraPretraining(self.config, cfg.model.generator_size)
         elif cfg.model.init and not resume:
             self.model = model_cls.from_pretrained(cfg.model.init, config=self.config)
         else:
@@ -290,7 +292,7 @@ class Pretraining:
             if cfg.model.attention_init == "local":
                 local_attention_heads_(self.model)
         if cfg.model.dropout is not None:  # pretraining's own; config.json keeps the model's, for fine-tuning
-            self.model.set_dropout(cfg.model.dropout)
+            set_dropout(self.model, cfg.model.dropout)
         self.model.to(self.device)
         torch.manual_seed(t.seed + d.rank)  # dropout streams differ by rank
 
@@ -511,8 +513,8 @@ class Pretraining:
         if not self.electra:
             return flops_per_token(self.config, dc.max_seq_length, dc.mask_prob)
         mc = self.cfg.model
-        return electra_flops(self.config, generator_config(self.config, mc.generator_size), dc.max_seq_length,
-                             dc.mask_prob, mc.generator_embeddings == "shared")
+        return electra_flops_per_token(self.config, generator_config(self.config, mc.generator_size),
+                                       dc.max_seq_length, dc.mask_prob)
 
     def _finish(self, last_eval: dict | None) -> dict[str, Any]:
         """Final evaluation and checkpoint (unless the last step just made them), metrics.json, plots."""
