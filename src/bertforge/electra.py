@@ -19,8 +19,8 @@ as wide as the discriminator (ELECTRA-Small's are 128 for a 256-wide model), so 
 plain BERT; the default generator is a quarter of the model's width (the paper's Small and Base settings;
 its released Base used a third); the masked positions are
 chosen by bertforge's masker (80% [MASK], 10% random, 10% kept; ELECTRA's code uses 85% [MASK], 15% kept);
-the discriminator has no pooler (nothing here would train it; a classifier fine-tuned from it starts its
-pooler fresh, as from a BERT pretrained without NSP).
+the discriminator has no pooler (nothing in this objective would train it; a classifier fine-tuned from it
+starts its pooler fresh, as from a BERT pretrained without NSP).
 On the CPU, each sequence's replacements are sampled from a generator keyed like its dropout masks
 (seed, step, the sequence's index in the epoch), so that the number of processes does not change a run (up
 to float rounding: logits that differ in the last bit between two batch layouts could, rarely, flip a draw).
@@ -155,7 +155,7 @@ class ElectraPretraining(BertPreTrainedModel):
 
     def __init__(self, config: BertConfig, generator_size: float = 0.25):
         super().__init__(config)
-        self.bert = BertModel(config, add_pooling_layer=False)  # nothing trains a pooler here
+        self.bert = BertModel(config, add_pooling_layer=False)  # nothing in this objective trains a pooler
         self.discriminator_predictions = ElectraDiscriminatorPredictions(config)
         self.generator = ElectraForMaskedLM(generator_config(config, generator_size), config.hidden_size)
         self.init_weights()

@@ -21,8 +21,8 @@ DNN_MIN_ROWS = 1024  # below this many rows oneDNN's setup outweighs its gain ov
 @functools.cache
 def dnn_linear_op():
     """torch's oneDNN fp32 linear kernel, or None where this build lacks it or it disagrees with
-    ``F.linear`` on a small check.  For the token-by-hidden shapes of the encoder it was faster than MKL's
-    GEMM on AVX2 machines (bertforge bench measures the whole step)."""
+    ``F.linear`` on a small check.  For the encoder's token-by-hidden shapes it can beat MKL's GEMM;
+    ``bertforge bench`` measures the whole step on a given machine."""
     try:
         op = torch.ops.mkldnn._linear_pointwise
         if not torch.backends.mkldnn.is_available():
