@@ -39,8 +39,9 @@ from bertforge.cli import main
 from bertforge.config import ImplConfig, TrainConfig
 from bertforge.devices import autocast_context, resolve_device, setup_backend
 from bertforge.engine import build_optimizer, param_groups
-from bertforge.ops import padding as P
-from bertforge.ops.padding import Padding
+from bertforge.ops import layout as P
+from bertforge.ops.layout import Layout
+from bertforge.ops.rows import pretraining_losses
 
 pytestmark = [
     pytest.mark.cuda,
@@ -113,8 +114,8 @@ def _objective_run(model, batch: dict, device, autocast=None) -> tuple[float, di
     b = {k: v.to(device) for k, v in batch.items()}
     n_mask = float((b["labels"] != -100).sum())
     with autocast or contextlib.nullcontext():
-        mlm, nsp = model.pretraining_loss(b["input_ids"], b["attention_mask"], b["token_type_ids"], b["labels"],
-                                          b["next_sentence_label"])
+        mlm, nsp = pretraining_losses(model, b["input_ids"], b["attention_mask"], b["token_type_ids"], b["labels"],
+                                      b["next_sentence_label"])
         loss = mlm.float() / n_mask + nsp.float() / len(b["input_ids"])
     loss.backward()
     return float(loss.detach()), _grads(model)
@@ -197,7 +198,7 @@ def test_varlen_attention_on_cuda_kernels_equals_padded(monkeypatch, report, pre
 
     def run(varlen: bool):
         monkeypatch.setattr(P, "VARLEN_DEVICES", {"cuda"} if varlen else set())
-        assert (Padding(am, *am.shape).offsets is not None) == varlen
+        assert (Layout(am, *am.shape).offsets is not None) == varlen
         m.zero_grad(set_to_none=True)
         kernel = sdpa_kernel(getattr(SDPBackend, backend)) if varlen and backend else contextlib.nullcontext()
         with kernel, _bf16() if precision == "bf16" else contextlib.nullcontext(), torch.set_grad_enabled(train):
@@ -255,7 +256,7 @@ def test_attention_dropout_on_the_flash_kernel(report, padded):
     am = torch.ones(B, T, dtype=torch.long, device=CUDA)
     if padded:
         am[::2, T // 2 :] = 0
-    padding = Padding(am, B, T)
+    padding = Layout(am, B, T)
     assert (padding.offsets is not None) == padded
     x = padding.unpad(torch.randn(B, T, cfg.hidden_size, device=CUDA))
     fig = _dropout_figures(att, x, padding)

@@ -11,6 +11,7 @@ from bertforge import (
     BertForSequenceClassification,
     BertModel,
 )
+from bertforge.ops.rows import hidden_at, pretraining_losses
 
 from .helpers import padded_batch as _batch
 
@@ -181,7 +182,7 @@ def test_pretraining_loss_fast_path_equals_plain_forward(cls, padded, large):
     nsp = torch.tensor([0, 1, 1, 0]).repeat(len(ids) // 4) if cls is BertForPreTraining else None
     n = int((labels != -100).sum())
     kw = {"next_sentence_label": nsp} if nsp is not None else {}
-    fast_mlm, fast_nsp = m.pretraining_loss(ids, am, tt, labels, nsp)
+    fast_mlm, fast_nsp = pretraining_losses(m, ids, am, tt, labels, nsp)
     (fast_mlm / n + (fast_nsp / len(nsp) if nsp is not None else 0)).backward()
     fast_grads = {k: p.grad.clone() for k, p in m.named_parameters() if p.grad is not None}
     m.zero_grad()
@@ -211,7 +212,7 @@ def test_hidden_at_equals_forward_rows(train, padded):
     pos = torch.tensor([49, 0, 30, 24, 26, 25, 0])  # flat positions of real tokens, one repeated; sequence 3 has none
     with torch.no_grad():
         full = m.eval()(ids, am, tt).last_hidden_state.reshape(-1, 128)[pos]
-        rows = m.train(train).hidden_at(pos, ids, am, tt)
+        rows = hidden_at(m.train(train), pos, ids, am, tt)
     assert rows.shape == (7, 128)
     assert (full - rows).abs().max() < 1e-5
 
@@ -265,7 +266,7 @@ def test_keyed_dropout_of_the_task_heads_does_not_depend_on_the_batch():
 
 @pytest.mark.parametrize("preset", ["tiny", "mini"])
 def test_local_attention_heads_start_on_the_neighbours_and_load_in_transformers(tmp_path, preset):
-    from bertforge.model import local_attention_heads_, sinusoidal_positions_
+    from bertforge.initialization import local_attention_heads_, sinusoidal_positions_
 
     torch.manual_seed(0)
     ours = BertForMaskedLM(BertConfig.preset(preset, vocab_size=500)).eval()

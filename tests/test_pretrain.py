@@ -429,7 +429,7 @@ def test_mask_only_accuracy_counts_the_mask_positions_only():
 def test_local_attention_heads_are_applied_to_new_models_only(small_text_corpus, story_tok_dir, tmp_path):
     from bertforge.config import BertConfig
     from bertforge.electra import ElectraPretraining
-    from bertforge.model import local_attention_heads_, sinusoidal_positions_
+    from bertforge.initialization import local_attention_heads_, sinusoidal_positions_
 
     torch.manual_seed(0)
     electra = ElectraPretraining(BertConfig.preset("mini", vocab_size=50)).eval()
@@ -479,7 +479,7 @@ def test_local_attention_heads_are_applied_to_new_models_only(small_text_corpus,
 def test_sinusoidal_positions_start_from_sines_and_stay_learned(small_text_corpus, story_tok_dir, tmp_path):
     from bertforge.config import BertConfig
     from bertforge.electra import ElectraPretraining
-    from bertforge.model import sinusoidal_positions_
+    from bertforge.initialization import sinusoidal_positions_
 
     model = ElectraPretraining(BertConfig.preset("tiny", vocab_size=50))
     sinusoidal_positions_(model)

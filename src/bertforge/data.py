@@ -8,8 +8,18 @@ Everything random is a pure function of ``(seed, epoch, index)``: the instances 
 and each instance's masks.  So a loader restored to any position continues with exactly the batches an
 uninterrupted one would have produced, and N ranks together see exactly the batches of one process.
 
-How these instances depart from Google's reference is listed, with every other departure from the
-paper, in the docstring of :mod:`bertforge.model`.
+Departures from Google's ``create_pretraining_data.py`` (the model's are listed in :mod:`bertforge.model`):
+
+* The short-sequence target (probability ``short_seq_prob``) is drawn for every instance; Google draws it
+  once per document, so that one book in ten yields only short sequences.
+* IsNext stays at 50%: when the chunk for segment A holds a single sentence and IsNext was drawn, the
+  document's next sentence becomes segment B (Google forces NotNext there, which skews the labels).  Only
+  at the very end of a document does a one-sentence chunk fall back to NotNext.
+* Masks (and instances) are drawn afresh every epoch (dynamic masking, as RoBERTa), instead of
+  ``dupe_factor`` static copies.
+* A "random token" replacement is drawn from the non-special tokens (Google draws from the whole
+  vocabulary, [CLS] and [PAD] included).
+* Sentences longer than 256 tokens are cut into pieces of 256 tokens when the corpus is cached.
 """
 
 from __future__ import annotations

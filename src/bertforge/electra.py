@@ -6,23 +6,23 @@ replacement.  It learns from every token, where masked LM learns from the 15% it
 in one step on ``generator loss + 50 * discriminator loss`` (the paper's lambda); no gradient flows through
 the sampling.  Afterwards the discriminator is the model: the run's folder is a BERT directory (its
 embeddings are as wide as its hidden states, so it loads in transformers' ``BertModel``), and the generator
-is saved beside it in ``generator/`` as a directory transformers loads as ``ElectraForMaskedLM``.
+is saved beside it in ``generator/`` as a directory transformers loads as ``ElectraForMaskedLM``.  The
+objective around these modules (its loss, log, evaluation, outputs and FLOPs) is
+:mod:`bertforge.objectives.electra`.
 
 Shapes of the paper and Google's code (``get_generator_config``): the generator has the discriminator's
 depth, a quarter of its width (``generator_size``), ``width // 64`` heads (at least one) and a 4x
 feed-forward block; the two share the token, position and segment embeddings and their LayerNorm; the
 generator projects the shared embeddings to its width (``embeddings_project``) and back before its tied
-output layer (``generator_predictions``), the names of transformers' ``ElectraForMaskedLM``.  With
-``--generator-embeddings own`` (the paper's untied ablation) the generator has embeddings of its own width
-instead, and no projection.
+output layer (``generator_predictions``), the names of transformers' ``ElectraForMaskedLM``.
 
-Departures from the paper (listed with the others in :mod:`bertforge.model`): the shared embeddings are
+Departures from the paper (the model's are listed in :mod:`bertforge.model`): the shared embeddings are
 as wide as the discriminator (ELECTRA-Small's are 128 for a 256-wide model), so that the discriminator is a
 plain BERT; the default generator is a quarter of the model's width (the paper's Small and Base settings;
 its released Base used a third); the masked positions are
 chosen by bertforge's masker (80% [MASK], 10% random, 10% kept; ELECTRA's code uses 85% [MASK], 15% kept);
-the discriminator has no pooler (nothing here would train it; a classifier fine-tuned from it starts its
-pooler fresh, as from a BERT pretrained without NSP).
+the discriminator has no pooler (nothing in this objective would train it; a classifier fine-tuned from it
+starts its pooler fresh, as from a BERT pretrained without NSP).
 On the CPU, each sequence's replacements are sampled from a generator keyed like its dropout masks
 (seed, step, the sequence's index in the epoch), so that the number of processes does not change a run (up
 to float rounding: logits that differ in the last bit between two batch layouts could, rarely, flip a draw).
@@ -42,15 +42,13 @@ from . import checkpoint
 from .config import BertConfig
 from .errors import UserError
 from .model import ACT2FN, BertEmbeddings, BertModel, BertPreTrainedModel, MaskedLMOutput, _mlm_logits
-
-DISCRIMINATOR_WEIGHT = 50.0  # the paper's lambda
-GENERATOR_DIR = "generator"
+from .ops.rows import hidden_at
 
 
 def generator_config(disc: BertConfig, size: float) -> BertConfig:
     """The generator's shape for a discriminator ``disc``: ``size`` of its width, the same depth."""
     hidden = max(1, round(disc.hidden_size * size))
-    heads = max(h for h in range(1, max(1, hidden // 64) + 1) if hidden % h == 0)  # Google's hidden // 64, if it divides
+    heads = max(h for h in range(1, max(1, hidden // 64) + 1) if hidden % h == 0)  # Google's hidden // 64, dividing
     return dataclasses.replace(disc, hidden_size=hidden, num_attention_heads=heads, intermediate_size=4 * hidden,
                                id2label=None, label2id=None, extra={})
 
@@ -61,13 +59,14 @@ class ElectraModel(BertModel):
 
     def __init__(self, config: BertConfig, embedding_size: int):
         super().__init__(config, add_pooling_layer=False)
-        self.embeddings = BertEmbeddings(dataclasses.replace(config, hidden_size=embedding_size, num_attention_heads=1))
+        self.embeddings = BertEmbeddings(dataclasses.replace(config, hidden_size=embedding_size,
+                                                             num_attention_heads=1))
         if embedding_size != config.hidden_size:  # as transformers and Google: a projection only where widths differ
             self.embeddings_project = nn.Linear(embedding_size, config.hidden_size)
         self.init_weights()
 
-    def embed(self, input_ids, token_type_ids=None, position_ids=None, padding=None):
-        x = self.embeddings(input_ids, token_type_ids, position_ids, padding)  # (N, E)
+    def embed(self, input_ids, token_type_ids=None, position_ids=None, layout=None):
+        x = self.embeddings(input_ids, token_type_ids, position_ids, layout)  # (N, E)
         return self.embeddings_project(x) if hasattr(self, "embeddings_project") else x  # (N, H)
 
 
@@ -152,25 +151,19 @@ class ElectraPretraining(BertPreTrainedModel):
 
     head_prefixes = ("discriminator_predictions.", "generator.")
 
-    def __init__(self, config: BertConfig, generator_size: float = 0.25, share_embeddings: bool = True):
+    def __init__(self, config: BertConfig, generator_size: float = 0.25):
         super().__init__(config)
-        self.share_embeddings = share_embeddings
-        self.bert = BertModel(config, add_pooling_layer=False)  # nothing trains a pooler here
+        self.bert = BertModel(config, add_pooling_layer=False)  # nothing in this objective trains a pooler
         self.discriminator_predictions = ElectraDiscriminatorPredictions(config)
-        gen = generator_config(config, generator_size)
-        self.generator = ElectraForMaskedLM(gen, config.hidden_size if share_embeddings else gen.hidden_size)
+        self.generator = ElectraForMaskedLM(generator_config(config, generator_size), config.hidden_size)
         self.init_weights()
 
     def tie_weights(self) -> None:
-        """The generator's embeddings are the discriminator's (one module, trained by both), unless it has its
-        own (``share_embeddings=False``: as wide as the generator, no projection)."""
-        if self.share_embeddings:
-            self.generator.electra.embeddings = self.bert.embeddings
+        """The generator's embeddings are the discriminator's (one module, trained by both)."""
+        self.generator.electra.embeddings = self.bert.embeddings
 
     def tied_keys(self) -> set[str]:
         """State-dict keys that are views of others (left out of checkpoints, restored by tying)."""
-        if not self.share_embeddings:
-            return set()
         return {f"generator.electra.embeddings.{k}" for k in self.bert.embeddings.state_dict()}
 
     def replaced_token_detection(self, input_ids, attention_mask, token_type_ids, labels, dropout_keys=None,
@@ -185,20 +178,21 @@ class ElectraPretraining(BertPreTrainedModel):
         flat = labels.reshape(-1)
         masked = (flat != -100).nonzero().squeeze(1)  # (M,) flat positions
         target = flat[masked]
-        h = self.generator.electra.hidden_at(masked, input_ids, attention_mask, token_type_ids, dropout_keys)  # (M, Hg)
-        logits = self.generator.logits(h)  # (M, V)
+        h = hidden_at(self.generator.electra, masked, input_ids, attention_mask, token_type_ids, dropout_keys)
+        logits = self.generator.logits(h)  # (M, V) from (M, Hg)
         gen_loss = F.cross_entropy(logits.float(), target, reduction="sum")
         with torch.no_grad():
-            sampled = sample(logits.detach().float(), torch.div(masked, T, rounding_mode="floor"), dropout_keys, sampler)
+            seq_of_row = torch.div(masked, T, rounding_mode="floor")
+            sampled = sample(logits.detach().float(), seq_of_row, dropout_keys, sampler)
             disc_ids = input_ids.reshape(-1).clone()
             disc_ids[masked] = sampled
             replaced = torch.zeros(B * T, dtype=torch.bool, device=input_ids.device)
             replaced[masked] = sampled != target
-        padding = self.bert._padding(input_ids, attention_mask, dropout_keys).flat()
-        x = self.bert.embed(disc_ids.view(B, T), token_type_ids, None, padding)  # (N, C) real tokens
-        x = self.bert.encoder(x, padding)
+        layout = self.bert.layout(input_ids, attention_mask, dropout_keys).flat()
+        x = self.bert.embed(disc_ids.view(B, T), token_type_ids, None, layout)  # (N, C) real tokens
+        x = self.bert.encoder(x, layout)
         disc_logits = self.discriminator_predictions(x)  # (N,)
-        is_replaced = padding.unpad(replaced.view(B, T, 1).float()).squeeze(-1)  # (N,)
+        is_replaced = layout.unpad(replaced.view(B, T, 1).float()).squeeze(-1)  # (N,)
         disc_loss = F.binary_cross_entropy_with_logits(disc_logits.float(), is_replaced, reduction="sum")
         with torch.no_grad():
             said = disc_logits > 0
@@ -208,24 +202,22 @@ class ElectraPretraining(BertPreTrainedModel):
                                  (logits.argmax(-1) == target).sum().float()])
         return gen_loss, disc_loss, stats
 
-    def pretraining_loss(self, input_ids, attention_mask, token_type_ids, labels, next_sentence_label=None,
-                         dropout_keys=None):
-        """The training step's pass (what :class:`~bertforge.pretrain.PretrainingObjective` calls), as
-        :meth:`replaced_token_detection`."""
-        return self.replaced_token_detection(input_ids, attention_mask, token_type_ids, labels, dropout_keys)
-
 
 def sample(logits: torch.Tensor, seq_of_row: torch.Tensor, keys=None, sampler: torch.Generator | None = None):
     """One token per row of ``logits`` (M, V) from softmax(logits), by inverse CDF: one uniform number per row,
     looked up in the rows' cumulative probabilities all at once.  With ``keys``
     (:class:`~bertforge.ops.dropout.DropoutKeys`), the uniform numbers of sequence b's rows (``seq_of_row``)
     come from its own generator, so a sequence's draws do not depend on the rest of the batch; else from
-    ``sampler``.  (``torch.multinomial`` per sequence took 38% of an ELECTRA step on the CPU.)"""
+    ``sampler``.  (``torch.multinomial`` per sequence would cost a call and a pass over the vocabulary per
+    sequence, a large part of an ELECTRA step on the CPU.)"""
     cdf = logits.float().softmax(-1).cumsum_(-1)  # (M, V)
     M = cdf.shape[0]
     if keys is None:
         # rand_like draws from the global generator as torch.rand(M) would, and traces with a symbolic M
-        u = torch.rand(M, generator=sampler, device=sampler.device) if sampler is not None else torch.rand_like(cdf[:, 0])
+        if sampler is not None:
+            u = torch.rand(M, generator=sampler, device=sampler.device)
+        else:
+            u = torch.rand_like(cdf[:, 0])
     else:
         gens = keys.generators()
         # rows come sorted by position, so each sequence's rows are consecutive
@@ -234,19 +226,6 @@ def sample(logits: torch.Tensor, seq_of_row: torch.Tensor, keys=None, sampler: t
     u = u.to(cdf.device).unsqueeze(1) * cdf[:, -1:]  # (M, 1): the total is 1 up to rounding
     # the first token whose cumulative probability exceeds u: never one of probability 0
     return torch.searchsorted(cdf, u, right=True).squeeze(1).clamp_(max=cdf.shape[1] - 1)
-
-
-def flops_per_token(config: BertConfig, generator: BertConfig, seq_len: int, mask_fraction: float,
-                    share_embeddings: bool = True) -> float:
-    """Training FLOPs per token of the ELECTRA objective (2 per multiply-add, x3 with the backward pass): the
-    discriminator over every token with its head, the generator's encoder, its embedding projection (shared
-    embeddings), and its head at the masked tokens."""
-    from .model import flops_per_token as encoder_flops
-
-    H, G, V = config.hidden_size, generator.hidden_size, config.vocab_size
-    E = H if share_embeddings else G  # the generator's embedding width
-    per_token = 2 * H * H + 2 * H + (2 * E * G if G != E else 0) + mask_fraction * 2 * (G * E + E * V)
-    return encoder_flops(config, seq_len, None) + encoder_flops(generator, seq_len, None) + 3 * per_token
 
 
 def generator_config_of(path: str) -> tuple[BertConfig, int]:

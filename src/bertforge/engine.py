@@ -3,6 +3,11 @@ the one optimisation step that pretraining and fine-tuning share (:class:`Engine
 that checkpoints save so that a resumed run reproduces an uninterrupted one (:class:`TrainState`).
 
 Loops (pretraining, fine-tuning) stay short because the engine owns the step, as in cramming.
+
+Departures from BERT's training: AdamW (decoupled weight decay, none on biases and LayerNorm weights)
+instead of BERT's Adam with L2 folded in; linear warmup then linear decay to zero, by steps or by the time
+budget; each loss is averaged over the whole global batch (the MLM loss over its masked tokens); a step
+whose loss or gradient norm is not finite stops the run before the optimizer applies it.
 """
 
 from __future__ import annotations

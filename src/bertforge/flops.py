@@ -1,2 +1,19 @@
-# TEMPORARY (replaced by the model helper's version at merge)
-from .model import flops_per_token  # noqa: F401
+"""Model FLOPs per token, for the model FLOP utilisation that runs and ``bertforge bench`` report."""
+
+from __future__ import annotations
+
+from .config import BertConfig
+
+
+def flops_per_token(config: BertConfig, seq_len: int, mlm_fraction: float | None = 0.15, train: bool = True) -> float:
+    """Model FLOPs per token: 2 per multiply-add in every matmul (x3 with the backward pass).
+
+    Counts the encoder's projections and feed-forward, the attention scores and mixing, and the MLM head
+    (transform + vocabulary projection) at ``mlm_fraction`` of the tokens (None: no MLM head).
+    """
+    C, L, Ff, V = config.hidden_size, config.num_hidden_layers, config.intermediate_size, config.vocab_size
+    per_layer = 2 * (4 * C * C + 2 * C * Ff) + 2 * 2 * seq_len * C
+    total = L * per_layer
+    if mlm_fraction:
+        total += mlm_fraction * 2 * (C * C + C * V)
+    return total * (3 if train else 1)

@@ -12,6 +12,15 @@ Output folder layout::
     DIR/train.log                 the log, with sample fill-mask predictions at each evaluation
     DIR/plots/*.png               loss, accuracy and learning-rate curves
     DIR/checkpoints/step-NNNNNNNN/ model.safetensors, optimizer.pt, trainer_state.pt (the last K kept)
+
+The default recipe (``--recipe budget``, :data:`bertforge.config.RECIPES`) departs from BERT's settings for
+short runs on one machine, after cramming, RoBERTa and MosaicBERT (docs/log/budget-recipe.md): masked LM
+only, 30% of the tokens masked (80/10/10 as BERT), no dropout during pretraining (the saved ``config.json``
+keeps the model's, for fine-tuning), peak learning rate 1e-3, Adam beta2 0.98, clipping at 0.5, and a new
+model's starting values (:mod:`bertforge.initialization`): sinusoidal positions and first-layer heads that
+look at the neighbouring tokens, where BERT starts every weight at random and leaves the most-frequent-token
+plateau only after thousands of steps.  ``--recipe bert`` restores BERT's; the architecture is BERT's under
+either recipe.
 """
 
 from __future__ import annotations

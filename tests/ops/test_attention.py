@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from bertforge import BertConfig, BertModel
-from bertforge.ops import padding as P
+from bertforge.ops import layout as P
 from bertforge.ops.attention import attention_with_dropout, query_slots
-from bertforge.ops.padding import Padding
+from bertforge.ops.layout import Layout
 
 from ..helpers import padded_batch
 
@@ -39,9 +39,9 @@ def test_cpu_training_attention_path_equals_sdpa_path():
 def test_query_slots_group_rows_by_sequence():
     am = torch.ones(3, 5, dtype=torch.long)
     am[1, 3:] = 0
-    padding = Padding(am, 3, 5)  # real tokens: 5 + 3 + 5 = 13 rows
+    layout = Layout(am, 3, 5)  # real tokens: 5 + 3 + 5 = 13 rows
     rows = torch.tensor([9, 0, 4, 8, 1])  # flat positions 11, 0, 4, 10, 1: sequences 2, 0, 0, 2, 0
-    slots, R = query_slots(rows, padding)
+    slots, R = query_slots(rows, layout)
     assert R == 3 and slots.tolist() == [2 * 3 + 0, 0, 1, 2 * 3 + 1, 2]
 
 
@@ -62,7 +62,7 @@ def test_varlen_attention_equals_padded_attention(monkeypatch, train):
 
     def run(varlen: bool):
         monkeypatch.setattr(P, "VARLEN_DEVICES", {"cpu", "cuda"} if varlen else {"cuda"})
-        assert A.pick_kernel(ids.device, 0.0, Padding(am, *am.shape)) == ("varlen" if varlen else "sdpa")
+        assert A.pick_kernel(ids.device, 0.0, Layout(am, *am.shape)) == ("varlen" if varlen else "sdpa")
         m.zero_grad()
         out = m(ids, am, tt)
         h = out.last_hidden_state[am.bool()]  # (N, C) real tokens
@@ -92,17 +92,17 @@ def test_sequence_attention_equals_padded_attention(monkeypatch):
     # the defaults: short sequences keep the padded layout, long padded ones run per sequence, full ones padded
     long_am = torch.ones(4, 128, dtype=torch.long)
     long_am[1:, 80:] = 0
-    assert A.pick_kernel(cpu, p, Padding(am, *am.shape)) == "own"
-    assert A.pick_kernel(cpu, p, Padding(long_am, 4, 128)) == "seq"
-    assert A.pick_kernel(cpu, p, Padding(torch.ones(4, 128, dtype=torch.long), 4, 128)) == "own"
+    assert A.pick_kernel(cpu, p, Layout(am, *am.shape)) == "own"
+    assert A.pick_kernel(cpu, p, Layout(long_am, 4, 128)) == "seq"
+    assert A.pick_kernel(cpu, p, Layout(torch.ones(4, 128, dtype=torch.long), 4, 128)) == "own"
     monkeypatch.setattr(A, "SEQUENCE_ATTENTION_MIN_T", 0)
     monkeypatch.setattr(A, "SEQUENCE_ATTENTION_WASTE", 0.0)
-    assert A.pick_kernel(cpu, 0.0, Padding(am, *am.shape)) == "sdpa"
+    assert A.pick_kernel(cpu, 0.0, Layout(am, *am.shape)) == "sdpa"
 
     def run(waste: float, expect: str):
         monkeypatch.setattr(A, "SEQUENCE_ATTENTION_WASTE", waste)
         keys = DropoutKeys(3, 7, [10, 11, 12, 13])
-        assert A.pick_kernel(ids.device, p, Padding(am, *am.shape, keys)) == expect
+        assert A.pick_kernel(ids.device, p, Layout(am, *am.shape, keys)) == expect
         m.zero_grad()
         out = m(ids, am, tt, dropout_keys=keys)
         h = out.last_hidden_state[am.bool()]  # (N, C) real tokens

@@ -5,14 +5,15 @@ computes it is decided in one place, :func:`pick_kernel`:
 
 * ``F.scaled_dot_product_attention`` (flash / memory-efficient / math kernels) wherever it can, including
   variable-length attention over nested jagged tensors when a padded batch runs on CUDA
-  (:class:`~bertforge.ops.padding.Padding` says when);
+  (:class:`~bertforge.ops.layout.Layout` says when);
 * our own maths on the CPU in training with dropout, since SDPA's CPU kernels have no dropout: over a padded
   batch one sequence at a time over its real tokens (:func:`sequence_attention`), when padding would make
   enough of the (B, T, T) work in a batch long enough (``SEQUENCE_ATTENTION_*``; no scores, softmax or
   dropout at pad positions), else on the padded layout (the key mask applied in place).  Either way the
   softmax scale is folded into the query projection and the dropout multiplier carries 1/(1-p) (every pass
   over the scores costs more than the matmuls there).  Without dropout SDPA's batched CPU kernel beats a
-  loop over sequences (7x on SQuAD's windows, in a microbenchmark), so inference keeps the padded layout.
+  loop over sequences by far (one fused kernel against a call per sequence), so inference keeps the padded
+  layout.
 
 :func:`self_attention` runs the projections and the attention for every token; :func:`row_attention` only
 for some query rows (the rows-only last layer of pretraining), every token still a key and a value.
@@ -27,31 +28,30 @@ import torch.nn.functional as F
 
 from .dropout import dropout_mask, keyed_attention_dropout
 from .linear import linear
-from .padding import Padding, gather_rows
+from .layout import Layout, gather_rows
 
 
 # A padded CPU batch runs attention one sequence at a time (no work on padding) when padding would make at
 # least this fraction of the padded (B, T, T) score work, and its sequences reach SEQUENCE_ATTENTION_MIN_T
-# tokens; below either the loop's per-sequence overhead outweighs the saving (measured: faster from T = 64 at
-# hidden 384 and from T = 128 at hidden 128, 0.2x slower at T = 48 and hidden 128).
+# tokens; below either the loop's per-sequence overhead outweighs the saving (short sequences, narrow models).
 SEQUENCE_ATTENTION_WASTE = 0.1
 SEQUENCE_ATTENTION_MIN_T = 64
 
 
-def pick_kernel(device: torch.device, p: float, padding: Padding | None = None) -> str:
+def pick_kernel(device: torch.device, p: float, layout: Layout | None = None) -> str:
     """Which code computes attention: ``"seq"`` (on the CPU with dropout, a padded batch one sequence at a
     time over its real tokens, our maths), ``"own"`` (our maths on the padded layout, on the CPU with
     dropout, which SDPA's CPU kernels lack), ``"varlen"`` (SDPA over nested jagged tensors of each
-    sequence's real tokens, where ``padding`` runs variable-length: CUDA), or ``"sdpa"`` (SDPA on the padded
+    sequence's real tokens, where ``layout`` runs variable-length: CUDA), or ``"sdpa"`` (SDPA on the padded
     (B, T) layout with a key mask)."""
     cpu = device.type == "cpu"
-    lengths = getattr(padding, "lengths", None)
+    lengths = getattr(layout, "lengths", None)  # None while torch.compile traces
     if p > 0.0 and cpu:
         per_sequence = (
-            lengths is not None and padding.T >= SEQUENCE_ATTENTION_MIN_T and not torch.compiler.is_compiling()
-            and 1.0 - sum(n * n for n in lengths) / (padding.B * padding.T**2) >= SEQUENCE_ATTENTION_WASTE)
+            lengths is not None and layout.T >= SEQUENCE_ATTENTION_MIN_T
+            and 1.0 - sum(n * n for n in lengths) / (layout.B * layout.T**2) >= SEQUENCE_ATTENTION_WASTE)
         return "seq" if per_sequence else "own"
-    if padding is not None and padding.offsets is not None:
+    if layout is not None and layout.offsets is not None:
         return "varlen"
     return "sdpa"
 
@@ -66,7 +66,7 @@ def attention_with_dropout(q, k, v, key_mask, p: float, keyed=None) -> torch.Ten
     att = att.softmax(-1)
     if p == 0.0:
         return att @ v
-    if keyed is not None and keyed[0] is not None and not torch.compiler.is_compiling():
+    if keyed is not None and keyed[0] is not None:
         return keyed_attention_dropout(att, p, *keyed) @ v
     return (att * dropout_mask(att.shape, p, att.device, att.dtype)) @ v
 
@@ -144,60 +144,62 @@ def _scaled_query(wq, bq, hs: int, own: bool):
     return wq * s, bq * s
 
 
-def self_attention(x, q_proj, k_proj, v_proj, n_head: int, padding: Padding, p: float) -> torch.Tensor:
+def self_attention(x, q_proj, k_proj, v_proj, n_head: int, layout: Layout, p: float) -> torch.Tensor:
     """Attention output for every row of ``x``: (N, C) real tokens, or (B, T, C) without padding.
 
     ``*_proj`` are the (weight, bias) of the query, key and value projections, run as one matmul.
     """
     C = x.shape[-1]
     hs = C // n_head
-    kernel = pick_kernel(x.device, p, padding)
+    kernel = pick_kernel(x.device, p, layout)
     own = kernel in ("own", "seq")
     wq, bq = _scaled_query(*q_proj, hs, own)
     w = torch.cat([wq, k_proj[0], v_proj[0]])  # (3C, C)
     b = torch.cat([bq, k_proj[1], v_proj[1]])  # (3C,)
     if kernel == "seq":  # real tokens only, one sequence at a time
-        return sequence_attention(linear(x, w, b), padding.lengths, n_head, p, padding.keys)  # (N, C)
+        return sequence_attention(linear(x, w, b), layout.lengths, n_head, p, layout.keys)  # (N, C)
     if kernel == "varlen":  # only real tokens, no (B, T) layout
         qkv = linear(x, w, b).view(-1, 3, n_head, hs)  # (N, 3, nh, hs)
-        q, k, v = (padding.jagged(t.contiguous()) for t in qkv.unbind(1))  # nested (B, nh, j, hs)
+        q, k, v = (layout.jagged(t.contiguous()) for t in qkv.unbind(1))  # nested (B, nh, j, hs)
         y = attend(kernel, q, k, v, None, p)  # nested (B, nh, j, hs)
         return y.transpose(1, 2).values().reshape(-1, C)  # (N, C)
-    qkv = padding.pad(linear(x, w, b))  # (B, T, 3C)
+    qkv = layout.pad(linear(x, w, b))  # (B, T, 3C)
     B, T = qkv.shape[:2]
     qkv = qkv.view(B, T, 3, n_head, hs).permute(2, 0, 3, 1, 4)  # (3, B, nh, T, hs)
     q, k, v = qkv.contiguous() if own else qkv  # one copy, so that the batched matmuls need none
-    y = attend(kernel, q, k, v, padding.attn_mask, p, (padding.keys, padding.counts, padding.counts))  # (B, nh, T, hs)
-    return padding.unpad(y.transpose(1, 2).reshape(B, T, C))
+    y = attend(kernel, q, k, v, layout.attn_mask, p, (layout.keys, layout.counts, layout.counts))  # (B, nh, T, hs)
+    return layout.unpad(y.transpose(1, 2).reshape(B, T, C))
 
 
-def row_attention(x, x_rows, rows, q_proj, k_proj, v_proj, n_head: int, padding: Padding, p: float) -> torch.Tensor:
-    """Attention output (M, C) for ``rows`` only (indices into the flat rows ``x`` (N, C), ``x_rows`` those
-    rows): they are the only queries, every token is still a key and a value."""
+def row_attention(x, x_rows, q_proj, k_proj, v_proj, n_head: int, selection: Layout, p: float) -> torch.Tensor:
+    """Attention output (M, C) for the rows of ``selection`` (:meth:`Layout.select`: indices into the flat
+    rows ``x`` (N, C); ``x_rows`` those rows) only: they are the only queries, every token is still a key and a
+    value."""
+    layout = selection.batch
     C = x.shape[-1]
     hs = C // n_head
     kernel = pick_kernel(x.device, p)  # queries in a (B, R) grid: never variable-length or per sequence
     own = kernel == "own"
     w = torch.cat([k_proj[0], v_proj[0]])  # (2C, C)
     b = torch.cat([k_proj[1], v_proj[1]])  # (2C,)
-    kv = padding.pad(linear(x, w, b))  # (B, T, 2C)
+    kv = layout.pad(linear(x, w, b))  # (B, T, 2C)
     B, T = kv.shape[:2]
     kv = kv.view(B, T, 2, n_head, hs).permute(2, 0, 3, 1, 4)  # (2, B, nh, T, hs)
     k, v = kv.contiguous() if own else kv
-    slots, R = query_slots(rows, padding)  # queries grouped by sequence in a (B, R) grid
+    slots, R = query_slots(selection.rows, layout)  # queries grouped by sequence in a (B, R) grid
     q = linear(x_rows, *_scaled_query(*q_proj, hs, own))  # (M, C)
     q = q.new_zeros(B * R, C).index_copy(0, slots, q).view(B, R, n_head, hs).transpose(1, 2)  # (B, nh, R, hs)
-    keyed = (padding.keys, padding.select(rows).counts, padding.counts)  # sequence b's queries: its first slots
-    y = attend(kernel, q.contiguous() if own else q, k, v, padding.attn_mask, p, keyed)  # (B, nh, R, hs)
+    keyed = (layout.keys, selection.counts, layout.counts)  # sequence b's queries: its first slots
+    y = attend(kernel, q.contiguous() if own else q, k, v, layout.attn_mask, p, keyed)  # (B, nh, R, hs)
     return gather_rows(y.transpose(1, 2).reshape(B * R, C), slots)  # (M, C)
 
 
-def query_slots(rows: torch.Tensor, padding: Padding) -> tuple[torch.Tensor, int]:
+def query_slots(rows: torch.Tensor, layout: Layout) -> tuple[torch.Tensor, int]:
     """Where each of ``rows`` (indices of real tokens) goes in a (B, R) grid of queries grouped by sequence,
     R being the most rows any one sequence has: (M,) flat slots b * R + rank, and R."""
-    pos = padding.positions_of(rows)  # (M,) flat positions in (B*T)
-    b = torch.div(pos, padding.T, rounding_mode="floor")  # (M,) sequence of each row
-    counts = torch.bincount(b, minlength=padding.B)  # (B,)
+    pos = layout.positions_of(rows)  # (M,) flat positions in (B*T)
+    b = torch.div(pos, layout.T, rounding_mode="floor")  # (M,) sequence of each row
+    counts = torch.bincount(b, minlength=layout.B)  # (B,)
     R = max(int(counts.max()), 1) if len(counts) else 1
     order = torch.argsort(b, stable=True)
     starts = torch.cumsum(counts, 0) - counts  # (B,) first index of each sequence in sorted order

@@ -11,14 +11,15 @@ import weakref
 import torch
 import torch.nn.functional as F
 
+from .layout import tracing
 from .linear import dnn_matmul_t
 
 
 class LogitBuffer:
-    """Memory for the fused loss's (V, N) logits, kept from one training step to the next by its owner (the
-    masked-LM head): a fresh 75 MB buffer each step (30k vocabulary, 600 masked tokens) costs more in page
-    faults than the softmax itself.  While one forward pass's logits await their backward pass the buffer
-    is taken, and another forward pass (evaluation inside a step, a second graph) gets fresh memory."""
+    """Memory for the fused loss's (V, N) logits, kept from one training step to the next for their masked-LM
+    head (:func:`head_buffer`): a fresh buffer of a 30k vocabulary by the masked tokens each step costs more
+    in page faults than the softmax itself.  While one forward pass's logits await their backward pass the
+    buffer is taken, and another forward pass (evaluation inside a step, a second graph) gets fresh memory."""
 
     def __init__(self):
         self._buf: torch.Tensor | None = None
@@ -47,7 +48,7 @@ class LogitBuffer:
 
 class _LinearCrossEntropy(torch.autograd.Function):
     """Summed cross-entropy of ``h @ W.T + b`` against ``y``: the logits are laid out (V, N) (the faster
-    GEMM here), turned into softmax in place during the backward pass, and the one-hot subtracted there.
+    GEMM for these shapes), turned into softmax in place during the backward pass, and the one-hot subtracted there.
     It cannot be backpropagated twice."""
 
     @staticmethod
@@ -69,7 +70,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         h, W, e, s, y = ctx.saved_tensors
         p = e.mul_(g / s)  # g * softmax, in place: (V, N)
         p[y, torch.arange(len(y), device=y.device)] -= g
-        gW = dnn_matmul_t(p, h.t())  # (V, C) = p @ h; oneDNN ran ~20% faster than MKL for this shape here
+        gW = dnn_matmul_t(p, h.t())  # (V, C) = p @ h; oneDNN is the faster for this shape
         grads = p.t() @ W, gW, p.sum(1), None, None
         if ctx.buffer is not None:
             ctx.buffer.release(ctx)
@@ -80,6 +81,18 @@ def linear_cross_entropy_sum(h: torch.Tensor, W: torch.Tensor, b: torch.Tensor, 
                              buffer: LogitBuffer | None = None) -> torch.Tensor:
     """``F.cross_entropy(F.linear(h, W, b), y, reduction="sum")``; fused on the CPU in fp32 training, its
     logits in ``buffer`` when one is given (see :class:`LogitBuffer`)."""
-    if h.device.type == "cpu" and torch.is_grad_enabled() and h.dtype == torch.float32 and not torch.compiler.is_compiling():
+    if h.device.type == "cpu" and torch.is_grad_enabled() and h.dtype == torch.float32 and not tracing():
         return _LinearCrossEntropy.apply(h, W, b, y, buffer)
     return F.cross_entropy(F.linear(h, W, b).float(), y, reduction="sum")
+
+
+_HEAD_BUFFERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def head_buffer(head) -> LogitBuffer:
+    """The :class:`LogitBuffer` of a masked-LM head (any object), kept while the head lives: a copied or
+    another model's head has its own."""
+    buffer = _HEAD_BUFFERS.get(head)
+    if buffer is None:
+        buffer = _HEAD_BUFFERS[head] = LogitBuffer()
+    return buffer

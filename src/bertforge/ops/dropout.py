@@ -4,9 +4,10 @@ Departures (listed in :mod:`bertforge.model`): on the CPU the mask comes from 16
 drop probability is ``p`` rounded to a multiple of 1/65536.  On other devices this is ``F.dropout``.
 
 In CPU training (pretraining and fine-tuning) each sequence's masks come from a generator of its own, keyed
-by (seed, step, the sequence's index in the epoch or the training set, the dropout site) (:class:`DropoutKeys`): the masks of a sequence do not
-depend on which other sequences share its micro-batch, so a run's result does not depend on the number of
-processes or accumulation steps.  Without keys, masks come from torch's global generator.
+by (seed, step, the sequence's index in the epoch or the training set, the dropout site) (:class:`DropoutKeys`):
+the masks of a sequence do not depend on which other sequences share its micro-batch, so a run's result does
+not depend on the number of processes or accumulation steps.  Without keys, masks come from torch's global
+generator.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 
-def dropout_mask(shape, p: float, device, dtype=torch.float32, generator: torch.Generator | None = None) -> torch.Tensor:
+def dropout_mask(shape, p: float, device, dtype=torch.float32,
+                 generator: torch.Generator | None = None) -> torch.Tensor:
     """Inverted dropout's multiplier: 1/(1-p) with probability 1 - p (p rounded to 1/65536), else 0, from
     torch's generator.  A float mask, because multiplying by it is several times faster on the CPU than
     ``torch.where`` with a boolean one, and comparing straight into a float tensor is faster than producing
@@ -60,12 +62,12 @@ def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
 
 
 class Dropout(nn.Dropout):
-    """``nn.Dropout`` whose forward is :func:`dropout`; given a ``layout`` with keys (a
-    :class:`~bertforge.ops.padding.Padding` or a row selection of it), with masks keyed by sequence."""
+    """``nn.Dropout`` whose forward is :func:`dropout`; given a ``layout``
+    (:class:`~bertforge.ops.layout.Layout`) with keys, with masks keyed by sequence."""
 
     def forward(self, x, layout=None):
-        keys = getattr(layout, "keys", None)
-        if keys is not None and self.training and self.p > 0 and not torch.compiler.is_compiling():
+        keys = layout.keys if layout is not None else None  # None while torch.compile traces
+        if keys is not None and self.training and self.p > 0:
             return keyed_dropout(x.reshape(-1, x.shape[-1]), self.p, keys, layout.counts).view(x.shape)
         return dropout(x, self.p, self.training)
 

@@ -1,4 +1,4 @@
-"""``F.linear`` through oneDNN's fp32 kernel on the CPU, where it ran faster than MKL's GEMM here.
+"""``F.linear`` through oneDNN's fp32 kernel on the CPU, for the encoder's large token-by-hidden projections.
 
 Departure (listed in :mod:`bertforge.model`): on the CPU, fp32 projections over ``DNN_MIN_ROWS`` rows or
 more run through torch's oneDNN linear kernel (the one torch.compile's CPU backend emits); the values are
@@ -13,14 +13,16 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-DNN_MIN_ROWS = 1024  # below this many rows MKL's GEMM (F.linear's) was as fast or faster here
+from .layout import tracing
+
+DNN_MIN_ROWS = 1024  # below this many rows oneDNN's setup outweighs its gain over MKL's GEMM (F.linear's)
 
 
 @functools.cache
 def dnn_linear_op():
     """torch's oneDNN fp32 linear kernel, or None where this build lacks it or it disagrees with
-    ``F.linear`` on a small check.  For the token-by-hidden shapes of the encoder it ran 5-25% faster than
-    MKL's GEMM on the development machine (AMD EPYC, AVX2)."""
+    ``F.linear`` on a small check.  For the encoder's token-by-hidden shapes it can beat MKL's GEMM;
+    ``bertforge bench`` measures the whole step on a given machine."""
     try:
         op = torch.ops.mkldnn._linear_pointwise
         if not torch.backends.mkldnn.is_available():
@@ -45,7 +47,7 @@ def dnn_matmul_t(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None
 
 class _Linear(torch.autograd.Function):
     """``F.linear`` on 2-D fp32 CPU tensors with the forward and the input gradient through oneDNN; the
-    weight gradient stays with MKL, which was faster for that shape (tokens as the reduced dimension)."""
+    weight gradient stays with MKL, which is the faster for that shape (tokens as the reduced dimension)."""
 
     @staticmethod
     def forward(ctx, x, w, b):  # x (N, Cin), w (Cout, Cin) -> (N, Cout)
@@ -72,7 +74,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> t
         or w.dtype != torch.float32
         or x.numel() < DNN_MIN_ROWS * C
         or torch.is_autocast_enabled("cpu")
-        or torch.compiler.is_compiling()  # inductor lowers this op only for frozen (constant) weights
+        or tracing()  # inductor lowers this op only for frozen (constant) weights
         or dnn_linear_op() is None
     ):
         return F.linear(x, w, b)

@@ -1,15 +1,15 @@
-"""ops.padding: unpadding and re-padding are exact inverses on real tokens, and the row gather's cheap
+"""ops.layout: unpadding and re-padding are exact inverses on real tokens, and the row gather's cheap
 backward equals index_select's."""
 
 import torch
 
-from bertforge.ops.padding import Padding, gather_rows
+from bertforge.ops.layout import Layout, gather_rows
 
 
 def test_unpad_pad_round_trip_and_flat_rows():
     am = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1], [1, 0, 0, 0]])
     x = torch.randn(3, 4, 5)
-    p = Padding(am, 3, 4)
+    p = Layout(am, 3, 4)
     rows = p.unpad(x)  # (8, 5): the real tokens
     assert rows.shape == (8, 5) and torch.equal(rows, x[am.bool()])
     back = p.pad(rows)
@@ -17,7 +17,7 @@ def test_unpad_pad_round_trip_and_flat_rows():
     positions = torch.tensor([4, 0, 8])  # flat positions of real tokens
     r = p.rows_of(positions)
     assert torch.equal(p.positions_of(r), positions) and torch.equal(rows[r], x.reshape(12, 5)[positions])
-    full = Padding(torch.ones(3, 4, dtype=torch.long), 3, 4)
+    full = Layout(torch.ones(3, 4, dtype=torch.long), 3, 4)
     assert full.indices is None and full.unpad(x) is x
     flat = full.flat()  # a batch without padding as flat rows, for row selection
     assert flat.unpad(x).shape == (12, 5) and torch.equal(flat.pad(flat.unpad(x)), x)
