@@ -3,7 +3,6 @@ discriminator, fill-mask from the generator, exact resume after SIGKILL, and tor
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -117,39 +116,6 @@ def test_outputs_metrics_and_transformers_loading(electra_run, tok_dir):
     saved = _weights(out)
     for k, v in objective.bert.state_dict().items():
         assert torch.equal(saved[k], v), k
-
-
-def test_a_generator_with_embeddings_of_its_own(small_text_corpus, tok_dir, tmp_path):
-    """--generator-embeddings own: the generator reads and predicts through embeddings of its own width (no
-    projection); its directory still loads in transformers with the training-time generator's logits, and a
-    resumed run finishes as an uninterrupted one."""
-    transformers = pytest.importorskip("transformers")
-    args = ["--max-steps", "4", "--eval-every", "0", "--save-every", "2", "--generator-embeddings", "own"]
-    out, part = tmp_path / "own", tmp_path / "part"
-    assert main(["--quiet", *_args(small_text_corpus, tok_dir, out, *args)]) == 0
-    gen_config = json.loads((out / "generator" / "config.json").read_text())
-    assert gen_config["embedding_size"] == gen_config["hidden_size"] == 32
-    assert json.loads((out / "pretrain_config.json").read_text())["model"]["generator_embeddings"] == "own"
-    objective = ElectraPretraining(BertConfig.load(out), share_embeddings=False)
-    assert not hasattr(objective.generator.electra, "embeddings_project")
-    assert objective.generator.electra.embeddings is not objective.bert.embeddings
-    load_checkpoint(list_checkpoints(str(out))[-1][1], objective, build_optimizer(objective, TrainConfig(), torch.device("cpu")))
-    ids = torch.tensor([[2, 40, 41, 42, 43, 3, 0, 0], [2, 50, 51, 3, 60, 61, 62, 3]])
-    am = (ids != 0).long()
-    with torch.no_grad():
-        trained = objective.eval().generator(ids, am).logits
-        theirs = transformers.ElectraForMaskedLM.from_pretrained(out / "generator").eval()(input_ids=ids, attention_mask=am).logits
-    assert (trained - theirs)[am.bool()].abs().max() < 1e-5
-    # the two embeddings trained apart: the generator's are not a projection of the discriminator's
-    assert objective.generator.electra.embeddings.word_embeddings.weight.shape[1] == 32
-    # a copy resumed from its step-2 checkpoint ends with the same weights at step 4
-    shutil.copytree(out, part)
-    shutil.rmtree(part / "checkpoints" / "step-00000004")
-    assert [s for s, _ in list_checkpoints(str(part))] == [2]
-    assert main(["--quiet", "pretrain", "--out", str(part), "--resume", "--no-progress"]) == 0
-    for sub in ("", "generator"):
-        a, b = _weights(out / sub), _weights(part / sub)
-        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), sub
 
 
 def test_fill_mask_on_the_generator_and_finetuning_from_the_discriminator(electra_run, tmp_path, capsys):

@@ -424,18 +424,6 @@ def test_mask_only_accuracy_counts_the_mask_positions_only():
     assert "mlm_accuracy_masked" not in evaluate_pretraining(model, [batch], "cpu")
 
 
-def test_init_range_sets_how_a_new_model_starts(small_text_corpus, story_tok_dir, tmp_path, capsys):
-    out = tmp_path / "wide"
-    assert main(["--quiet", *_args(small_text_corpus, story_tok_dir, out, "--max-steps", "1", "--lr", "1e-9",
-                                   "--eval-every", "0", "--init-range", "0.08")]) == 0
-    assert json.loads((out / "config.json").read_text())["initializer_range"] == 0.08
-    w = _weights(out)["bert.encoder.layer.0.intermediate.dense.weight"]
-    assert 0.07 < float(w.std()) < 0.09  # BERT's 0.02 without the flag
-    args = _args(small_text_corpus, story_tok_dir, tmp_path / "x", "--init", str(out), "--init-range", "0.05")
-    assert main(args) == 2
-    assert "--init-range sets how a new model starts" in capsys.readouterr().err
-
-
 def test_local_attention_heads_are_applied_to_new_models_only(small_text_corpus, story_tok_dir, tmp_path):
     from bertforge.config import BertConfig
     from bertforge.electra import ElectraPretraining
@@ -479,11 +467,6 @@ def test_local_attention_heads_are_applied_to_new_models_only(small_text_corpus,
     q1 = _weights(more)["bert.encoder.layer.0.attention.self.query.weight"][:64]
     assert float(q1[:, cols].norm() / q1.norm()) < 0.5  # random: the columns' share of 128
     assert float((q1 - _weights(plain)["bert.encoder.layer.0.attention.self.query.weight"][:64]).abs().max()) < 0.05
-    saved = json.loads((plain / "pretrain_config.json").read_text())  # a run saved before attention_init existed
-    del saved["model"]["attention_init"]
-    (plain / "pretrain_config.json").write_text(json.dumps(saved))
-    assert main(["--quiet", "pretrain", "--out", str(plain), "--resume", "--max-steps", "2", "--no-progress"]) == 0
-    assert json.loads((plain / "pretrain_config.json").read_text())["model"]["attention_init"] == "normal"
 
 
 def test_sinusoidal_positions_start_from_sines_and_stay_learned(small_text_corpus, story_tok_dir, tmp_path):

@@ -36,12 +36,14 @@ from . import checkpoint as ckpt
 from . import modelcard
 from .batching import to_device
 from .checkpoint import save_pretrained
-from .config import BertConfig, FinetuneConfig, finetune_lr, validate_fields
+from .config import BertConfig, FinetuneConfig, validate_fields
 from .devices import Dist, init_distributed, resolve_device, setup_backend
 from .engine import Engine, LinearSchedule, NonFiniteLoss, gather_rng_states, restore_rng_state
 from .errors import TrainingError, UserError
-from .files import (OutputLock, atomic_dir, check_inputs_outside, check_output, read_json_object, recover_beside,
-                    remove_output, remove_stale_temporaries, write_marker)
+from .atomic import atomic_dir, remove_stale_temporaries
+from .files import read_json_object
+from .outputs import (MODEL_FILES, OutputLock, check_inputs_outside, check_output, recover_beside, register_output,
+                      remove_output, write_marker)
 from .logs import MetricsLog, duration, file_log, log_step, rounded
 from .ops.dropout import batch_keys
 from .plots import plot_finetuning
@@ -49,6 +51,9 @@ from .tasks import FinetuneTask
 from .tokenizer import check_vocab_fits, load_tokenizer
 
 log = logging.getLogger("bertforge")
+register_output("finetune", MODEL_FILES | {"finetune_config.json", "metrics.jsonl", "metrics.json", "train.log",
+                                           "plots", "tensorboard", "predictions.json", "predictions.jsonl",
+                                           "README.md", "checkpoints"})
 
 
 @dataclass
@@ -59,7 +64,7 @@ class EpochResult:
     artifacts: Any = None
 
 
-def run_finetuning(task: FinetuneTask, cfg: FinetuneConfig, overwrite: bool = False, resume: bool = False) -> dict:
+def finetune(task: FinetuneTask, cfg: FinetuneConfig, overwrite: bool = False, resume: bool = False) -> dict:
     """Fine-tune ``cfg.model`` on ``task``; return the best evaluation's metrics (also in OUT/metrics.json).
 
     An existing, non-empty ``cfg.out`` is refused, unless ``overwrite`` and it is an earlier fine-tuning
@@ -72,8 +77,6 @@ def run_finetuning(task: FinetuneTask, cfg: FinetuneConfig, overwrite: bool = Fa
     if cfg.model and isinstance(cfg.model, str):  # (the rest of --model's checks: in validate)
         if not os.path.isdir(cfg.model):
             raise UserError(f"model directory not found: {cfg.model}")
-        if cfg.train.lr is None:  # the default: by the model's width
-            cfg.train.lr = finetune_lr(BertConfig.load(cfg.model).hidden_size)
     cfg.validate()
     validate_fields(task.settings)
     if resume and overwrite:

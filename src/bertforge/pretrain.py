@@ -51,25 +51,28 @@ from .electra import flops_per_token as electra_flops
 from .engine import Engine, LinearSchedule, LossFn, NonFiniteLoss, gather_rng_states, restore_rng_state
 from .errors import TrainingError, UserError
 from .evaluation import evaluate_pretraining, evaluate_replaced_token_detection, fill_mask_samples
-from .files import (
+from .atomic import atomic_write_json, remove_stale_temporaries
+from .files import read_json_object
+from .outputs import (
+    MODEL_FILES,
     OutputLock,
-    atomic_write_json,
     check_inputs_outside,
     check_output,
-    read_json_object,
+    register_output,
     remove_output,
-    remove_stale_temporaries,
     write_marker,
 )
 from .logs import MetricsLog, duration, file_log, log_step, rounded
 from .model import BertForMaskedLM, BertForPreTraining, flops_per_token, local_attention_heads_, sinusoidal_positions_
 from .ops.dropout import batch_keys
 from .plots import plot_pretraining
-from .tokenizer import check_vocab_fits, load_tokenizer, save_tokenizer, special_ids, train_tokenizer
+from .tokenizer import check_vocab_fits, load_tokenizer, save_tokenizer, special_ids, train_vocabulary
 
 log = logging.getLogger("bertforge")
 
 CONFIG_FILE = "pretrain_config.json"
+register_output("pretrain", MODEL_FILES | {CONFIG_FILE, "metrics.jsonl", "metrics.json", "train.log", "plots",
+                                           "checkpoints", "tensorboard", "generator", "README.md"})
 CUT_PARTS = 20  # the documents a corpus of too few is cut into
 
 
@@ -167,7 +170,7 @@ def prepare_tokenizer(cfg: PretrainConfig, resume: bool, d: Dist) -> Tokenizer:
     text = None
     if d.is_main:
         log.info("training a %s vocabulary of %d tokens on the data", dc.tokenizer_model, dc.vocab_size)
-        tok = train_tokenizer(
+        tok = train_vocabulary(
             iter_texts(dc.data, dc.text_field, dc.doc_separator), dc.vocab_size, kind=dc.tokenizer_model,
             lowercase=dc.lowercase, show_progress=cfg.impl.progress,
         )
@@ -190,8 +193,6 @@ def prepare_model_config(cfg: PretrainConfig, tok: Tokenizer, resume: bool) -> B
         config = BertConfig.load(mc.model_config)
     else:
         config = BertConfig.preset(mc.preset, vocab_size=n_vocab)
-    if mc.init_range is not None and not resume:
-        config.initializer_range = mc.init_range  # kept in config.json: the new heads of fine-tuning start alike
     check_vocab_fits(tok, config.vocab_size, "--tokenizer and the model")
     if cfg.data.max_seq_length > config.max_position_embeddings:
         raise UserError(
@@ -226,7 +227,7 @@ def most_frequent_token(corpus: TokenizedCorpus, exclude: set[int], sample: int 
 
 
 # ------------------------------------------------------------------------------------------------ the run
-def run_pretraining(cfg: PretrainConfig, resume: bool = False, overwrite: bool = False) -> dict[str, Any]:
+def pretrain(cfg: PretrainConfig, resume: bool = False, overwrite: bool = False) -> dict[str, Any]:
     """Pretrain as ``cfg`` says; return the final metrics (also written to DIR/metrics.json).
 
     ``resume`` continues the run in ``cfg.out`` from its newest loadable checkpoint; ``overwrite`` replaces
@@ -279,8 +280,7 @@ class Pretraining:
         self.electra = cfg.model.objective == "electra"
         model_cls = BertForPreTraining if dc.nsp else BertForMaskedLM
         if self.electra:
-            self.model = ElectraPretraining(self.config, cfg.model.generator_size,
-                                            cfg.model.generator_embeddings == "shared")
+            self.model = ElectraPretraining(self.config, cfg.model.generator_size)
         elif cfg.model.init and not resume:
             self.model = model_cls.from_pretrained(cfg.model.init, config=self.config)
         else:
@@ -512,7 +512,7 @@ class Pretraining:
             return flops_per_token(self.config, dc.max_seq_length, dc.mask_prob)
         mc = self.cfg.model
         return electra_flops(self.config, generator_config(self.config, mc.generator_size), dc.max_seq_length,
-                             dc.mask_prob, mc.generator_embeddings == "shared")
+                             dc.mask_prob)
 
     def _finish(self, last_eval: dict | None) -> dict[str, Any]:
         """Final evaluation and checkpoint (unless the last step just made them), metrics.json, plots."""
