@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "src"))
 
 from pretrain_gutenberg import slice_books  # noqa: E402  (benchmarks/, beside this file)
 
-from bertforge.files import atomic_dir, atomic_write_json  # noqa: E402
+from bertforge.atomic import atomic_dir, atomic_write_json  # noqa: E402
 
 # (train MB, chars per train book, validation MB, chars per validation book, SST-2 train rows, SST-2 dev rows,
 #  SQuAD train questions, SQuAD dev questions)
@@ -93,9 +93,9 @@ def write_tokenizer(kind: str, vocab_size: int, books: str, dst: str) -> str:
                 shutil.copy(os.path.join(src, name), dst)
         return f"bert-base-uncased WordPiece from {src}"
     from bertforge.corpus import iter_texts
-    from bertforge.tokenizer import save_tokenizer, train_tokenizer
+    from bertforge.tokenizer import save_tokenizer, train_vocabulary
 
-    save_tokenizer(train_tokenizer(iter_texts([books]), vocab_size, kind="wordpiece"), dst)
+    save_tokenizer(train_vocabulary(iter_texts([books]), vocab_size, kind="wordpiece"), dst)
     return f"WordPiece of {vocab_size} tokens trained on gutenberg/train.jsonl"
 
 

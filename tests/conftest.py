@@ -63,9 +63,9 @@ def small_text_corpus(tmp_path_factory) -> pathlib.Path:
 @pytest.fixture(scope="session")
 def story_tokenizer(small_text_corpus):
     from bertforge.corpus import iter_texts
-    from bertforge.tokenizer import train_tokenizer
+    from bertforge.tokenizer import train_vocabulary
 
-    return train_tokenizer(iter_texts([str(small_text_corpus)]), 600, kind="wordpiece")
+    return train_vocabulary(iter_texts([str(small_text_corpus)]), 600, kind="wordpiece")
 
 
 @pytest.fixture(autouse=True)

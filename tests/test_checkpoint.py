@@ -15,7 +15,7 @@ from bertforge import (
     BertModel,
     UserError,
 )
-from bertforge.files import atomic_dir
+from bertforge.atomic import atomic_dir
 
 
 def _save(tmp_path, cls=BertForPreTraining, **kw):

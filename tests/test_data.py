@@ -14,7 +14,7 @@ from bertforge.data import (
     create_instances,
     split_documents,
 )
-from bertforge.tokenizer import special_ids, train_tokenizer
+from bertforge.tokenizer import special_ids, train_vocabulary
 
 from .conftest import data_path
 
@@ -22,7 +22,7 @@ from .conftest import data_path
 @pytest.fixture(scope="module")
 def gutenberg(tmp_path_factory):
     path = str(data_path("gutenberg", "validation.jsonl"))
-    tok = train_tokenizer(iter_texts([path]), 8000)
+    tok = train_vocabulary(iter_texts([path]), 8000)
     corpus = build_corpus([path], tok, cache_dir=str(tmp_path_factory.mktemp("cache")))
     return tok, corpus
 
@@ -167,7 +167,7 @@ def test_cache_is_reused_and_keyed(small_text_corpus, story_tokenizer, tmp_path,
     monkeypatch.setattr(data, "iter_documents", boom)
     c2 = build_corpus([str(small_text_corpus)], story_tokenizer, cache_dir=str(tmp_path))
     assert c2.folder == c1.folder and np.array_equal(c1.tokens, c2.tokens)
-    other = train_tokenizer(iter_texts([str(small_text_corpus)]), 200, kind="wordlevel")
+    other = train_vocabulary(iter_texts([str(small_text_corpus)]), 200, kind="wordlevel")
     with pytest.raises(AssertionError, match="tokenized again"):  # another tokenizer: another cache
         build_corpus([str(small_text_corpus)], other, cache_dir=str(tmp_path))
     assert c1.tokens.dtype == np.uint16 and isinstance(c1.tokens, np.memmap)

@@ -90,10 +90,10 @@ def test_evaluate_mlm_equals_transformers_on_the_same_masked_tokens(tmp_path, ca
     from bertforge.corpus import iter_documents
     from bertforge.demo_corpus import write_story_corpus
     from bertforge.evaluation import mlm_blocks
-    from bertforge.tokenizer import load_tokenizer, save_tokenizer, train_tokenizer
+    from bertforge.tokenizer import load_tokenizer, save_tokenizer, train_vocabulary
 
     data = write_story_corpus(tmp_path / "held-out.jsonl", n_docs=60, seed=5)
-    tok = train_tokenizer([line for line in open(data)], 300, kind="wordlevel", min_frequency=1)
+    tok = train_vocabulary([line for line in open(data)], 300, kind="wordlevel", min_frequency=1)
     d = tmp_path / "hf"
     save_tokenizer(tok, str(d))
     torch.manual_seed(0)

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from bertforge import BertConfig, BertForPreTraining
 from bertforge.checkpoint import list_checkpoints
 from bertforge.cli import main
-from bertforge.tokenizer import train_tokenizer
+from bertforge.tokenizer import train_vocabulary
 
 ROWS = [("good fun day", "pos"), ("bad sad mess", "neg"), ("a fine good show", "pos"), ("a dull bad show", "neg"),
         ("fun and good", "pos"), ("sad and dull", "neg"), ("very good", "pos"), ("very bad mess", "neg")] * 2
@@ -24,7 +24,7 @@ ROWS = [("good fun day", "pos"), ("bad sad mess", "neg"), ("a fine good show", "
 def setup(tmp_path_factory):
     d = tmp_path_factory.mktemp("ft")
     (d / "t.jsonl").write_text("".join(json.dumps({"text": a, "label": b}) + "\n" for a, b in ROWS))
-    tok = train_tokenizer([r[0] for r in ROWS], 40, kind="wordlevel", min_frequency=1)
+    tok = train_vocabulary([r[0] for r in ROWS], 40, kind="wordlevel", min_frequency=1)
     torch.manual_seed(0)  # no dropout: split and whole batches then make the same update
     cfg = BertConfig.preset("tiny", vocab_size=tok.get_vocab_size(), max_position_embeddings=32, hidden_dropout_prob=0.0,
                             attention_probs_dropout_prob=0.0)

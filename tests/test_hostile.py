@@ -187,7 +187,7 @@ def test_overwrite_replaces_only_our_own_output(world, tmp_path, capsys):
 
 
 def test_a_second_run_on_the_same_output_is_refused(world, tmp_path, capsys):
-    from bertforge.files import OutputLock
+    from bertforge.outputs import OutputLock
 
     out = tmp_path / "run"
     with OutputLock(str(out)):  # a first run holds the output

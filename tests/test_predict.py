@@ -55,10 +55,10 @@ def test_python_pipeline_objects(pretrained_tiny):
 
 def test_classify_pipeline_equals_transformers(tmp_path):
     from bertforge import BertConfig, BertForSequenceClassification
-    from bertforge.tokenizer import train_tokenizer
+    from bertforge.tokenizer import train_vocabulary
 
     texts = ["a fine film", "a dull film", "great fun", "awful mess"] * 3
-    tok = train_tokenizer(texts, 60, kind="wordlevel", min_frequency=1)
+    tok = train_vocabulary(texts, 60, kind="wordlevel", min_frequency=1)
     torch.manual_seed(0)
     BertForSequenceClassification(BertConfig.preset("tiny", vocab_size=tok.get_vocab_size(), id2label={0: "neg", 1: "pos"})) \
         .save_pretrained(str(tmp_path / "c"), tokenizer=tok)

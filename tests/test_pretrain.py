@@ -469,11 +469,6 @@ def test_local_attention_heads_are_applied_to_new_models_only(small_text_corpus,
     q1 = _weights(more)["bert.encoder.layer.0.attention.self.query.weight"][:64]
     assert float(q1[:, cols].norm() / q1.norm()) < 0.5  # random: the columns' share of 128
     assert float((q1 - _weights(plain)["bert.encoder.layer.0.attention.self.query.weight"][:64]).abs().max()) < 0.05
-    saved = json.loads((plain / "pretrain_config.json").read_text())  # a run saved before attention_init existed
-    del saved["model"]["attention_init"]
-    (plain / "pretrain_config.json").write_text(json.dumps(saved))
-    assert main(["--quiet", "pretrain", "--out", str(plain), "--resume", "--max-steps", "2", "--no-progress"]) == 0
-    assert json.loads((plain / "pretrain_config.json").read_text())["model"]["attention_init"] == "normal"
 
 
 def test_sinusoidal_positions_start_from_sines_and_stay_learned(small_text_corpus, story_tok_dir, tmp_path):

@@ -12,7 +12,7 @@ from bertforge.tokenizer import (
     load_tokenizer,
     save_tokenizer,
     special_ids,
-    train_tokenizer,
+    train_vocabulary,
 )
 
 from .conftest import data_path
@@ -92,7 +92,7 @@ def test_trained_tokenizer_loads_in_transformers(kind, tmp_path, small_text_corp
     from bertforge.corpus import iter_texts
 
     texts = list(iter_texts([str(small_text_corpus)]))
-    tok = train_tokenizer(texts, 300, kind=kind)
+    tok = train_vocabulary(texts, 300, kind=kind)
     assert [tok.id_to_token(i) for i in range(5)] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     save_tokenizer(tok, str(tmp_path / "t"))
     assert sorted(os.listdir(tmp_path / "t")) == ["special_tokens_map.json", "tokenizer.json", "tokenizer_config.json", "vocab.txt"]
@@ -143,8 +143,8 @@ def test_the_same_text_gives_the_same_vocabulary_file(tmp_path):
     """The trainers order tokens of equal frequency as a hash map iterates; the saved order does not depend on
     it.  (WordPiece's merges can still differ between runs where pair counts tie: a limit of the tokenizers
     library's trainer.)"""
-    from bertforge.tokenizer import train_tokenizer, vocab_tokens
+    from bertforge.tokenizer import train_vocabulary, vocab_tokens
 
     texts = ["The cat sat on the mat. The dog ran far away.", "A bird sang a lovely song today."] * 3
-    runs = {tuple(vocab_tokens(train_tokenizer(texts, 300, kind="wordlevel", min_frequency=1))) for _ in range(4)}
+    runs = {tuple(vocab_tokens(train_vocabulary(texts, 300, kind="wordlevel", min_frequency=1))) for _ in range(4)}
     assert len(runs) == 1

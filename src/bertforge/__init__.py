@@ -5,7 +5,15 @@ The Python API mirrors the commands (:mod:`bertforge.api`): :func:`train_tokeniz
 classes load and save Hugging Face BERT directories (``from_pretrained`` / ``save_pretrained``).
 """
 
-from .api import evaluate_classifier, evaluate_mlm, evaluate_squad, run_finetuning, run_pretraining, train_tokenizer
+from .api import (
+    evaluate_classifier,
+    evaluate_mlm,
+    evaluate_squad,
+    pipeline,
+    run_finetuning,
+    run_pretraining,
+    train_tokenizer,
+)
 from .config import BertConfig
 from .errors import UserError
 from .model import (
@@ -18,14 +26,6 @@ from .model import (
 from .tokenizer import load_tokenizer
 
 __version__ = "0.2.0"
-
-
-def pipeline(task: str, model: str, **kw):
-    """A model directory ready for one task: ``"fill-mask"``, ``"next-sentence"``, ``"text-classification"``
-    (or ``"classify"``), ``"question-answering"`` (or ``"qa"``); see :mod:`bertforge.predict`."""
-    from .predict import pipeline as _pipeline
-
-    return _pipeline(task, model, **kw)
 
 
 __all__ = [

@@ -121,9 +121,9 @@ def _inference_batches(B: int, vocab: int, data_dir: str | None, n_batches: int)
         from .demo_corpus import generate_stories
 
         sentences = [" ".join(s[i : i + 2]) for s in generate_stories(400, seed=3) for i in range(0, len(s), 2)]
-    from .tokenizer import train_tokenizer
+    from .tokenizer import train_vocabulary
 
-    tok = train_tokenizer(sentences, min(vocab, 8000), kind="wordpiece")
+    tok = train_vocabulary(sentences, min(vocab, 8000), kind="wordpiece")
     encs = tok.encode_batch(sentences[: B * n_batches])
     batches = []
     for i in range(0, len(encs) - B + 1, B):
@@ -300,7 +300,7 @@ def run_finetune_bench(task: str, model: str | None = None, preset: str = "mini"
     from .batching import group_by_length as group_by_length_order
     from .finetune import TaskLoss
     from .tasks import TASKS
-    from .tokenizer import load_tokenizer, save_tokenizer, train_tokenizer
+    from .tokenizer import load_tokenizer, save_tokenizer, train_vocabulary
 
     if task not in TASKS:
         raise UserError(f"bench --task must be pretrain, {' or '.join(TASKS)}, not {task!r}")
@@ -320,7 +320,7 @@ def run_finetune_bench(task: str, model: str | None = None, preset: str = "mini"
         if model is None:  # a randomly initialised preset with a WordPiece vocabulary of the training text
             rows = getattr(t, "train_rows", None)
             texts = [r[t.text] for r in rows] if rows else [e.context + " " + e.question for e in t.train_ex]
-            tok = train_tokenizer(texts, 8000, kind="wordpiece")
+            tok = train_vocabulary(texts, 8000, kind="wordpiece")
             save_tokenizer(tok, cfg.model)
             torch.manual_seed(0)
             BertForPreTraining(BertConfig.preset(preset, vocab_size=tok.get_vocab_size())).save_pretrained(cfg.model, tokenizer=tok)

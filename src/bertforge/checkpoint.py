@@ -29,9 +29,10 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
+from .atomic import atomic_dir, fault_point, follow_umask, fsync
 from .config import BertConfig
 from .errors import UserError
-from .files import atomic_dir, fault_point, follow_umask, fsync, remove_output
+from .outputs import remove_output
 
 log = logging.getLogger("bertforge")
 

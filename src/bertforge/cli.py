@@ -87,7 +87,7 @@ TRANSFORMERS_NAMES = {
     "eval_batch_size": "--per_device_eval_batch_size", "warmup_steps": "--warmup_steps", "report_to": "--report_to",
     "max_eval_instances": "--max_eval_samples", "max_train_examples": "--max_train_samples",
 }
-# names that look alike but mean something else here: answered with a hint, not taken
+# names that look alike but mean something else in bertforge: answered with a hint, not taken
 NOT_THE_SAME = {
     "--per_device_train_batch_size": "--batch-size (the global batch: all processes and accumulation steps together)",
     "--train_batch_size": "--batch-size (the global batch)",
@@ -106,27 +106,23 @@ def shown(value: Any) -> str:
 
 
 def add_setting_flags(p: argparse.ArgumentParser, cfg: Any, only: Sequence[str] | None = None,
-                      exclude: Sequence[str] = (), notes: dict[str, str] | None = None,
-                      defaults: dict[str, str] | None = None) -> list[str]:
-    """A flag for each field of ``cfg`` (a dataclass, or a :class:`~bertforge.config.Sections` run config),
-    its help text and default taken from the field: ``--max-seq-length`` sets ``max_seq_length``.  Every flag
-    defaults to None, so that only explicit flags override.  ``defaults`` describes in words the defaults
-    decided at run time.  Returns the flags' destinations."""
-    from .config import Sections, flag_of
+                      notes: dict[str, str] | None = None, defaults: dict[str, str] | None = None) -> list[str]:
+    """A flag for each field of ``cfg`` (a dataclass, or a :class:`~bertforge.config.Sections` run config:
+    the fields its command takes), its help text and default taken from the field: ``--max-seq-length`` sets
+    ``max_seq_length``.  Every flag defaults to None, so that only explicit flags override.  ``only`` keeps
+    those fields alone; ``defaults`` describes in words the defaults decided at run time.  Returns the flags'
+    destinations."""
+    from .config import Sections, taken_by
 
-    fields = cfg.flat_fields() if isinstance(cfg, Sections) else {f.name: (cfg, f) for f in dataclasses.fields(cfg)}
+    if isinstance(cfg, Sections):
+        fields = {k: hf for k, hf in cfg.flat_fields().items() if taken_by(hf[1], cfg.COMMAND)}
+    else:
+        fields = {f.name: (cfg, f) for f in dataclasses.fields(cfg)}
     dests = []
     for name, (holder, f) in fields.items():
-        if not f.metadata.get("flag", True) or name in exclude or (only is not None and name not in only):
+        if not f.metadata.get("flag", True) or (only is not None and name not in only):
             continue
-        help_ = f.metadata.get("help", "")
-        default = getattr(holder, f.name)
-        if defaults and name in defaults:
-            help_ += f" (default: {defaults[name]})"
-        elif "(default" not in help_ and default not in (None, "", []):
-            help_ += f" (default: {shown(default)})"
-        if notes and name in notes:
-            help_ += f" [{notes[name]}]"
+        help_ = _setting_help(f, getattr(holder, f.name), (defaults or {}).get(name), (notes or {}).get(name))
         kw: dict[str, Any] = dict(dest=name, default=None, help=help_.replace("%", "%%"))
         typ = str(f.type).replace(" | None", "")
         if typ == "bool":
@@ -139,13 +135,31 @@ def add_setting_flags(p: argparse.ArgumentParser, cfg: Any, only: Sequence[str] 
             kw["type"] = _TYPES[typ]
             if f.metadata.get("choices"):
                 kw["choices"] = f.metadata["choices"]
-        names = [flag_of(f)]
-        for alias in ("--" + name, "--" + flag_of(f)[2:].replace("-", "_"), TRANSFORMERS_NAMES.get(name)):
-            if alias and alias not in names and alias not in p._option_string_actions:
-                names.append(alias)  # underscores as in config files, and transformers' name
-        p.add_argument(*names, **kw)
+        p.add_argument(*_flag_names(p, f), **kw)
         dests.append(name)
     return dests
+
+
+def _setting_help(f: dataclasses.Field, default: Any, described: str | None, note: str | None) -> str:
+    """A setting's ``--help`` line: its help text, its default (or ``described``: one decided at run time)
+    and a ``note``."""
+    help_ = f.metadata.get("help", "")
+    if described:
+        help_ += f" (default: {described})"
+    elif "(default" not in help_ and default not in (None, "", []):
+        help_ += f" (default: {shown(default)})"
+    return help_ + (f" [{note}]" if note else "")
+
+
+def _flag_names(p: argparse.ArgumentParser, f: dataclasses.Field) -> list[str]:
+    """A setting's flag, then its aliases: underscores as in config files, and transformers' name."""
+    from .config import flag_of
+
+    names = [flag_of(f)]
+    for alias in ("--" + f.name, "--" + flag_of(f)[2:].replace("-", "_"), TRANSFORMERS_NAMES.get(f.name)):
+        if alias and alias not in names and alias not in p._option_string_actions:
+            names.append(alias)
+    return names
 
 
 def _count(minimum: int):
@@ -157,7 +171,8 @@ def _count(minimum: int):
         except ValueError:
             raise argparse.ArgumentTypeError(f"must be an integer, not {text!r}") from None
         if v < minimum:
-            raise argparse.ArgumentTypeError(f"must be {'positive' if minimum == 1 else f'at least {minimum}'}, not {v}")
+            least = "positive" if minimum == 1 else f"at least {minimum}"
+            raise argparse.ArgumentTypeError(f"must be {least}, not {v}")
         return v
 
     return parse
@@ -168,10 +183,6 @@ positive_int, non_negative_int = _count(1), _count(0)
 
 def explicit_flags(a: argparse.Namespace, dests: Sequence[str]) -> dict[str, Any]:
     return {d: getattr(a, d) for d in dests if getattr(a, d, None) is not None}
-
-
-def _progress(a: argparse.Namespace) -> bool:
-    return a.progress if getattr(a, "progress", None) is not None else sys.stderr.isatty()
 
 
 # ------------------------------------------------------------------------------------------------ tokenizer
@@ -189,16 +200,23 @@ def _add_pretrain_args(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--config", help="YAML or JSON file with the same settings as the flags (flags override it)")
     p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint in --out")
-    p.add_argument("--overwrite", action="store_true", help="replace an earlier pretraining output that bertforge wrote in --out")
-    p.add_argument("--cased", dest="cased", action="store_true", default=None, help="a cased vocabulary (trained tokenizer)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an earlier pretraining output that bertforge wrote in --out")
+    p.add_argument("--cased", dest="cased", action="store_true", default=None,
+                   help="a cased vocabulary (trained tokenizer)")
     bert = {k: "--recipe bert: " + ("the model's" if v is None else shown(v))
             for k, v in RECIPES["bert"].items() if v != RECIPES["budget"][k]}
-    p.set_defaults(setting_flags=add_setting_flags(p, PretrainConfig(), exclude=("epochs",), notes=bert))
+    p.set_defaults(setting_flags=add_setting_flags(p, PretrainConfig(), notes=bert))
+
+
+PRETRAIN_PRINTED = ("mlm_accuracy", "mlm_accuracy_masked", "nsp_accuracy", "mlm_loss", "nsp_loss", "steps",
+                    "tokens_per_second")
 
 
 def cmd_pretrain(a: argparse.Namespace) -> int:
-    """defaults <- saved config (on --resume) <- --config file <- explicit flags (:func:`bertforge.api.run_pretraining`)."""
+    """The settings as :func:`bertforge.settings.pretrain_settings` decides them, from the explicit flags."""
     from .api import run_pretraining
+    from .settings import progress_default
 
     explicit = explicit_flags(a, a.setting_flags)
     out = explicit.pop("out", None)
@@ -206,58 +224,55 @@ def cmd_pretrain(a: argparse.Namespace) -> int:
         raise UserError("--out is required")
     if a.cased:
         explicit["cased"] = True
-    if a.progress is None and not sys.stderr.isatty():
-        explicit["progress"] = False
+    explicit.update(progress_default(a.progress))
     metrics = run_pretraining(out, resume=a.resume, overwrite=a.overwrite, config=a.config, **explicit)
     if metrics:
-        _print_json({k: metrics[k] for k in ("mlm_accuracy", "mlm_accuracy_masked", "nsp_accuracy", "mlm_loss", "nsp_loss", "steps",
-                                             "tokens_per_second") if k in metrics})
+        _print_json({k: metrics[k] for k in PRETRAIN_PRINTED if k in metrics})
     return 0
 
 
 # ------------------------------------------------------------------------------------------------ finetune
 
 
-def _task_class(name: str):
-    from .tasks import TASKS
-
-    return TASKS[name]
+FINETUNE_PRINTED = {"classify": ("accuracy", "macro_f1", "loss"), "squad": ("exact_match", "f1", "precision", "recall")}
 
 
 def cmd_finetune(a: argparse.Namespace) -> int:
+    """The settings as :func:`bertforge.settings.finetune_settings` decides them, from the explicit flags."""
     from .api import run_finetuning
+    from .settings import progress_default
 
     flags = explicit_flags(a, a.setting_flags)
-    names = {"model": None, "train_file": None, "validation_file": None, "out": None}
-    given = {k: flags.pop(k, None) for k in names}
-    if a.progress is None and not sys.stderr.isatty():  # as pretraining: a --config file's progress otherwise
-        flags["progress"] = False
-    m = run_finetuning(a.task, given["model"] or "", given["train_file"] or "", given["validation_file"] or "",
-                       given["out"] or "", overwrite=a.overwrite, resume=a.resume, config=a.config, **flags, **explicit_flags(a, a.task_flags))
+    given = [flags.pop(k, None) or "" for k in ("model", "train_file", "validation_file", "out")]
+    flags.update(progress_default(a.progress))
+    m = run_finetuning(a.task, *given, overwrite=a.overwrite, resume=a.resume, config=a.config, **flags,
+                       **explicit_flags(a, a.task_flags))
     if not m:  # a process other than rank 0 under torchrun: rank 0 reports
         return 0
-    keys = {"classify": ("accuracy", "macro_f1", "loss"), "squad": ("exact_match", "f1", "precision", "recall")}[a.task]
-    _print_json({k: m[k] for k in (*keys, "best_epoch", "train_seconds")})
+    _print_json({k: m[k] for k in (*FINETUNE_PRINTED[a.task], "best_epoch", "train_seconds")})
     return 0
 
 
 def _add_finetune_parsers(sub) -> None:
-    from .config import FINETUNE_FLAGS, ClassifyConfig, SquadConfig, finetune_lr_rule
+    from .config import finetune_lr_rule
+    from .tasks import TASKS
 
     ft = sub.add_parser("finetune", help="fine-tune a BERT for classification or SQuAD question answering")
     fts = ft.add_subparsers(dest="task", metavar="TASK", parser_class=_Parser)
     fts.required = True
-    for name, settings, help_ in (("classify", ClassifyConfig, "sentence or sentence-pair classification (TSV, CSV, JSONL)"),
-                                  ("squad", SquadConfig, "SQuAD v1.1 extractive question answering")):
-        p = fts.add_parser(name, help=help_)
-        flags = add_setting_flags(p, _task_class(name).config(), only=FINETUNE_FLAGS, defaults={"lr": finetune_lr_rule()})
+    helps = {"classify": "sentence or sentence-pair classification (TSV, CSV, JSONL)",
+             "squad": "SQuAD v1.1 extractive question answering"}
+    for name, kind in TASKS.items():
+        p = fts.add_parser(name, help=helps[name])
+        flags = add_setting_flags(p, kind.config(), defaults={"lr": finetune_lr_rule()})
         p.add_argument("--config", help="YAML or JSON file with the same settings as the flags, or a run's "
                                         "finetune_config.json (flags override it)")
-        p.add_argument("--overwrite", action="store_true", help="replace an earlier fine-tuning output that bertforge wrote in --out")
-        p.add_argument("--resume", action="store_true", help="continue the run that --save-every checkpointed in --out "
-                                                                 "(the same command, plus --resume)")
-        p.set_defaults(func=cmd_finetune, setting_flags=flags, task_settings=settings,
-                       task_flags=add_setting_flags(p, settings()))
+        p.add_argument("--overwrite", action="store_true",
+                       help="replace an earlier fine-tuning output that bertforge wrote in --out")
+        p.add_argument("--resume", action="store_true", help="continue the run that --save-every checkpointed in "
+                                                             "--out (the same command, plus --resume)")
+        p.set_defaults(func=cmd_finetune, setting_flags=flags, task_settings=kind.settings_class,
+                       task_flags=add_setting_flags(p, kind.settings_class()))
 
 
 def _print_json(d: dict) -> None:
@@ -358,7 +373,8 @@ def _texts(a: argparse.Namespace) -> list[str]:
             from .tasks.classify import read_table, resolve_columns
 
             rows = read_table(a.input)
-            col, _, _ = resolve_columns(rows, ClassifyConfig(text_column=getattr(a, "text_column", None)), a.input, need_label=False)
+            columns = ClassifyConfig(text_column=getattr(a, "text_column", None))
+            col, _, _ = resolve_columns(rows, columns, a.input, need_label=False)
             return [r[col] for r in rows]
         return _read_lines(a.input)
     if not a.text:
@@ -499,7 +515,8 @@ def build_parser() -> argparse.ArgumentParser:
     dm.add_argument("--out", default="demo-output", help="output directory (default demo-output)")
     dm.add_argument("--quick", action="store_true", help="a shorter run (under a minute on two cores)")
     dm.add_argument("--wordpiece", action="store_true", help="a WordPiece vocabulary instead of whole words")
-    dm.add_argument("--seed", type=non_negative_int, default=0, help="the stories, the initialisation and the data order (default 0)")
+    dm.add_argument("--seed", type=non_negative_int, default=0,
+                    help="the stories, the initialisation and the data order (default 0)")
     dm.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
     dm.set_defaults(func=cmd_demo)
 
@@ -507,8 +524,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--task", default="pretrain", choices=("pretrain", "classify", "squad"),
                    help="pretrain (training step and inference), or a fine-tuning step of classify or squad")
     b.add_argument("--preset", default="mini")
-    b.add_argument("--model", help="--task classify|squad: a BERT directory to fine-tune (default: a random --preset model)")
-    b.add_argument("--train", help="--task classify|squad: the training file (default: SST-2 or SQuAD train-8k under --data-dir)")
+    b.add_argument("--model",
+                   help="--task classify|squad: a BERT directory to fine-tune (default: a random --preset model)")
+    b.add_argument("--train",
+                   help="--task classify|squad: the training file (default: SST-2 or SQuAD train-8k under --data-dir)")
     b.add_argument("--group-by-length", action="store_true", help="--task classify|squad: batches of similar lengths")
     b.add_argument("--batch-size", type=positive_int, default=32)
     b.add_argument("--seq-len", type=positive_int, help="default: 128 (384 for squad)")
@@ -517,7 +536,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--vocab-size", type=positive_int, help="default: the tokenizer's with --tokenizer, else 30522")
     b.add_argument("--device", default="auto")
     b.add_argument("--precision", default="auto", help="auto (bf16 autocast on CUDA, fp32 on CPU), fp32, bf16")
-    b.add_argument("--text", help="build the training batch from this corpus file (with --tokenizer) instead of random tokens")
+    b.add_argument("--text",
+                   help="build the training batch from this corpus file (with --tokenizer) instead of random tokens")
     b.add_argument("--tokenizer", help="tokenizer or model directory, or vocab.txt, for --text")
     b.add_argument("--threads", type=positive_int)
     b.add_argument("--data-dir", default=os.environ.get("BERTFORGE_DATA"), help="for SST-2 sentences (inference)")
@@ -544,8 +564,8 @@ def cmd_bench(a: argparse.Namespace) -> int:
                            a.train, group_by_length=a.group_by_length, threads=a.threads, precision=a.precision,
                            out=lambda line: print(line, flush=True))
         return 0
-    run_bench(a.preset, a.batch_size, a.seq_len or 128, a.steps, a.rounds, a.vocab_size, a.device, a.data_dir, a.inference,
-              a.threads, out=lambda line: print(line, flush=True), text=a.text, tokenizer=a.tokenizer,
+    run_bench(a.preset, a.batch_size, a.seq_len or 128, a.steps, a.rounds, a.vocab_size, a.device, a.data_dir,
+              a.inference, a.threads, out=lambda line: print(line, flush=True), text=a.text, tokenizer=a.tokenizer,
               precision=a.precision)
     return 0
 

@@ -60,10 +60,12 @@ class BertConfig:
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_attention_heads:
             raise UserError(
-                f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads {self.num_attention_heads}"
+                f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads "
+                f"{self.num_attention_heads}"
             )
         if self.hidden_act not in SUPPORTED_ACTIVATIONS:
-            raise UserError(f"unsupported hidden_act {self.hidden_act!r}; expected one of {SUPPORTED_ACTIVATIONS}")
+            raise UserError(f"unsupported hidden_act {self.hidden_act!r}; expected one of "
+                            f"{SUPPORTED_ACTIVATIONS}")
         if self.id2label is not None:
             self.id2label = {int(k): str(v) for k, v in self.id2label.items()}
             if self.label2id is None:
@@ -158,12 +160,13 @@ def dataclass_from_dict(base: Any, d: dict[str, Any], where: str = "config") -> 
 
 
 def setting(default: Any = None, help: str = "", factory=None, flag: bool | str = True,  # noqa: A002
-            choices: tuple[str, ...] | None = None, check: str | None = None) -> Any:
+            choices: tuple[str, ...] | None = None, check: str | None = None, only: str | None = None) -> Any:
     """A configuration field with its help text, from which the command line's flag and help are made
-    (each default is written once, here; ``flag=False`` keeps it out of the command line, a string names
+    (each default is written once, in its field; ``flag=False`` keeps it out of the command line, a string names
     its flag).  ``check`` names the range its value must lie in (see :data:`CHECKS`), enforced by
-    :func:`validate_fields`."""
-    meta = {"help": help, "flag": flag, "choices": choices, "check": check}
+    :func:`validate_fields`.  ``only`` names the one command that takes it, in a section that several share
+    (the others keep its default)."""
+    meta = {"help": help, "flag": flag, "choices": choices, "check": check, "only": only}
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -177,6 +180,11 @@ CHECKS: dict[str, tuple[Any, str]] = {
     "open-fraction": (lambda v: 0 < v < 1, "in (0, 1)"),
     "probability": (lambda v: 0 <= v <= 1, "in [0, 1]"),
 }
+
+
+def taken_by(f: dataclasses.Field, command: str) -> bool:
+    """Whether ``command`` takes setting ``f`` (as a flag, or a config file's key)."""
+    return f.metadata.get("only") in (None, command)
 
 
 def flag_of(f: dataclasses.Field) -> str:
@@ -200,7 +208,8 @@ def validate_fields(obj: Any) -> None:
             raise UserError(f"{flag_of(f)} must be true or false, not {v!r}")
         if base in ("int", "float"):
             if isinstance(v, bool) or not isinstance(v, (int, float)) or (base == "int" and not float(v).is_integer()):
-                raise UserError(f"{flag_of(f)} must be {'an integer' if base == 'int' else 'a number'}, not {v!r}")
+                kind = "an integer" if base == "int" else "a number"
+                raise UserError(f"{flag_of(f)} must be {kind}, not {v!r}")
             if not math.isfinite(v):
                 raise UserError(f"{flag_of(f)} must be a finite number, not {v!r}")
             check = f.metadata.get("check")
@@ -227,19 +236,22 @@ class TrainConfig:
     """Optimisation and the training loop; shared by pretraining and fine-tuning (whose defaults differ:
     :data:`FINETUNE_TRAIN_DEFAULTS` and each task's own)."""
 
-    batch_size: int = setting(32, "global batch size in sequences (all processes and accumulation steps)", check="positive")
+    batch_size: int = setting(32, "global batch size in sequences (all processes and accumulation steps)",
+                              check="positive")
     grad_accum: int = setting(1, "gradient accumulation steps per optimizer step", check="positive")
     lr: float | None = setting(1e-4, "peak learning rate", check="positive")
     warmup_steps: int | None = setting(None, "warmup steps (default: --warmup-ratio of the run)", check="non-negative")
     warmup_ratio: float = setting(0.06, "warmup as a fraction of the run", check="fraction")
-    weight_decay: float = setting(0.01, "AdamW weight decay (none on biases and LayerNorm weights)", check="probability")
+    weight_decay: float = setting(0.01, "AdamW weight decay (none on biases and LayerNorm weights)",
+                                  check="probability")
     adam_beta1: float = setting(0.9, "AdamW beta1", check="fraction")
     adam_beta2: float = setting(0.999, "AdamW beta2", check="fraction")
     adam_eps: float = setting(1e-6, "AdamW epsilon", check="positive")
     max_grad_norm: float = setting(1.0, "gradient clipping norm", check="positive")
     max_steps: int | None = setting(None, "optimizer steps", check="positive")
-    max_time: float | None = setting(None, "time budget, e.g. 90s, 30m, 2h: the schedule ends on time", check="positive")
-    epochs: int | None = setting(None, "passes over the training data", check="positive")
+    max_time: float | None = setting(None, "time budget, e.g. 90s, 30m, 2h: the schedule ends on time",
+                                     check="positive", only="pretrain")
+    epochs: int | None = setting(None, "passes over the training data", check="positive", only="finetune")
     eval_every: int | None = setting(500, "evaluate every N steps (0 = only at the end)", check="non-negative")
     save_every: int | None = setting(1000, "checkpoint every N steps (0 = only at the end)", check="non-negative")
     keep_checkpoints: int = setting(2, "how many checkpoints to keep (0 = all)", check="non-negative")
@@ -251,7 +263,8 @@ class TrainConfig:
         if self.lr is None:
             raise UserError("--lr needs a value")
         if self.batch_size % self.grad_accum:
-            raise UserError(f"--batch-size {self.batch_size} must be a positive multiple of --grad-accum {self.grad_accum}")
+            raise UserError(f"--batch-size {self.batch_size} must be a positive multiple of "
+                            f"--grad-accum {self.grad_accum}")
         if self.max_steps is None and self.max_time is None and self.epochs is None:
             raise UserError("give --max-steps or --max-time")
 
@@ -264,8 +277,9 @@ class ImplConfig:
     precision: str = setting("auto", "auto (bf16 autocast on CUDA, fp16 with loss scaling on GPUs without bf16, "
                                      "fp32 on the CPU), fp32, bf16 or fp16")
     report_to: str = setting("none", "where metrics go besides metrics.jsonl", choices=("none", "tensorboard"))
-    compile: bool = setting(False, "torch.compile the model")
-    threads: int | None = setting(None, "CPU threads (default: the available cores shared among local processes)", check="positive")
+    compile: bool = setting(False, "torch.compile the model", only="pretrain")
+    threads: int | None = setting(None, "CPU threads (default: the available cores shared among local processes)",
+                                  check="positive")
     progress: bool = setting(True, "show a progress bar (default: when stderr is a terminal)")
 
 
@@ -273,6 +287,7 @@ class Sections:
     """A run's configuration: a few top-level fields and sections (dataclasses), readable by flat names."""
 
     SECTIONS: tuple[str, ...] = ()
+    COMMAND = ""  # the command these settings are of (see ``setting(only=...)``)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -323,7 +338,8 @@ class Sections:
 class PretrainDataConfig:
     """What to train on and how instances are built."""
 
-    data: list[str] = setting(help="training corpus: .txt/.jsonl/.gz/.parquet files, directories, globs, hf:NAME", factory=list)
+    data: list[str] = setting(help="training corpus: .txt/.jsonl/.gz/.parquet files, directories, globs, hf:NAME",
+                              factory=list)
     eval_data: list[str] | None = setting(None, "held-out corpus (default: documents held out of --data)")
     text_field: str = setting("text", "JSONL/parquet field holding the text")
     doc_separator: str = setting("file", "txt files: one document per file; blank-line (one sentence per line, a "
@@ -331,7 +347,8 @@ class PretrainDataConfig:
                                  choices=DOC_SEPARATORS)
     tokenizer: str | None = setting(None, "tokenizer or model directory, or vocab.txt (default: train one on --data)")
     vocab_size: int = setting(30522, "vocabulary size of a tokenizer trained on --data", check="positive")
-    tokenizer_model: str = setting("wordpiece", "the kind of a tokenizer trained on --data", choices=TOKENIZER_MODELS)
+    tokenizer_model: str = setting("wordpiece", "the kind of a tokenizer trained on --data",
+                                   choices=TOKENIZER_MODELS)
     lowercase: bool = setting(True, "lower-case a trained tokenizer's input (--cased: keep case)", flag=False)
     max_seq_length: int = setting(128, "tokens per sequence", check="positive")
     mask_prob: float = setting(0.15, "fraction of tokens masked", check="open-fraction")
@@ -357,44 +374,36 @@ class PretrainModelConfig:
                                     "the replaced tokens)", choices=OBJECTIVES)
     generator_size: float = setting(0.25, "ELECTRA: the generator's width as a fraction of the model's",
                                     check="open-fraction")
-    generator_embeddings: str = setting("shared", "ELECTRA: shared (the paper's: the generator reads and predicts "
-                                                  "through the model's embeddings, projected to its width) or own "
-                                                  "(the generator has embeddings of its own width)",
-                                        choices=("shared", "own"))
     dropout: float | None = setting(None, "hidden and attention dropout during pretraining (none = the model's); the "
                                           "saved config.json keeps the model's own, for fine-tuning", check="fraction")
-    init_range: float | None = setting(None, "standard deviation of the initial weights of a new model (none = the "
-                                             "model config's initializer_range, BERT's 0.02)", check="positive")
     position_init: str = setting("normal", "how a new model's position embeddings start: normal (BERT's: random) or "
                                            "sinusoidal (the Transformer's sines and cosines at the same scale, still "
                                            "learned); not used with --init or --resume",
                                  choices=("normal", "sinusoidal"))
     attention_init: str = setting("normal", "how a new model's attention starts: normal (BERT's: random) or local "
                                             "(the first layer's heads 0 and 1 start looking at the previous and the "
-                                            "next token; needs --position-init sinusoidal; ELECTRA: the discriminator's and the "
-                                            "generator's first layers); not used "
+                                            "next token; needs --position-init sinusoidal; ELECTRA: the "
+                                            "discriminator's and the generator's first layers); not used "
                                             "with --init or --resume", choices=("normal", "local"))
 
     def validate(self) -> None:
         validate_fields(self)
         check_preset(self.preset)
         if self.attention_init == "local" and self.position_init != "sinusoidal" and not self.init:
-            raise UserError("--attention-init local (the budget recipe's) reads the positions' sines and cosines: with "
-                            "--position-init normal, pass --attention-init normal too")
-        if self.init_range is not None and self.init:
-            raise UserError("--init-range sets how a new model starts; --init continues from trained weights")
+            raise UserError("--attention-init local (the budget recipe's) reads the positions' sines and cosines: "
+                            "with --position-init normal, pass --attention-init normal too")
 
 
 # ------------------------------------------------------------------------------------------------ recipes
 # The pretraining settings that decide what a compute budget buys, by recipe (flat names, as the flags).
-# "budget" (the default) is measured for the best model per hour on one machine (benchmarks/README.md,
+# "budget" (the default) is chosen for the best model per hour of a small machine (benchmarks/README.md,
 # "The budget recipe"); "bert" is BERT's (Devlin et al., 2019), as bertforge ran it before 0.3.  Explicit
 # flags and config-file keys win over the recipe; the resolved values are saved with the run.
 RECIPES: dict[str, dict[str, Any]] = {
-    "budget": dict(lr=1e-3, warmup_ratio=0.06, adam_beta2=0.98, max_grad_norm=0.5, dropout=0.0, nsp=False, mask_prob=0.3,
-                   position_init="sinusoidal", attention_init="local"),
-    "bert": dict(lr=1e-4, warmup_ratio=0.06, adam_beta2=0.999, max_grad_norm=1.0, dropout=None, nsp=True, mask_prob=0.15,
-                 position_init="normal", attention_init="normal"),
+    "budget": dict(lr=1e-3, warmup_ratio=0.06, adam_beta2=0.98, max_grad_norm=0.5, dropout=0.0, nsp=False,
+                   mask_prob=0.3, position_init="sinusoidal", attention_init="local"),
+    "bert": dict(lr=1e-4, warmup_ratio=0.06, adam_beta2=0.999, max_grad_norm=1.0, dropout=None, nsp=True,
+                 mask_prob=0.15, position_init="normal", attention_init="normal"),
 }
 
 
@@ -404,20 +413,25 @@ def recipe_section(name: str, section: type) -> dict[str, Any]:
     return {k: v for k, v in RECIPES[name].items() if k in own}
 
 
+def _budget(section: type) -> Any:
+    """Section ``section`` with the budget recipe's values."""
+    return section(**recipe_section("budget", section))
+
+
 @dataclass
 class PretrainConfig(Sections):
     """A pretraining run.  ``PretrainConfig()`` holds the budget recipe's defaults;
     :meth:`for_recipe` another recipe's (``recipe`` records which one the defaults came from)."""
 
     out: str = setting("", "output directory (a Hugging Face BERT directory, with metrics and checkpoints)")
-    recipe: str = setting("budget", "the defaults of the settings that decide what a budget buys: budget (the best "
-                                    "model per hour measured here: masked LM only, 30% masked, lr 1e-3, dropout off, heads that start on "
-                                    "the neighbouring tokens, ...) or bert "
+    recipe: str = setting("budget", "the defaults of the settings that decide what a budget buys: budget (for the "
+                                    "best model per hour: masked LM only, 30% masked, lr 1e-3, dropout off, heads "
+                                    "that start on the neighbouring tokens, ...) or bert "
                                     "(BERT's: NSP, lr 1e-4, dropout 0.1, ...); explicit flags win",
                           choices=tuple(RECIPES))
-    model: PretrainModelConfig = field(default_factory=lambda: PretrainModelConfig(**recipe_section("budget", PretrainModelConfig)))
-    data: PretrainDataConfig = field(default_factory=lambda: PretrainDataConfig(**recipe_section("budget", PretrainDataConfig)))
-    train: TrainConfig = field(default_factory=lambda: TrainConfig(**recipe_section("budget", TrainConfig)))
+    model: PretrainModelConfig = field(default_factory=lambda: _budget(PretrainModelConfig))
+    data: PretrainDataConfig = field(default_factory=lambda: _budget(PretrainDataConfig))
+    train: TrainConfig = field(default_factory=lambda: _budget(TrainConfig))
     impl: ImplConfig = field(default_factory=ImplConfig)
 
     @classmethod
@@ -431,6 +445,7 @@ class PretrainConfig(Sections):
         return cfg
 
     SECTIONS = ("model", "data", "train", "impl")
+    COMMAND = "pretrain"
 
     def validate(self, resume: bool = False) -> None:
         """Every check of values alone (no file system), before anything is read or written."""
@@ -441,10 +456,6 @@ class PretrainConfig(Sections):
         for sec in (self.model, self.data, self.train):
             sec.validate()
         validate_fields(self.impl)
-        if self.model.objective == "electra" and self.data.nsp:
-            raise UserError("--objective electra trains without next sentence prediction; pass --no-nsp")
-        if self.model.objective == "electra" and self.model.init and not resume:
-            raise UserError("--objective electra starts from scratch; --init is not supported with it")
 
 
 def parse_duration(text: str | float | int | None) -> float | None:
@@ -495,8 +506,8 @@ def _yaml_load(text: str):
     class Loader(yaml.SafeLoader):
         pass
 
-    Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9]+(\.[0-9]*)?[eE][-+]?[0-9]+$"),
-                                 list("-+0123456789"))
+    number = re.compile(r"^[-+]?[0-9]+(\.[0-9]*)?[eE][-+]?[0-9]+$")
+    Loader.add_implicit_resolver("tag:yaml.org,2002:float", number, list("-+0123456789"))
     return yaml.load(text, Loader=Loader)
 
 
@@ -509,8 +520,7 @@ FINETUNE_TRAIN_DEFAULTS: dict[str, Any] = dict(
 
 # Fine-tuning's learning rate when none is given, by the model's hidden size: narrow models take larger
 # steps (as ELECTRA's fine-tuning: 3e-4 for its small model, 1e-4 for base; BERT's grid for base and large:
-# 2e-5 to 5e-5).  Measured here on SST-2 (benchmarks/README.md, "Fine-tuning's learning rate by width"):
-# mini 76.7% at 3e-4 against 73.2% at 1e-4 and 69.2% at 5e-5; MiniLM (384) on par with transformers at 5e-5.
+# 2e-5 to 5e-5); see benchmarks/README.md, "Fine-tuning's learning rate by width".
 FINETUNE_LR_BY_WIDTH: tuple[tuple[int, float], ...] = ((256, 3e-4), (1 << 30, 5e-5))
 
 
@@ -522,40 +532,8 @@ def finetune_lr(hidden_size: int) -> float:
 def finetune_lr_rule() -> str:
     """:data:`FINETUNE_LR_BY_WIDTH` in words, for ``--help``."""
     *narrow, (_, wide) = FINETUNE_LR_BY_WIDTH
-    return "by the model's width: " + ", ".join(f"{lr:g} up to hidden size {w}" for w, lr in narrow) + f", {wide:g} above"
-
-
-# The FinetuneConfig settings a fine-tuning command takes (flags, --config keys); the rest keep their defaults.
-FINETUNE_FLAGS = (
-    "model", "out", "freeze_embeddings", "train_file", "validation_file", "max_seq_length", "max_train_examples",
-    "eval_batch_size", "group_by_length", "epochs", "max_steps", "lr", "batch_size", "grad_accum", "eval_every", "save_every",
-    "keep_checkpoints", "warmup_ratio", "warmup_steps", "weight_decay", "max_grad_norm", "adam_beta1", "adam_beta2",
-    "adam_eps", "log_every", "seed", "device", "precision", "threads", "progress", "report_to",
-)
-
-
-def finetune_file_settings(d: dict[str, Any], path: str) -> dict[str, Any]:
-    """A fine-tuning ``--config`` file's settings by their flat names.  The file holds the flags' names
-    (``lr: 1e-4``, ``train: file``), ``data:``/``train:``/``impl:`` sections, or is a run's own
-    ``finetune_config.json`` (``{"finetune": {...}, "task": {...}}``), so a run can be repeated from it."""
-    d = dict(d)
-    if isinstance(d.get("finetune"), dict):  # a run's finetune_config.json
-        d.pop("processes", None)  # how the run was launched, not a setting
-        d = {**d.pop("finetune"), **(d.pop("task", None) or {}), **d}
-    flat: dict[str, Any] = {}
-    alias = {"train": "train_file", "validation": "validation_file"}
-    for k, v in d.items():
-        key = k.replace("-", "_")
-        if key in FinetuneConfig.SECTIONS and isinstance(v, dict):
-            flat.update({alias.get(kk.replace("-", "_"), kk.replace("-", "_")): vv for kk, vv in v.items()})
-        else:
-            flat[alias.get(key, key)] = v
-    defaults = FinetuneConfig().flat_fields()
-    other = sorted(k for k, v in flat.items() if k in defaults and k not in FINETUNE_FLAGS
-                   and v != getattr(defaults[k][0], defaults[k][1].name))
-    if other:  # saved with their defaults in finetune_config.json; not settings of fine-tuning
-        raise UserError(f"config file {path}: {', '.join(other)} cannot be set for fine-tuning")
-    return {k: v for k, v in flat.items() if k not in defaults or k in FINETUNE_FLAGS}
+    narrow_lrs = ", ".join(f"{lr:g} up to hidden size {w}" for w, lr in narrow)
+    return f"by the model's width: {narrow_lrs}, {wide:g} above"
 
 
 @dataclass
@@ -584,6 +562,7 @@ class FinetuneConfig(Sections):
     impl: ImplConfig = field(default_factory=ImplConfig)
 
     SECTIONS = ("data", "train", "impl")
+    COMMAND = "finetune"
 
     def validate(self) -> None:
         for name in ("model", "out"):
@@ -607,7 +586,8 @@ class ClassifyConfig:
 
 @dataclass
 class SquadConfig:
-    doc_stride: int = setting(128, "tokens shared by consecutive windows of a long context (transformers' convention)", check="non-negative")
+    doc_stride: int = setting(128, "tokens shared by consecutive windows of a long context (transformers' "
+                                   "convention)", check="non-negative")
     max_query_length: int = setting(64, "question tokens kept", check="positive")
     n_best: int = setting(20, "start and end candidates per window", check="positive")
     max_answer_length: int = setting(30, "longest answer in tokens", check="positive")

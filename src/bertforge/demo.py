@@ -51,15 +51,19 @@ import torch
 from .config import BertConfig, ClassifyConfig, PretrainConfig
 from .corpus import iter_texts
 from .demo_corpus import generate_stories, write_sentiment, write_story_corpus
-from .files import OutputLock, check_output, remove_output, write_marker
+from .outputs import OutputLock, check_output, register_output, remove_output, write_marker
 from .finetune import finetune
 from .model import BertForPreTraining
 from .predict import pipeline
 from .pretrain import pretrain
-from .tasks.classify import ClassificationTask, evaluate_classifier
-from .tokenizer import save_tokenizer, train_tokenizer
+from .tasks.classify import ClassificationTask, evaluate_classifier_model
+from .tokenizer import save_tokenizer, train_vocabulary
 
 log = logging.getLogger("bertforge")
+# what a demo folder holds (its --overwrite replaces nothing else)
+register_output("demo", {"data", "cache", "pretrained", "scratch-init", "sentiment-pretrained", "sentiment-scratch",
+                         "pretrained-mlm", "summary.json", "metrics.json", "samples.json", "report.md", "report.html",
+                         "results.png"})
 
 
 @dataclass
@@ -92,9 +96,10 @@ INIT_RANGE = 0.05  # BERT's 0.02 learns the stories' words and templates slower 
 def _model_config(vocab_size: int, dropout: float) -> str:
     """The demo's tiny BERT: 2 layers, hidden 128, 4 heads, 64 positions, initialised with standard deviation
     ``INIT_RANGE``; ``dropout`` in pretraining and fine-tuning alike."""
-    return json.dumps(BertConfig.preset("tiny", vocab_size=vocab_size, num_attention_heads=4, max_position_embeddings=64,
-                                        hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout,
-                                        initializer_range=INIT_RANGE).to_dict(["BertForPreTraining"]))
+    config = BertConfig.preset("tiny", vocab_size=vocab_size, num_attention_heads=4, max_position_embeddings=64,
+                               hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout,
+                               initializer_range=INIT_RANGE)
+    return json.dumps(config.to_dict(["BertForPreTraining"]))
 
 
 def run_demo(out: str = "demo-output", quick: bool = False, wordpiece: bool = False, progress: bool = False,
@@ -121,7 +126,7 @@ def _run_demo(out: str, s: DemoSettings, wordpiece: bool, progress: bool) -> dic
     stories = write_story_corpus(os.path.join(data, "stories.jsonl"), s.stories, seed=s.seed)
     senti = write_sentiment(data, seed=s.seed)
     kind = "wordpiece" if wordpiece else "wordlevel"
-    tok = train_tokenizer(iter_texts([stories]), 1000 if wordpiece else 2000, kind=kind, min_frequency=1)
+    tok = train_vocabulary(iter_texts([stories]), 1000 if wordpiece else 2000, kind=kind, min_frequency=1)
     tok_dir = os.path.join(data, "tokenizer")
     save_tokenizer(tok, tok_dir, model_max_length=64)
     model_cfg = os.path.join(data, "model_config.json")
@@ -133,12 +138,14 @@ def _run_demo(out: str, s: DemoSettings, wordpiece: bool, progress: bool) -> dic
     # step keeps a tiny model from learning what words mean: see the module docstring), then MLM + NSP
     t0 = time.perf_counter()
     stage1 = os.path.join(out, "pretrained-mlm")
-    common = {"data": [stories], "tokenizer": tok_dir, "max_seq_length": 64, "batch_size": s.batch_size, "log_every": 10,
-              "seed": s.seed, "progress": progress, "warmup_ratio": 0.06, "cache_dir": os.path.join(out, "cache")}
-    stage1_metrics = pretrain(_stage(common, out=stage1, nsp=False, model_config=model_cfg, lr=s.lr, max_steps=s.mlm_steps,
-                                          mask_prob=s.mlm_mask_prob, max_seq_length=s.mlm_seq_length))
-    cfg = _stage(common, out=os.path.join(out, "pretrained"), nsp=True, init=stage1, lr=s.nsp_lr, max_steps=s.nsp_steps,
-                 max_seq_length=s.nsp_seq_length)
+    common = {"data": [stories], "tokenizer": tok_dir, "max_seq_length": 64, "batch_size": s.batch_size,
+              "log_every": 10, "seed": s.seed, "progress": progress, "warmup_ratio": 0.06,
+              "cache_dir": os.path.join(out, "cache")}
+    stage1_metrics = pretrain(_stage(common, out=stage1, nsp=False, model_config=model_cfg, lr=s.lr,
+                                     max_steps=s.mlm_steps, mask_prob=s.mlm_mask_prob,
+                                     max_seq_length=s.mlm_seq_length))
+    cfg = _stage(common, out=os.path.join(out, "pretrained"), nsp=True, init=stage1, lr=s.nsp_lr,
+                 max_steps=s.nsp_steps, max_seq_length=s.nsp_seq_length)
     pre = pretrain(cfg)
     pretrain_seconds = time.perf_counter() - t0
 
@@ -149,11 +156,11 @@ def _run_demo(out: str, s: DemoSettings, wordpiece: bool, progress: bool) -> dic
     results = {}
     for name, init in (("pretrained", cfg.out), ("scratch", scratch_init)):
         ft = ClassificationTask.config(
-            model=init, train_file=senti["train"], validation_file=senti["validation"], out=os.path.join(out, f"sentiment-{name}"),
-            epochs=s.finetune_epochs, lr=s.finetune_lr, batch_size=16, max_seq_length=64, seed=s.seed, progress=progress,
-            freeze_embeddings=s.freeze_embeddings)
+            model=init, train_file=senti["train"], validation_file=senti["validation"],
+            out=os.path.join(out, f"sentiment-{name}"), epochs=s.finetune_epochs, lr=s.finetune_lr, batch_size=16,
+            max_seq_length=64, seed=s.seed, progress=progress, freeze_embeddings=s.freeze_embeddings)
         finetune(ClassificationTask(ClassifyConfig()), ft)
-        results[name] = evaluate_classifier(ft.out, senti["test"], ClassifyConfig(), max_seq_length=64)
+        results[name] = evaluate_classifier_model(ft.out, senti["test"], ClassifyConfig(), max_seq_length=64)
     shutil.rmtree(scratch_init, ignore_errors=True)
     shutil.rmtree(os.path.join(out, "cache"), ignore_errors=True)
 
@@ -235,8 +242,8 @@ def _comparison_plot(summary: dict, path: str) -> None:
     groups = [
         ("MLM accuracy\n(held-out)", summary["mlm_accuracy"], summary["mlm_baseline"], "most frequent token"),
         ("NSP accuracy\n(held-out)", summary["nsp_accuracy"], summary["nsp_baseline"], "majority class"),
-        ("sentiment accuracy\n(test, unseen adjectives)", summary["sentiment_accuracy"], summary["sentiment_accuracy_no_pretraining"],
-         "same classifier, no pretraining"),
+        ("sentiment accuracy\n(test, unseen adjectives)", summary["sentiment_accuracy"],
+         summary["sentiment_accuracy_no_pretraining"], "same classifier, no pretraining"),
     ]
     fig, ax = plt.subplots(figsize=(8, 3.8))
     x = range(len(groups))
@@ -262,7 +269,8 @@ def summary_lines(s: dict, out: str) -> list[str]:
         "bertforge demo: results on held-out data",
         f"  MLM accuracy        {s['mlm_accuracy']:6.1%}   (most frequent token: {s['mlm_baseline']:.1%})",
         f"  NSP accuracy        {s['nsp_accuracy']:6.1%}   (majority class: {s['nsp_baseline']:.0%})",
-        f"  sentiment accuracy  {s['sentiment_accuracy']:6.1%}   (no pretraining: {s['sentiment_accuracy_no_pretraining']:.1%};"
+        f"  sentiment accuracy  {s['sentiment_accuracy']:6.1%}   "
+        f"(no pretraining: {s['sentiment_accuracy_no_pretraining']:.1%};"
         f" majority class: {s['sentiment_baseline']:.0%})",
         "",
         "fill-mask (top 5):",
@@ -277,7 +285,8 @@ def summary_lines(s: dict, out: str) -> list[str]:
         lines.append(f"     -> {r['verdict']} (P(IsNext) {r['p_is_next']:.2f}; truth: {r['truth']})")
     lines += [
         "",
-        f"pretraining: {s['pretrain_steps'][0]} steps of masked LM, then {s['pretrain_steps'][1]} of masked LM and NSP, "
+        f"pretraining: {s['pretrain_steps'][0]} steps of masked LM, then {s['pretrain_steps'][1]} of masked LM "
+        "and NSP, "
         f"in {s['pretrain_seconds']:.0f}s; whole demo {s['seconds']:.0f}s",
         f"report: {os.path.join(out, 'report.md')} (and report.html); plots in {out}/*/plots and {out}/results.png",
     ]
@@ -311,7 +320,8 @@ def _report(out: str, s: dict) -> None:
         "```",
         "",
     ]
-    page = ["<html><head><meta charset='utf-8'><title>bertforge demo report</title></head><body style='font-family:sans-serif;max-width:900px'>",
+    page = ["<html><head><meta charset='utf-8'><title>bertforge demo report</title></head>"
+            "<body style='font-family:sans-serif;max-width:900px'>",
             "<h1>bertforge demo report</h1>", f"<pre>{html.escape(body, quote=False)}</pre>"]
     for title, rel in images:
         path = os.path.join(out, rel)

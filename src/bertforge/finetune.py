@@ -31,19 +31,24 @@ from safetensors.torch import load_file
 from . import checkpoint as ckpt
 from . import modelcard
 from .batching import EpochBatches, plan_steps, to_device
-from .config import BertConfig, FinetuneConfig, finetune_lr, validate_fields
+from .config import BertConfig, FinetuneConfig, validate_fields
 from .devices import Dist, init_distributed, resolve_device, setup_backend
 from .engine import Engine, LinearSchedule
 from .errors import TrainingError, UserError
-from .files import atomic_write_json, read_json_object
+from .atomic import atomic_write_json
+from .files import read_json_object
 from .lifecycle import TrainingRun, finish, locked_output, preflight, run_folder
 from .ops.dropout import batch_keys
+from .outputs import MODEL_FILES, register_output
 from .plots import plot_finetuning
 from .tasks import FinetuneTask
 from .tokenizer import check_vocab_fits, load_tokenizer
 
 log = logging.getLogger("bertforge")
 
+register_output("finetune", MODEL_FILES | {"finetune_config.json", "metrics.jsonl", "metrics.json", "train.log",
+                                           "plots", "tensorboard", "predictions.json", "predictions.jsonl",
+                                           "README.md", "checkpoints"})
 MIN_UPDATES = 100  # fewer optimizer updates than this rarely fine-tune a BERT well: warned
 
 
@@ -62,11 +67,8 @@ def finetune(task: FinetuneTask, cfg: FinetuneConfig, overwrite: bool = False, r
     output of bertforge's; or ``resume``, which continues the run that ``--save-every`` checkpointed there
     from its newest checkpoint that loads (with the same settings, checked first).
     """
-    if cfg.model and isinstance(cfg.model, str):  # (the rest of --model's checks: in validate)
-        if not os.path.isdir(cfg.model):
-            raise UserError(f"model directory not found: {cfg.model}")
-        if cfg.train.lr is None:  # the default: by the model's width
-            cfg.train.lr = finetune_lr(BertConfig.load(cfg.model).hidden_size)
+    if cfg.model and isinstance(cfg.model, str) and not os.path.isdir(cfg.model):  # (the rest: in validate)
+        raise UserError(f"model directory not found: {cfg.model}")
     cfg.validate()
     validate_fields(task.settings)
     preflight(cfg.out, "finetune", [cfg.model, cfg.data.train_file, cfg.data.validation_file], overwrite, resume)

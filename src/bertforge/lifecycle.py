@@ -29,8 +29,9 @@ from .config import TrainConfig
 from .devices import Dist
 from .engine import Engine, NonFiniteLoss
 from .errors import TrainingError, UserError
-from .files import (OutputLock, atomic_dir, atomic_write_json, check_inputs_outside, check_output, recover_beside,
-                    remove_output, remove_stale_temporaries, write_marker)
+from .atomic import atomic_dir, atomic_write_json, remove_stale_temporaries
+from .outputs import (OutputLock, check_inputs_outside, check_output, recover_beside, remove_output,
+                      write_marker)
 from .logs import MetricsLog, duration, file_log, log_step, rounded
 
 log = logging.getLogger("bertforge")

@@ -8,7 +8,7 @@ import json
 import logging
 import os
 
-from .files import atomic_write_text
+from .atomic import atomic_write_text
 
 log = logging.getLogger("bertforge")
 steps_log = logging.getLogger("bertforge.steps")  # the training lines: train.log always, the terminal without a bar

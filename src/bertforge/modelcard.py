@@ -76,6 +76,6 @@ def render(title: str, summary: str, pipeline_tag: str, metrics: dict[str, Any],
 
 
 def write(folder: str, text: str) -> None:
-    from .files import atomic_write_text
+    from .atomic import atomic_write_text
 
     atomic_write_text(os.path.join(folder, CARD), text)

@@ -15,33 +15,29 @@ windows as fine-tuning does.
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 import numpy as np
 from tokenizers import Tokenizer
 
 from .batching import length_sorted_batches, pad_batch, to_device
-from .checkpoint import checkpoint_keys
-from .config import BertConfig, ImplConfig, SquadConfig
-from .devices import resolve_device
-from .electra import ElectraForMaskedLM, generator_config_of, is_generator_dir
+from .checkpoint import has_weight
+from .config import BertConfig, SquadConfig
 from .errors import UserError
 from .evaluation import eval_mode
-from .model import (
-    BertForMaskedLM,
-    BertForPreTraining,
-    BertForQuestionAnswering,
-    BertForSequenceClassification,
-)
-from .tokenizer import check_vocab_fits, load_tokenizer, special_ids
+from .loading import load_for_inference, masked_lm, model_dir
+from .model import BertForPreTraining, BertForQuestionAnswering, BertForSequenceClassification
+from .tokenizer import special_ids
 
 log = logging.getLogger("bertforge")
 
 _HEADS = {
-    "fill-mask": ("cls.predictions.transform.dense.weight", "masked-LM head (cls.predictions)", "pretrain it with bertforge pretrain"),
-    "next-sentence": ("cls.seq_relationship.weight", "next-sentence head (cls.seq_relationship)", "pretrain it with NSP"),
-    "classify": ("classifier.weight", "classification head (classifier)", "fine-tune it with bertforge finetune classify"),
+    "fill-mask": ("cls.predictions.transform.dense.weight", "masked-LM head (cls.predictions)",
+                  "pretrain it with bertforge pretrain"),
+    "next-sentence": ("cls.seq_relationship.weight", "next-sentence head (cls.seq_relationship)",
+                      "pretrain it with NSP"),
+    "classify": ("classifier.weight", "classification head (classifier)",
+                 "fine-tune it with bertforge finetune classify"),
     "qa": ("qa_outputs.weight", "question-answering head (qa_outputs)", "fine-tune it with bertforge finetune squad"),
 }
 TASKS = tuple(_HEADS)
@@ -51,33 +47,30 @@ class Pipeline:
     """A model directory loaded for one task; call it on inputs, get plain Python objects back."""
 
     task = ""
+    model_class: type = type(None)
 
     def __init__(self, model: str, device: str = "auto", batch_size: int = 32, progress: bool = False):
-        model = os.fspath(model)
-        if not os.path.isdir(model):
-            raise UserError(f"model directory not found: {model}")
-        key, what, how = _HEADS[self.task]
-        self.electra = self.task == "fill-mask" and is_generator_dir(model)  # an ELECTRA run's generator/
-        if self.electra:
-            key = "generator_predictions.dense.weight"
-        keys = checkpoint_keys(model)
-        if not any(k in keys for k in (key, key.replace("cls.", "bert.cls.", 1))):
+        self.dir = model = model_dir(model)
+        model_class, config, key = self._model_class(model)
+        _, what, how = _HEADS[self.task]
+        if not has_weight(model, key):
             raise UserError(f"{model} has no {what}, so it cannot do {self.task}; {how} first")
-        self.dir = model
-        self.config = generator_config_of(model)[0] if self.electra else BertConfig.load(model)
-        self.tok: Tokenizer = load_tokenizer(model)
-        check_vocab_fits(self.tok, self.config.vocab_size, model)
+        self._check(config)
+        loaded = load_for_inference(model, model_class, device, config)
+        self.config, self.tok, self.model, self.device = loaded.config, loaded.tokenizer, loaded.model, loaded.device
         self.sp = special_ids(self.tok)
-        self.device = resolve_device(ImplConfig(device=device))
         self.batch_size = batch_size
         self.progress = progress
         self.max_length = min(self.config.max_position_embeddings, 512)
         self._truncating = Tokenizer.from_str(self.tok.to_str())  # a copy: fill-mask needs the untruncated one
         self._truncating.enable_truncation(self.max_length, strategy="longest_first")
-        self.model = self._load().to(self.device).eval()
 
-    def _load(self):
-        raise NotImplementedError
+    def _model_class(self, path: str) -> tuple[type, BertConfig, str]:
+        """(model class, config, the weight of the task's head) of directory ``path``."""
+        return self.model_class, BertConfig.load(path), _HEADS[self.task][0]
+
+    def _check(self, config: BertConfig) -> None:
+        """Refuse a config the task cannot use."""
 
     def _encode(self, texts, pairs=None) -> list[dict]:
         encs = self._truncating.encode_batch(list(zip(texts, pairs)) if pairs is not None else list(texts))
@@ -103,8 +96,8 @@ class Pipeline:
 class FillMaskPipeline(Pipeline):
     task = "fill-mask"
 
-    def _load(self):
-        return (ElectraForMaskedLM if self.electra else BertForMaskedLM).from_pretrained(self.dir)
+    def _model_class(self, path: str) -> tuple[type, BertConfig, str]:
+        return masked_lm(path)  # BERT's or an ELECTRA run's generator/
 
     def __call__(self, texts: str | list[str], top_k: int = 5) -> list:
         """For each text, for each [MASK]: the top-k candidates as transformers' fill-mask gives them,
@@ -135,7 +128,8 @@ class FillMaskPipeline(Pipeline):
                 for p in where:
                     top = probs[i, p].topk(min(top_k, probs.shape[-1]))
                     per_mask.append([{"score": float(s), "token": int(t), "token_str": self.tok.id_to_token(int(t)),
-                                      "sequence": self.tok.decode(ids[:p] + [int(t)] + ids[p + 1 :]), "token_id": int(t)}
+                                      "sequence": self.tok.decode(ids[:p] + [int(t)] + ids[p + 1 :]),
+                                      "token_id": int(t)}
                                      for s, t in zip(top.values, top.indices)])
                 rows.append(per_mask)
             return rows
@@ -146,9 +140,7 @@ class FillMaskPipeline(Pipeline):
 
 class NextSentencePipeline(Pipeline):
     task = "next-sentence"
-
-    def _load(self):
-        return BertForPreTraining.from_pretrained(self.dir)
+    model_class = BertForPreTraining
 
     def __call__(self, first: str | list[str], second: str | list[str]) -> Any:
         """``{"is_next": P(IsNext), "label": "IsNext" | "NotNext"}`` for a pair, or a list for lists."""
@@ -167,11 +159,11 @@ class NextSentencePipeline(Pipeline):
 
 class ClassifyPipeline(Pipeline):
     task = "classify"
+    model_class = BertForSequenceClassification
 
-    def _load(self):
-        if not self.config.id2label:
+    def _check(self, config: BertConfig) -> None:
+        if not config.id2label:
             raise UserError(f"{self.dir} has no labels (id2label) in its config.json")
-        return BertForSequenceClassification.from_pretrained(self.dir)
 
     def __call__(self, texts: str | list[str], pairs: list[str] | None = None) -> Any:
         """``{"label", "score", "probabilities": {label: p}}`` per text (pairs: second sentences)."""
@@ -192,9 +184,7 @@ class ClassifyPipeline(Pipeline):
 
 class QAPipeline(Pipeline):
     task = "qa"
-
-    def _load(self):
-        return BertForQuestionAnswering.from_pretrained(self.dir)
+    model_class = BertForQuestionAnswering
 
     def __call__(self, question: str | None = None, context: str | None = None, examples: list | None = None,
                  squad: SquadConfig | None = None, max_seq_length: int = 384) -> Any:
@@ -236,8 +226,10 @@ def whole_words(context: str, start: int, end: int) -> tuple[int, int]:
     return start, end
 
 
-_PIPELINES = {"fill-mask": FillMaskPipeline, "next-sentence": NextSentencePipeline, "classify": ClassifyPipeline, "qa": QAPipeline}
-ALIASES = {"text-classification": "classify", "sentiment-analysis": "classify", "question-answering": "qa"}  # transformers' names
+_PIPELINES = {"fill-mask": FillMaskPipeline, "next-sentence": NextSentencePipeline, "classify": ClassifyPipeline,
+              "qa": QAPipeline}
+# transformers' names
+ALIASES = {"text-classification": "classify", "sentiment-analysis": "classify", "question-answering": "qa"}
 
 
 def pipeline(task: str, model: str, device: str = "auto", batch_size: int = 32, progress: bool = False) -> Pipeline:

@@ -44,17 +44,22 @@ from .devices import Dist, init_distributed, resolve_device, setup_backend
 from .engine import Engine, LinearSchedule
 from .errors import UserError
 from .evaluation import fill_mask_samples
-from .files import atomic_write_json, read_json_object
+from .atomic import atomic_write_json
+from .files import read_json_object
 from .initialization import local_attention_heads_, set_dropout, sinusoidal_positions_
 from .lifecycle import TrainingRun, finish, locked_output, preflight, run_folder
 from .logs import duration, rounded
-from .objectives import PretrainingObjective, objective_class
+from .objectives import OBJECTIVES, PretrainingObjective, objective_class
+from .outputs import MODEL_FILES, register_output
 from .plots import plot_pretraining
-from .tokenizer import check_vocab_fits, load_tokenizer, save_tokenizer, special_ids, train_tokenizer
+from .tokenizer import check_vocab_fits, load_tokenizer, save_tokenizer, special_ids, train_vocabulary
 
 log = logging.getLogger("bertforge")
 
 CONFIG_FILE = "pretrain_config.json"
+register_output("pretrain", MODEL_FILES | {CONFIG_FILE, "metrics.jsonl", "metrics.json", "train.log", "plots",
+                                           "checkpoints", "tensorboard", "README.md"}
+                | {name for o in OBJECTIVES.values() for name in o.outputs})
 
 
 def pretrain(cfg: PretrainConfig, resume: bool = False, overwrite: bool = False) -> dict[str, Any]:
@@ -127,7 +132,7 @@ def prepare_tokenizer(cfg: PretrainConfig, resume: bool, d: Dist) -> Tokenizer:
     text = None
     if d.is_main:
         log.info("training a %s vocabulary of %d tokens on the data", dc.tokenizer_model, dc.vocab_size)
-        tok = train_tokenizer(iter_texts(dc.data, dc.text_field, dc.doc_separator), dc.vocab_size,
+        tok = train_vocabulary(iter_texts(dc.data, dc.text_field, dc.doc_separator), dc.vocab_size,
                               kind=dc.tokenizer_model, lowercase=dc.lowercase, show_progress=cfg.impl.progress)
         size = tok.get_vocab_size(with_added_tokens=True)
         if size < dc.vocab_size:

@@ -1,6 +1,6 @@
 """BERT tokenizers, built on the ``tokenizers`` library (no hand-written WordPiece).
 
-* :func:`train_tokenizer` learns a WordPiece vocabulary (BERT normaliser and pre-tokeniser, ``##``
+* :func:`train_vocabulary` learns a WordPiece vocabulary (BERT normaliser and pre-tokeniser, ``##``
   continuations) or a word-level one (lower-cased words and punctuation: the demo's teaching default).
 * :func:`save_tokenizer` writes ``vocab.txt``, ``tokenizer.json``, ``tokenizer_config.json`` and
   ``special_tokens_map.json``, so that ``transformers.AutoTokenizer.from_pretrained(dir)`` loads it and
@@ -31,11 +31,15 @@ from tokenizers import (
 )
 from tokenizers.models import WordLevel, WordPiece
 
+from .atomic import atomic_dir
 from .errors import UserError
 from .files import read_json_object, read_text
+from .outputs import (MODEL_FILES, OutputLock, check_inputs_outside, check_output, recover_beside, register_output,
+                      write_marker)
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = [PAD, UNK, CLS, SEP, MASK]
+register_output("tokenizer", MODEL_FILES - {"config.json", "model.safetensors"})
 
 
 @dataclass(frozen=True)
@@ -69,7 +73,8 @@ def model_kind(tok: Tokenizer) -> str:
 def _register_special_tokens(tok: Tokenizer) -> None:
     """[PAD] [UNK] [CLS] [SEP] [MASK] as special added tokens: "[MASK]" typed in a text stays one token,
     untouched by lower-casing (as in transformers' BertTokenizer)."""
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS if tok.token_to_id(t) is not None])
+    present = [t for t in SPECIAL_TOKENS if tok.token_to_id(t) is not None]
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in present])
 
 
 def _configure(tok: Tokenizer, lowercase: bool, strip_accents: bool | None = None) -> Tokenizer:
@@ -114,7 +119,7 @@ def from_vocab(vocab: dict[str, int] | list[str], kind: str = "wordpiece", lower
     return _configure(Tokenizer(model), lowercase, strip_accents)
 
 
-def train_tokenizer(
+def train_vocabulary(
     texts: Iterable[str],
     vocab_size: int,
     kind: str = "wordpiece",
@@ -139,7 +144,8 @@ def train_tokenizer(
     elif kind == "wordlevel":
         tok = Tokenizer(WordLevel(unk_token=UNK))
         trainer = trainers.WordLevelTrainer(
-            vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=SPECIAL_TOKENS, show_progress=show_progress
+            vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=SPECIAL_TOKENS,
+            show_progress=show_progress,
         )
     else:
         raise UserError(f"unknown tokenizer model {kind!r}; expected wordpiece or wordlevel")
@@ -267,3 +273,24 @@ def batched(items: Iterable[str], n: int) -> Iterator[list[str]]:
             buf = []
     if buf:
         yield buf
+
+
+def train_to_folder(inputs: list[str], out: str, vocab_size: int, kind: str = "wordpiece", lowercase: bool = True,
+                    min_frequency: int = 2, text_field: str = "text", doc_separator: str = "file",
+                    overwrite: bool = False, progress: bool = False) -> Tokenizer:
+    """``bertforge tokenizer train``: a vocabulary trained on the texts of ``inputs``, written to the folder
+    ``out`` (under the rules for outputs, :func:`~bertforge.outputs.check_output`)."""
+    from .corpus import expand_paths, iter_texts
+
+    if check_output(out, "tokenizer", overwrite):
+        check_inputs_outside(out, inputs)
+    expand_paths(inputs)  # every input exists, before any work
+    with OutputLock(out):
+        recover_beside(out)  # an interrupted earlier run's leftovers, then the rule again
+        replace = check_output(out, "tokenizer", overwrite)
+        tok = train_vocabulary(iter_texts(inputs, text_field, doc_separator), vocab_size, kind=kind,
+                               lowercase=lowercase, min_frequency=min_frequency, show_progress=progress)
+        with atomic_dir(out, replace=replace) as tmp:
+            save_tokenizer(tok, tmp)
+            write_marker(tmp, "tokenizer")
+    return tok

@@ -22,6 +22,7 @@ class PretrainingObjective(nn.Module):
     name = ""
     meter_keys: tuple[str, ...] = ()  # the step's outputs summed into the log's meters
     pipeline_tag = "fill-mask"
+    outputs: frozenset[str] = frozenset()  # what it saves in the run's folder besides the model directory
 
     def __init__(self, model: nn.Module, cfg: PretrainConfig):
         super().__init__()
@@ -38,8 +39,9 @@ class PretrainingObjective(nn.Module):
         """Settings this objective cannot train with (a UserError), before anything is read."""
 
     @classmethod
-    def masked_lm_class(cls, path: str):
-        """The class loading the masked LM in ``path`` when it is this objective's own output, else None."""
+    def masked_lm_of(cls, path: str) -> tuple[type, BertConfig, str] | None:
+        """When directory ``path`` is a masked LM this objective saves as its own: (the class that loads it,
+        its architecture, a weight its head stores); else None."""
         return None
 
     @property

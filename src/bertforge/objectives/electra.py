@@ -4,7 +4,7 @@ discriminator.  The model (the generator, the discriminator's head, and the obje
 
 The run's model directory is the discriminator, a plain BERT directory; the generator is saved beside it in
 ``generator/``, a directory transformers loads as ``ElectraForMaskedLM`` (and bertforge's ``predict
-fill-mask`` and ``evaluate mlm``, through :meth:`Electra.masked_lm_class`)."""
+fill-mask`` and ``evaluate mlm``, through :meth:`Electra.masked_lm_of`)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ import torch
 from .. import checkpoint as ckpt
 from ..batching import to_device
 from ..config import BertConfig, PretrainConfig
-from ..electra import ElectraForMaskedLM, ElectraPretraining, generator_config, is_generator_dir
+from ..electra import (ElectraForMaskedLM, ElectraPretraining, generator_config, generator_config_of,
+                       is_generator_dir)
 from ..errors import UserError
 from ..evaluation import eval_mode
 from ..flops import flops_per_token
@@ -32,6 +33,7 @@ class Electra(PretrainingObjective):
     name = "electra"
     meter_keys = ("disc", *COUNTS)
     pipeline_tag = "feature-extraction"
+    outputs = frozenset({GENERATOR_DIR})
 
     @classmethod
     def check(cls, cfg: PretrainConfig, resume: bool) -> None:
@@ -45,8 +47,10 @@ class Electra(PretrainingObjective):
         return cls(ElectraPretraining(config, cfg.model.generator_size), cfg)
 
     @classmethod
-    def masked_lm_class(cls, path: str):
-        return ElectraForMaskedLM if is_generator_dir(path) else None
+    def masked_lm_of(cls, path: str) -> tuple[type, BertConfig, str] | None:
+        if not is_generator_dir(path):
+            return None
+        return ElectraForMaskedLM, generator_config_of(path)[0], "generator_predictions.dense.weight"
 
     @property
     def masked_lm(self) -> torch.nn.Module:

@@ -1,4 +1,4 @@
-"""What a fine-tuning task supplies to the one runner (:func:`bertforge.finetune.run_finetuning`).
+"""What a fine-tuning task supplies to the one runner (:func:`bertforge.finetune.finetune`).
 
 Tasks import nothing of training, so that inference (:mod:`bertforge.predict`) can use their data
 handling (SQuAD windows and post-processing) without the training engine.
@@ -15,8 +15,9 @@ from ..config import BertConfig, FinetuneConfig
 
 
 class FinetuneTask:
-    """What a task supplies to :func:`run_finetuning`.  Called in this order: ``read`` (before any model is
-    loaded), ``configure``, ``encode``, then ``evaluate`` after every epoch, ``write_outputs`` at the end."""
+    """What a task supplies to :func:`~bertforge.finetune.finetune`.  Called in this order: ``read`` (before
+    any model is loaded), ``configure``, ``encode``, then ``evaluate`` after every epoch, ``write_outputs`` at
+    the end."""
 
     name: ClassVar[str] = ""
     model_class: ClassVar[type] = type(None)

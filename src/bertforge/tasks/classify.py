@@ -14,14 +14,14 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from ..batching import length_sorted_batches, pad_batch, to_device
-from ..checkpoint import has_weight as require_head
 from ..config import BertConfig, ClassifyConfig, FinetuneConfig
 from ..errors import UserError
 from ..evaluation import classification_metrics, eval_mode
 from ..corpus import table_rows
 from ..files import json_lines, read_text
 from ..model import BertForSequenceClassification
-from ..tokenizer import check_vocab_fits, load_tokenizer, special_ids
+from ..loading import load_for_inference, model_dir
+from ..tokenizer import special_ids
 from .base import FinetuneTask
 
 log = logging.getLogger("bertforge")
@@ -48,7 +48,8 @@ def read_table(path: str) -> list[dict[str, str]]:
     elif low.endswith((".tsv", ".csv")):
         delim = "\t" if low.endswith(".tsv") else ","
         # GLUE's TSV files are not CSV-quoted: read tab-separated fields literally
-        reader = csv.reader(io.StringIO(text), delimiter=delim, quoting=csv.QUOTE_NONE if delim == "\t" else csv.QUOTE_MINIMAL)
+        quoting = csv.QUOTE_NONE if delim == "\t" else csv.QUOTE_MINIMAL
+        reader = csv.reader(io.StringIO(text), delimiter=delim, quoting=quoting)
         try:
             header = next(reader)
         except StopIteration:
@@ -66,16 +67,19 @@ def read_table(path: str) -> list[dict[str, str]]:
     return rows
 
 
-def resolve_columns(rows: list[dict], cfg: ClassifyConfig, path: str, need_label: bool = True) -> tuple[str, str | None, str]:
+def resolve_columns(rows: list[dict], cfg: ClassifyConfig, path: str,
+                    need_label: bool = True) -> tuple[str, str | None, str]:
     cols = list(rows[0])
     text = cfg.text_column or next((c for c in TEXT_COLUMNS if c in cols), None)
     if text is None or text not in cols:
-        raise UserError(f"{path}: no text column {cfg.text_column or '/'.join(TEXT_COLUMNS)!r}; columns: {', '.join(cols)} (use --text-column)")
+        wanted = cfg.text_column or "/".join(TEXT_COLUMNS)
+        raise UserError(f"{path}: no text column {wanted!r}; columns: {', '.join(cols)} (use --text-column)")
     pair = cfg.text_pair_column
     if pair and pair not in cols:
         raise UserError(f"{path}: no column {pair!r}; columns: {', '.join(cols)}")
     if need_label and cfg.label_column not in cols:
-        raise UserError(f"{path}: no label column {cfg.label_column!r}; columns: {', '.join(cols)} (use --label-column)")
+        raise UserError(f"{path}: no label column {cfg.label_column!r}; columns: {', '.join(cols)} "
+                        "(use --label-column)")
     needed = [c for c in (text, pair, cfg.label_column if need_label else None) if c]
     for n, r in enumerate(rows, 1):
         absent = [c for c in needed if c not in r]
@@ -114,7 +118,8 @@ def predict_probabilities(model, features: list[dict], pad_id: int, device, batc
     return out
 
 
-def score(model, features: list[dict], labels: np.ndarray, pad_id: int, device, batch_size: int = 64) -> tuple[dict, np.ndarray]:
+def score(model, features: list[dict], labels: np.ndarray, pad_id: int, device,
+          batch_size: int = 64) -> tuple[dict, np.ndarray]:
     probs = predict_probabilities(model, features, pad_id, device, batch_size)
     loss = float(-np.log(np.clip(probs[np.arange(len(labels)), labels], 1e-12, None)).mean())
     res = classification_metrics(labels, probs.argmax(-1), model.num_labels)
@@ -127,7 +132,8 @@ def _labels_to_ids(rows, label_col, label2id, path) -> np.ndarray:
     for n, r in enumerate(rows):
         lab = r[label_col]
         if lab not in label2id:
-            raise UserError(f"{path}: label {lab!r} (row {n + 1}) was never seen in training; known labels: {', '.join(label2id)}")
+            raise UserError(f"{path}: label {lab!r} (row {n + 1}) was never seen in training; known labels: "
+                            f"{', '.join(label2id)}")
         ids.append(label2id[lab])
     return np.asarray(ids, dtype=np.int64)
 
@@ -147,12 +153,14 @@ class ClassificationTask(FinetuneTask):
         self.train_rows = read_table(cfg.data.train_file)
         self.val_rows = read_table(cfg.data.validation_file)
         self.text, self.pair, self.label_col = resolve_columns(self.train_rows, self.settings, cfg.data.train_file)
-        resolve_columns(self.val_rows, dataclasses.replace(self.settings, text_column=self.text), cfg.data.validation_file)
+        same_text = dataclasses.replace(self.settings, text_column=self.text)
+        resolve_columns(self.val_rows, same_text, cfg.data.validation_file)
         if cfg.data.max_train_examples:
             self.train_rows = self.train_rows[: cfg.data.max_train_examples]
         self.labels = label_set([r[self.label_col] for r in self.train_rows])
         if len(self.labels) < 2:
-            raise UserError(f"{cfg.data.train_file}: only one label ({self.labels[0]!r}); classification needs at least two")
+            raise UserError(f"{cfg.data.train_file}: only one label ({self.labels[0]!r}); classification needs at "
+                            "least two")
         label2id = {lab: i for i, lab in enumerate(self.labels)}
         self.y_train = _labels_to_ids(self.train_rows, self.label_col, label2id, cfg.data.train_file)
         self.y_val = _labels_to_ids(self.val_rows, self.label_col, label2id, cfg.data.validation_file)
@@ -193,27 +201,18 @@ class ClassificationTask(FinetuneTask):
                 "validation_examples": len(self.y_val)}
 
 
-def evaluate_classifier(model_dir: str, data: str, task: ClassifyConfig, max_seq_length: int = 128,
-                        batch_size: int = 64, device: str = "auto") -> dict:
+def evaluate_classifier_model(path: str, data: str, task: ClassifyConfig, max_seq_length: int = 128,
+                              batch_size: int = 64, device: str = "auto") -> dict:
     """``bertforge evaluate classify``: accuracy, macro-F1 and loss of a saved classifier on a labelled file."""
-    from ..config import ImplConfig
-    from ..devices import resolve_device
-
-    if not os.path.isdir(model_dir):
-        raise UserError(f"model directory not found: {model_dir}")
-    config = BertConfig.load(model_dir)
+    config = BertConfig.load(model_dir(path))
     if not config.id2label:
-        raise UserError(f"{model_dir} is not a classifier (its config.json has no id2label)")
+        raise UserError(f"{path} is not a classifier (its config.json has no id2label)")
     rows = read_table(data)
     text, pair, label_col = resolve_columns(rows, task, data)
     y = _labels_to_ids(rows, label_col, config.label2id, data)
-    tok = load_tokenizer(model_dir)
-    check_vocab_fits(tok, BertConfig.load(model_dir).vocab_size, model_dir)
-    if not require_head(model_dir, "classifier.weight"):
-        raise UserError(f"{model_dir} has no trained classification head")
-    dev = resolve_device(ImplConfig(device=device))
-    model = BertForSequenceClassification.from_pretrained(model_dir).to(dev)
-    feats, _ = encode_rows(tok, rows, text, pair, max_seq_length)
-    res, _ = score(model, feats, y, special_ids(tok).pad, dev, batch_size)
+    m = load_for_inference(path, BertForSequenceClassification, device, config,
+                           head=("classifier.weight", f"{path} has no trained classification head"))
+    feats, _ = encode_rows(m.tokenizer, rows, text, pair, max_seq_length)
+    res, _ = score(m.model, feats, y, special_ids(m.tokenizer).pad, m.device, batch_size)
     res["examples"] = len(rows)
     return res

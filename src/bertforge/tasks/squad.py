@@ -21,14 +21,15 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from ..batching import length_sorted_batches, pad_batch, to_device
-from ..checkpoint import has_weight as require_head
-from ..config import BertConfig, FinetuneConfig, SquadConfig
+from ..config import FinetuneConfig, SquadConfig
 from ..corpus import table_rows
 from ..errors import UserError
 from ..evaluation import eval_mode, squad_evaluate
-from ..files import atomic_write_text, read_json
+from ..atomic import atomic_write_text
+from ..files import read_json
 from ..model import BertForQuestionAnswering
-from ..tokenizer import check_vocab_fits, load_tokenizer, special_ids
+from ..loading import load_for_inference, model_dir
+from ..tokenizer import special_ids
 from .base import FinetuneTask
 
 log = logging.getLogger("bertforge")
@@ -50,10 +51,12 @@ def squad_from_rows(rows, path: str) -> dict:
     for n, r in enumerate(rows):
         for key in ("id", "context", "question", "answers"):
             if key not in r:
-                raise UserError(f"{path}: row {n}: no field {key!r} (SQuAD rows hold id, title, context, question, answers)")
+                raise UserError(f"{path}: row {n}: no field {key!r} (SQuAD rows hold id, title, context, question, "
+                                "answers)")
         ans = r["answers"]
         if isinstance(ans, dict):  # columnar, as the datasets library stores them
-            answers = [{"text": t, "answer_start": a} for t, a in zip(ans.get("text") or [], ans.get("answer_start") or [])]
+            pairs = zip(ans.get("text") or [], ans.get("answer_start") or [])
+            answers = [{"text": t, "answer_start": a} for t, a in pairs]
         else:
             answers = list(ans or [])
         title = r.get("title") or ""
@@ -127,7 +130,8 @@ def build_features(tok: Tokenizer, examples: list[Example], max_seq_length: int,
     elsewhere) and, for training, start/end token positions ([CLS] = 0 when the window lacks the answer).
     Returns (features, number of training examples skipped because the answer does not match)."""
     sp = special_ids(tok)
-    q_ids = [e.ids[:max_query_length] for e in tok.encode_batch([ex.question for ex in examples], add_special_tokens=False)]
+    questions = tok.encode_batch([ex.question for ex in examples], add_special_tokens=False)
+    q_ids = [e.ids[:max_query_length] for e in questions]
     # contexts are tokenized once per paragraph
     uniq = {}
     for ex in examples:
@@ -146,9 +150,11 @@ def build_features(tok: Tokenizer, examples: list[Example], max_seq_length: int,
         q = q_ids[ei]
         room = max_seq_length - len(q) - 3
         if room < 1:
-            raise UserError(f"--max-seq-length {max_seq_length} leaves no room for the context beside a {len(q)}-token question")
+            raise UserError(f"--max-seq-length {max_seq_length} leaves no room for the context beside a "
+                            f"{len(q)}-token question")
         if doc_stride >= room:
-            raise UserError(f"--doc-stride {doc_stride} must be smaller than the context room of a window ({room} tokens)")
+            raise UserError(f"--doc-stride {doc_stride} must be smaller than the context room of a window "
+                            f"({room} tokens)")
         tok_start = tok_end = None
         if span is not None:
             s, e = span
@@ -177,8 +183,9 @@ def build_features(tok: Tokenizer, examples: list[Example], max_seq_length: int,
     return feats, skipped
 
 
-def postprocess(examples: list[Example], features: list[dict], start_logits: list[np.ndarray], end_logits: list[np.ndarray],
-                n_best: int = 20, max_answer_length: int = 30, spans: dict | None = None) -> tuple[dict[str, str], dict[str, float]]:
+def postprocess(examples: list[Example], features: list[dict], start_logits: list[np.ndarray],
+                end_logits: list[np.ndarray], n_best: int = 20, max_answer_length: int = 30,
+                spans: dict | None = None) -> tuple[dict[str, str], dict[str, float]]:
     """({question id: answer text}, {question id: score}) from per-feature start/end logits; ``spans``, when
     given, receives {question id: (start, end)} character offsets of each answer in its context."""
     by_example: dict[int, list[int]] = {}
@@ -210,7 +217,8 @@ def postprocess(examples: list[Example], features: list[dict], start_logits: lis
     return answers, scores
 
 
-def qa_logits(model, features: list[dict], pad_id: int, device, batch_size: int = 64) -> tuple[list[np.ndarray], list[np.ndarray]]:
+def qa_logits(model, features: list[dict], pad_id: int, device,
+              batch_size: int = 64) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Start and end logits of every feature (batches sorted by length, eval mode)."""
     starts: list = [None] * len(features)
     ends: list = [None] * len(features)
@@ -274,22 +282,14 @@ class SquadTask(FinetuneTask):
                 "train_windows": self.n_windows}
 
 
-def evaluate_squad_model(model_dir: str, data: str, task: SquadConfig, max_seq_length: int = 384,
+def evaluate_squad_model(path: str, data: str, task: SquadConfig, max_seq_length: int = 384,
                          batch_size: int = 64, device: str = "auto", predictions_out: str | None = None) -> dict:
     """``bertforge evaluate squad --model``: official EM/F1 of a saved QA model on a SQuAD file."""
-    from ..config import ImplConfig
-    from ..devices import resolve_device
-
-    if not os.path.isdir(model_dir):
-        raise UserError(f"model directory not found: {model_dir}")
+    model_dir(path)
     examples, data_list = read_examples(data)
-    tok = load_tokenizer(model_dir)
-    check_vocab_fits(tok, BertConfig.load(model_dir).vocab_size, model_dir)
-    if not require_head(model_dir, "qa_outputs.weight"):
-        raise UserError(f"{model_dir} has no trained question-answering head (qa_outputs)")
-    dev = resolve_device(ImplConfig(device=device))
-    model = BertForQuestionAnswering.from_pretrained(model_dir).to(dev)
-    preds, _ = predict_answers(model, tok, examples, task, max_seq_length, dev, batch_size)
+    m = load_for_inference(path, BertForQuestionAnswering, device,
+                           head=("qa_outputs.weight", f"{path} has no trained question-answering head (qa_outputs)"))
+    preds, _ = predict_answers(m.model, m.tokenizer, examples, task, max_seq_length, m.device, batch_size)
     if predictions_out:
         atomic_write_text(predictions_out, json.dumps(preds, indent=1, ensure_ascii=False))
     return squad_evaluate(data_list, preds)

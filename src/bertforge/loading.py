@@ -1,0 +1,76 @@
+"""Model directories loaded for inference: the one way that evaluation, prediction and the API open a
+directory (ours or a transformers checkpoint): its config, a tokenizer that fits it, the model on its
+device in eval mode; and the one place where a pretraining objective's own directories (an ELECTRA run's
+generator) are recognised."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import torch
+from tokenizers import Tokenizer
+
+from .checkpoint import has_weight
+from .config import BertConfig, ImplConfig
+from .devices import resolve_device
+from .errors import UserError
+from .tokenizer import check_vocab_fits, load_tokenizer
+
+
+def model_dir(path: str | os.PathLike) -> str:
+    """``path`` as a string, refused unless it is a folder."""
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        raise UserError(f"model directory not found: {path}")
+    return path
+
+
+class MaskedLM(NamedTuple):
+    """How a directory reads as a masked LM: the class, its architecture and the weight its head stores."""
+
+    model_class: type
+    config: BertConfig
+    head: str
+
+
+def masked_lm(path: str) -> MaskedLM:
+    """The masked LM stored in directory ``path``: one a pretraining objective saves as its own (an ELECTRA
+    run's ``generator/``, through :meth:`~bertforge.objectives.base.PretrainingObjective.masked_lm_of`), else
+    BERT's."""
+    from .model import BertForMaskedLM
+    from .objectives import OBJECTIVES
+
+    for objective in OBJECTIVES.values():
+        found = objective.masked_lm_of(path)
+        if found is not None:
+            return MaskedLM(*found)
+    return MaskedLM(BertForMaskedLM, BertConfig.load(path), "cls.predictions.transform.dense.weight")
+
+
+@dataclass
+class Loaded:
+    """A model directory ready for inference."""
+
+    path: str
+    config: BertConfig
+    tokenizer: Tokenizer
+    model: Any
+    device: torch.device
+
+
+def load_for_inference(path: str | os.PathLike, model_class: type, device: str = "auto",
+                       config: BertConfig | None = None, head: tuple[str, str] | None = None) -> Loaded:
+    """Directory ``path`` as ``model_class`` (its ``config`` when given, else its config.json), with its
+    tokenizer (checked to fit the model's vocabulary), on ``device`` in eval mode.  ``head``: (a weight the
+    directory must store, the error when it does not)."""
+    path = model_dir(path)
+    config = config if config is not None else BertConfig.load(path)
+    tok = load_tokenizer(path)
+    check_vocab_fits(tok, config.vocab_size, path)
+    if head is not None and not has_weight(path, head[0]):
+        raise UserError(head[1])
+    dev = resolve_device(ImplConfig(device=device))
+    model = model_class.from_pretrained(path).to(dev).eval()
+    return Loaded(path, config, tok, model, dev)

@@ -1,0 +1,183 @@
+"""The rules for outputs: a folder bertforge writes carries a marker of its kind, and is never written over
+unless it is an earlier output of the same kind (``--overwrite``) or the run it continues (``--resume``);
+a lock keeps a second run out; what an interrupted write left beside it is put right."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+
+from .errors import UserError
+
+# Every command that writes a folder writes this marker into it: it is how ``--overwrite`` recognises a folder
+# that bertforge wrote (and may replace) from anything else (which it never removes).
+MARKER = ".bertforge"
+
+
+def write_marker(folder: str, kind: str) -> None:
+    with open(os.path.join(folder, MARKER), "w", encoding="utf-8") as f:
+        json.dump({"kind": kind}, f)
+        f.write("\n")
+
+
+def marker_kind(folder: str) -> str | None:
+    """The kind of output bertforge wrote in ``folder`` (None when it is not one of ours)."""
+    try:
+        with open(os.path.join(folder, MARKER), encoding="utf-8") as f:
+            return str(json.load(f).get("kind"))
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+# What each kind of output holds, declared by the command that writes it (:func:`register_output`):
+# ``--overwrite`` removes a folder only when it holds nothing else.
+MODEL_FILES = frozenset({"config.json", "model.safetensors", "vocab.txt", "tokenizer.json", "tokenizer_config.json",
+                         "special_tokens_map.json", MARKER})
+OUTPUT_ENTRIES: dict[str, frozenset[str]] = {}
+
+
+def register_output(kind: str, entries) -> None:
+    """Declare the entries an output folder of ``kind`` may hold (its marker is always one of them)."""
+    OUTPUT_ENTRIES[kind] = frozenset(entries) | {MARKER}
+
+
+def _ours(name: str, kind: str) -> bool:
+    leftover = name.startswith(".") and any(t in name for t in (".tmp-", ".old-", ".damaged-"))
+    return name in OUTPUT_ENTRIES[kind] or leftover
+
+
+def check_inputs_outside(out: str, inputs: list, flag: str = "--out") -> None:
+    """Refuse an output folder that holds one of the run's inputs (replacing it would delete them)."""
+    root = os.path.realpath(out)
+    for p in inputs:
+        if p and not str(p).startswith("hf:"):
+            real = os.path.realpath(p)
+            if real == root or real.startswith(root + os.sep):
+                raise UserError(f"{flag} {out} holds the input {p}; write the output somewhere else")
+
+
+def check_output(path: str, kind: str, overwrite: bool = False, resume: bool = False, flag: str = "--out") -> bool:
+    """The one rule for outputs, applied before anything is read or written.
+
+    A new or empty ``path`` is fine.  An existing non-empty one is refused, unless ``resume`` (a run
+    continuing in its own folder) or ``overwrite`` and it is a folder bertforge wrote as ``kind`` (its
+    marker says so); nothing else is ever replaced or removed.  Returns True when an existing output of ours
+    is to be replaced.
+    """
+    if not path or not path.strip():
+        raise UserError(f"{flag} must name a folder")
+    if not os.path.lexists(path):
+        return False
+    if not os.path.isdir(path) or os.path.islink(path):
+        raise UserError(f"{flag} {path} exists and is not a folder; bertforge never replaces it")
+    if not os.listdir(path):
+        return False
+    found = marker_kind(path)
+    if resume:
+        if found not in (kind, None):
+            raise UserError(f"{flag} {path} holds a bertforge {found} output, not a {kind} run to resume")
+        return False
+    if not overwrite:
+        what = f"an earlier bertforge {found} output" if found else "files"
+        hint = "pass --overwrite to replace it, or choose" if found == kind else "choose"
+        raise UserError(f"{flag} {path} already exists and holds {what}; {hint} another {flag}")
+    if found != kind:
+        what = f"a bertforge {found} output" if found else "not a folder that bertforge wrote"
+        raise UserError(f"--overwrite replaces only a {kind} output that bertforge wrote; {path} is {what}")
+    others = sorted(n for n in os.listdir(path) if not _ours(n, kind))
+    if others:
+        more = f" and {len(others) - 3} more" if len(others) > 3 else ""
+        raise UserError(f"{path} also holds files bertforge did not write ({', '.join(others[:3])}{more}); "
+                        "--overwrite would delete them: move them out first")
+    return True
+
+
+def check_output_file(path: str, overwrite: bool, flag: str, inputs: tuple = ()) -> None:
+    """A predictions file: refused when it exists, unless ``overwrite`` and it is a predictions file (a JSON
+    object of strings, as bertforge writes them); never one of the run's ``inputs``."""
+    if not path or not path.strip():
+        raise UserError(f"{flag} must name a file")
+    if os.path.isdir(path):
+        raise UserError(f"{flag} {path} is a folder; name a file")
+    if os.path.exists(path) and any(p and os.path.exists(p) and os.path.samefile(p, path) for p in inputs):
+        raise UserError(f"{flag} {path} is one of the inputs; write the predictions somewhere else")
+    if os.path.lexists(path) and not overwrite:
+        raise UserError(f"{flag} {path} already exists; pass --overwrite to replace it, or choose another file")
+    if os.path.lexists(path):
+        try:
+            with open(path, encoding="utf-8") as f:
+                earlier = json.load(f)
+            ours = isinstance(earlier, dict) and all(isinstance(v, str) for v in earlier.values())
+        except (OSError, ValueError):
+            ours = False
+        if not ours or os.path.islink(path):
+            raise UserError(f"--overwrite replaces only a predictions file; {path} is not one")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise UserError(f"{flag} {path}: its folder {parent} does not exist")
+
+
+def remove_output(path: str, kind: str) -> None:
+    """Remove an earlier output of ours (checked again first: never anything else)."""
+    if marker_kind(path) != kind:
+        raise UserError(f"refusing to remove {path}: it is not a {kind} output that bertforge wrote")
+    shutil.rmtree(path)
+
+
+class OutputLock:
+    """An advisory lock on an output folder, so that a second run writing there is refused at once.  The
+    lock file lies beside the folder (``.NAME.lock``, removed at the end); the operating system releases the
+    lock when the process ends, however it ends (a killed run leaves the file, unlocked, for the next)."""
+
+    def __init__(self, path: str, enabled: bool = True):
+        path = os.path.abspath(path)
+        self.file = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.lock")
+        self.path, self.enabled, self.fd = path, enabled, None
+
+    def __enter__(self):
+        if not self.enabled:
+            return self
+        import fcntl
+
+        os.makedirs(os.path.dirname(self.file), exist_ok=True)
+        self.fd = os.open(self.file, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(self.fd)
+            self.fd = None
+            raise UserError(f"another bertforge run is writing {self.path}; wait for it to end, or choose another "
+                            "--out") from None
+        return self
+
+    def __exit__(self, *exc):
+        if self.fd is not None:
+            import fcntl
+
+            with contextlib.suppress(OSError):  # removed while still held: no lock file is left behind
+                os.unlink(self.file)
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+            self.fd = None
+        return False
+
+
+def recover_beside(path: str) -> None:
+    """What an interrupted :func:`atomic_dir` left beside ``path``: a half-written ``.NAME.tmp-*`` folder is
+    removed; a ``.NAME.old-*`` folder (the previous output, moved aside during the swap) is put back when
+    ``path`` is missing, else removed.  Call only while holding the output's lock."""
+    path = os.path.abspath(path)
+    parent, name = os.path.dirname(path), os.path.basename(path)
+    if not os.path.isdir(parent):
+        return
+    for entry in sorted(os.listdir(parent)):
+        p = os.path.join(parent, entry)
+        if entry.startswith(f".{name}.old-") and os.path.isdir(p):
+            if not os.path.exists(path):
+                os.rename(p, path)
+            else:
+                shutil.rmtree(p, ignore_errors=True)
+        elif entry.startswith(f".{name}.tmp-") and os.path.isdir(p):
+            shutil.rmtree(p, ignore_errors=True)

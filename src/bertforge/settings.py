@@ -1,0 +1,139 @@
+"""Where a run's settings come from, decided in one place for the command line and the Python API.
+
+Pretraining: the recipe's defaults (``--recipe``), then a ``--config`` file, then the explicit settings
+(flags, or keyword arguments of :func:`bertforge.run_pretraining`); on ``--resume`` the run's saved
+``pretrain_config.json`` takes the recipe's place, so that a resumed run keeps its settings.
+
+Fine-tuning: the task's defaults, then a ``--config`` file (or a run's own ``finetune_config.json``), then
+the explicit settings; the learning rate, when none is given, follows the model's width
+(:func:`~bertforge.config.finetune_lr`).
+
+Each command takes the settings of its own sections (:class:`~bertforge.config.PretrainConfig`,
+:class:`~bertforge.config.FinetuneConfig` and the task's), less the fields marked for another command
+(``setting(only=...)``): there is no list of names to keep in step by hand.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from typing import Any
+
+from .config import (
+    BertConfig,
+    FinetuneConfig,
+    PretrainConfig,
+    finetune_lr,
+    parse_duration,
+    read_config_file,
+    taken_by,
+)
+from .errors import UserError
+
+
+def progress_default(flag: bool | None) -> dict[str, bool]:
+    """The command line's progress bar: without ``--progress``/``--no-progress``, none when stderr is not
+    a terminal (over a config file's choice); else whatever the settings say."""
+    return {"progress": False} if flag is None and not sys.stderr.isatty() else {}
+
+
+# ------------------------------------------------------------------------------------------------ pretraining
+def pretrain_settings(out: str, data: list[str] | str | None = None, resume: bool = False, config: str | None = None,
+                      **settings: Any) -> PretrainConfig:
+    """The configuration of ``bertforge pretrain``: the recipe's defaults (or, on ``resume``, the run saved
+    in ``out``), then the ``config`` file's settings, then ``settings`` (flat names, as the flags)."""
+    from_file = read_config_file(config) if config else {}
+    recipe = settings.get("recipe", from_file.get("recipe"))
+    saved = _saved_pretraining(out) if resume else None
+    if saved is not None:
+        cfg = PretrainConfig.from_dict(saved)
+        if recipe is not None and recipe != cfg.recipe:
+            raise UserError(f"--recipe {recipe}: the run in {out} was started with --recipe {cfg.recipe}, and a "
+                            "resumed run keeps its settings")
+    else:  # the recipe's defaults, then the config file's and the explicit settings over them
+        cfg = PretrainConfig.for_recipe(recipe if recipe is not None else "budget")
+    for flat, where in ((from_file, f"config file {config}"), (settings, "settings")):
+        cfg.update_flat(_pretrain_values(flat), where=where)
+    if data is not None:
+        cfg.data.data = [data] if isinstance(data, str) else list(data)
+    cfg.out = out
+    if cfg.train.eval_every == 0:
+        cfg.train.eval_every = None
+    if cfg.train.save_every == 0:
+        cfg.train.save_every = None
+    return cfg
+
+
+def _saved_pretraining(out: str) -> dict | None:
+    """The settings a pretraining run saved in ``out`` (None when there are none)."""
+    from .files import read_json_object
+    from .pretrain import CONFIG_FILE
+
+    path = os.path.join(out, CONFIG_FILE) if out else ""
+    return read_json_object(path, CONFIG_FILE) if path and os.path.isfile(path) else None
+
+
+def _pretrain_values(flat: dict[str, Any]) -> dict[str, Any]:
+    """Flat settings as the configuration holds them: ``max_time`` in seconds, ``cased`` as ``lowercase``."""
+    flat = {k.replace("-", "_"): v for k, v in flat.items()}
+    if "max_time" in flat:
+        flat["max_time"] = parse_duration(flat["max_time"])
+    if "cased" in flat:
+        flat["lowercase"] = not flat.pop("cased")
+    return flat
+
+
+# ------------------------------------------------------------------------------------------------ fine-tuning
+def finetune_settings(task: str, model: str = "", train: str = "", validation: str = "", out: str = "",
+                      config: str | None = None, **settings: Any) -> tuple[FinetuneConfig, Any]:
+    """(configuration, the task's own settings) of ``bertforge finetune TASK``: the task's defaults, then
+    the ``config`` file's, then ``settings`` (flat names, as the flags); the arguments name the model, the
+    files and the output folder (over the file's)."""
+    from .tasks import TASKS
+
+    if task not in TASKS:
+        raise UserError(f"unknown task {task!r}; expected one of {', '.join(TASKS)}")
+    kind = TASKS[task]
+    own = {f.name for f in dataclasses.fields(kind.settings_class)}
+    if config:
+        from_file = finetune_file_settings(read_config_file(config), config)
+        unknown = sorted(set(from_file) - set(kind.config().flat_fields()) - own)
+        if unknown:
+            raise UserError(f"config file {config}: unknown key(s) for finetune {task}: {', '.join(unknown)}")
+        given = {"model": model, "train_file": train, "validation_file": validation, "out": out}
+        model, train, validation, out = (v or from_file.pop(k, "") for k, v in given.items())
+        for k in given:
+            from_file.pop(k, None)
+        settings = {**from_file, **settings}
+    task_settings = kind.settings_class(**{k: v for k, v in settings.items() if k in own})
+    cfg = kind.config(model=model, train_file=train, validation_file=validation, out=out,
+                      **{k: v for k, v in settings.items() if k not in own})
+    if cfg.train.lr is None and cfg.model and isinstance(cfg.model, str) and os.path.isdir(cfg.model):
+        cfg.train.lr = finetune_lr(BertConfig.load(cfg.model).hidden_size)  # the default: by the model's width
+    return cfg, task_settings
+
+
+def finetune_file_settings(d: dict[str, Any], path: str) -> dict[str, Any]:
+    """A fine-tuning ``--config`` file's settings by their flat names.  The file holds the flags' names
+    (``lr: 1e-4``, ``train: file``), ``data:``/``train:``/``impl:`` sections, or is a run's own
+    ``finetune_config.json`` (``{"finetune": {...}, "task": {...}}``), so a run can be repeated from it."""
+    d = dict(d)
+    if isinstance(d.get("finetune"), dict):  # a run's finetune_config.json
+        d.pop("processes", None)  # how the run was launched, not a setting
+        d = {**d.pop("finetune"), **(d.pop("task", None) or {}), **d}
+    flat: dict[str, Any] = {}
+    alias = {"train": "train_file", "validation": "validation_file"}
+    for k, v in d.items():
+        key = k.replace("-", "_")
+        if key in FinetuneConfig.SECTIONS and isinstance(v, dict):
+            flat.update({alias.get(kk.replace("-", "_"), kk.replace("-", "_")): vv for kk, vv in v.items()})
+        else:
+            flat[alias.get(key, key)] = v
+    fields = FinetuneConfig().flat_fields()
+    other = {k for k, (_, f) in fields.items() if not taken_by(f, FinetuneConfig.COMMAND)}
+    changed = sorted(k for k, v in flat.items() if k in other and v != getattr(fields[k][0], fields[k][1].name))
+    if changed:  # saved with their defaults in finetune_config.json; not settings of fine-tuning
+        raise UserError(f"config file {path}: {', '.join(changed)} cannot be set for fine-tuning")
+    return {k: v for k, v in flat.items() if k not in other}
+
