@@ -26,9 +26,11 @@ class Squares(torch.nn.Module):
     def counts(b):
         return {"examples": float(len(b["y"]))}
 
-    def forward(self, b, totals, step):
-        loss = ((self.model(b["x"]).squeeze(-1) - b["y"]) ** 2).sum()
-        loss = loss * (self.scale if self.scale is not None else 1 / totals["examples"])
+    def forward(self, b, step):
+        return {"sum": ((self.model(b["x"]).squeeze(-1) - b["y"]) ** 2).sum()}
+
+    def loss(self, out, totals):
+        loss = out["sum"] * (self.scale if self.scale is not None else 1 / totals["examples"])
         if self.poison == "loss":
             return loss, {"loss": torch.tensor(math.nan)}
         if self.poison == "gradient":

@@ -64,13 +64,13 @@ class EpochBatches:
     """Fine-tuning's batches: each epoch a random order of the examples (from ``generator``, optionally
     grouped by length), cut into global batches of ``batch_size``; this process takes every ``world``-th
     example of each, in ``grad_accum`` micro-batches.  The position (epoch, next example, the epoch's order)
-    and the generator's state are the whole state, saved in checkpoints."""
+    is the state saved in checkpoints (the generator's, by the engine that owns it)."""
 
-    def __init__(self, features: list[dict], collate, batch_size: int, grad_accum: int, seed: int, rank: int = 0,
-                 world: int = 1, group: bool = False):
+    def __init__(self, features: list[dict], collate, batch_size: int, grad_accum: int, generator: torch.Generator,
+                 rank: int = 0, world: int = 1, group: bool = False):
         self.features, self.collate, self.batch_size, self.grad_accum = features, collate, batch_size, grad_accum
         self.rank, self.world = rank, world
-        self.generator = torch.Generator().manual_seed(seed)
+        self.generator = generator
         self.lengths = [len(f["input_ids"]) for f in features] if group else None
         self.epoch, self.next, self.order = 1, 0, None
 
@@ -99,9 +99,7 @@ class EpochBatches:
         return batches, len(idx)
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "next": self.next, "order": torch.as_tensor(self.order),
-                "gen": self.generator.get_state()}
+        return {"epoch": self.epoch, "next": self.next, "order": torch.as_tensor(self.order)}
 
     def load_state_dict(self, state: dict) -> None:
-        self.generator.set_state(state["gen"])
         self.epoch, self.next, self.order = int(state["epoch"]), int(state["next"]), state["order"].numpy()

@@ -263,7 +263,8 @@ def save_checkpoint(out: str, step: int, model, engine_state: dict, run_state: d
     (:meth:`~bertforge.engine.Engine.state_dict`: the optimizer in ``optimizer.pt``, the rest with the run's own
     ``run_state`` in ``trainer_state.pt``), and each of ``extra_weights`` as ``NAME.safetensors``."""
     final = os.path.join(out, CHECKPOINTS, f"step-{step:08d}")
-    state = {**engine_state["train"], "rng": engine_state["rng"], **run_state}
+    state = {**engine_state["train"], "rng": engine_state["rng"], "generators": engine_state["generators"],
+             **run_state}
     if "scaler" in engine_state:
         state["scaler"] = engine_state["scaler"]
     with atomic_dir(final) as tmp:
@@ -296,7 +297,8 @@ def _read(path: str) -> tuple[dict, dict, dict]:
 def _engine_state(opt_state: dict, state: dict) -> dict:
     """The engine's part of a checkpoint, as :meth:`~bertforge.engine.Engine.load_state_dict` takes it."""
     train = {k: state[k] for k in ("step", "elapsed", "tokens_seen", "meters")}
-    return {"optimizer": opt_state, "train": train, "rng": state["rng"], "scaler": state.get("scaler")}
+    return {"optimizer": opt_state, "train": train, "rng": state["rng"], "generators": state["generators"],
+            "scaler": state.get("scaler")}
 
 
 def restore_newest(out: str, model, required: tuple[str, ...] = (), check=None) -> tuple[int, str, dict, dict]:
@@ -308,7 +310,7 @@ def restore_newest(out: str, model, required: tuple[str, ...] = (), check=None) 
     for step, path in reversed(list_checkpoints(out)):
         try:
             weights, opt_state, state = _read(path)
-            missing = [k for k in ("rng", *required) if k not in state]
+            missing = [k for k in ("rng", "generators", *required) if k not in state]
             if missing:
                 raise KeyError(f"no {', '.join(missing)} in its state")
         except Exception as e:  # a truncated or corrupt file of an interrupted or damaged save

@@ -30,6 +30,7 @@ PRESETS: dict[str, tuple[int, int, int]] = {
 SUPPORTED_ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
 TOKENIZER_MODELS = ("wordpiece", "wordlevel")
 OBJECTIVES = ("mlm", "electra")
+PRETRAIN_CONFIG = "pretrain_config.json"  # a pretraining run's resolved settings, saved in its folder
 DOC_SEPARATORS = ("file", "blank-line", "line")
 
 

@@ -176,14 +176,16 @@ class TrainState:
 
 # ------------------------------------------------------------------------------------------------ the step
 class Objective(Protocol):
-    """What the engine trains: a module whose ``forward(batch, totals, step)`` returns the loss of one
-    micro-batch, already normalised over the global batch, and named parts to report; ``counts(batch)``
-    gives the micro-batch's share of the normalisers (``totals`` are their sums over the micro-batches of
-    every process)."""
+    """What the engine trains: a module whose ``forward(batch, step)`` returns a micro-batch's summed losses
+    (what DDP and ``torch.compile`` wrap); ``counts(batch)`` gives the micro-batch's share of the normalisers,
+    and ``loss(out, totals)`` the loss to differentiate, normalised by ``totals`` (the counts summed over the
+    micro-batches of every process), with the named parts to report."""
 
     def counts(self, batch: dict) -> dict[str, float]: ...
 
-    def __call__(self, batch: dict, totals: dict[str, float], step: int) -> tuple[torch.Tensor, dict]: ...
+    def __call__(self, batch: dict, step: int) -> dict: ...
+
+    def loss(self, out: dict, totals: dict[str, float]) -> tuple[torch.Tensor, dict]: ...
 
 
 class Engine:
@@ -210,6 +212,7 @@ class Engine:
             module = self.ddp = DDP(module, device_ids=[device.index] if device.type == "cuda" else None)
         self.module = maybe_compile(module, impl)
         self.state = TrainState()
+        self.generators: dict[str, torch.Generator] = {}  # the run's own random streams (data order, ...)
         self._params = [p for g in self.optimizer.param_groups for p in g["params"]]
         self.start_clock()
 
@@ -228,12 +231,18 @@ class Engine:
         """The learning rate of the next step (None without a schedule: the optimizer's own)."""
         return self.schedule.lr(self.state.step, self.state.elapsed) if self.schedule is not None else None
 
+    def generator(self, name: str, seed: int) -> torch.Generator:
+        """A random stream of the run's own (the data order of fine-tuning), seeded, saved in checkpoints."""
+        self.generators[name] = torch.Generator().manual_seed(seed)
+        return self.generators[name]
+
     # ---- checkpoints
     def state_dict(self) -> dict:
-        """The optimizer, the loss scaler, the training state and every process's random states: a collective
-        under torchrun (each process's random state is gathered), to be called by every process."""
+        """The optimizer, the loss scaler, the training state and every random state (the processes' and the
+        run's own streams): a collective under torchrun, to be called by every process."""
         state = {"optimizer": self.optimizer.state_dict(), "train": self.state.state_dict(),
-                 "rng": _gather_rng_states(self.dist)}
+                 "rng": _gather_rng_states(self.dist),
+                 "generators": {k: g.get_state() for k, g in self.generators.items()}}
         if self.scaler.is_enabled():
             state["scaler"] = self.scaler.state_dict()
         return state
@@ -245,6 +254,8 @@ class Engine:
         if state.get("scaler") is not None and self.scaler.is_enabled():
             self.scaler.load_state_dict(state["scaler"])
         _restore_rng_state(state["rng"], self.dist.rank)
+        for k, g in state["generators"].items():
+            self.generators[k].set_state(g)
         self.start_clock()
 
     # ---- the step
@@ -270,7 +281,7 @@ class Engine:
             last = self.ddp is None or i == len(batches) - 1
             with contextlib.nullcontext() if last else self.ddp.no_sync():
                 with self.autocast:
-                    loss, parts = self.module(b, totals, self.state.step)
+                    loss, parts = self.objective.loss(self.module(b, self.state.step), totals)
                 # DDP averages over processes; the loss is a global mean
                 self.scaler.scale(loss * self.dist.world).backward()
             for k, v in parts.items():

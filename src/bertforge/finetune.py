@@ -36,8 +36,8 @@ from .devices import Dist, init_distributed, resolve_device, setup_backend
 from .engine import Engine, LinearSchedule
 from .errors import TrainingError, UserError
 from .atomic import atomic_write_json
-from .files import read_json_object
 from .lifecycle import TrainingRun, finish, locked_output, preflight, run_folder
+from .loading import pretrained_length
 from .ops.dropout import batch_keys
 from .outputs import MODEL_FILES, register_output
 from .plots import plot_finetuning
@@ -140,18 +140,6 @@ def _card(task: FinetuneTask, cfg: FinetuneConfig, metrics: dict) -> str:
                             modelcard.base_license(cfg.model), load=task.model_class.__name__)
 
 
-def pretrained_length(model_dir: str) -> int | None:
-    """The longest sequence ``bertforge pretrain`` trained the model in ``model_dir`` on, when it trained it
-    from its start (positions beyond it are still at their starting values); None when unknown."""
-    from .pretrain import CONFIG_FILE
-
-    try:
-        saved = read_json_object(os.path.join(model_dir, CONFIG_FILE), CONFIG_FILE)
-        return None if saved["model"].get("init") else int(saved["data"]["max_seq_length"])
-    except (UserError, ValueError, KeyError, TypeError, AttributeError):
-        return None
-
-
 def warn_untrained_positions(model_dir: str, longest: int, d: Dist) -> None:
     """Warn when the fine-tuning sequences reach positions the model was never pretrained at."""
     trained = pretrained_length(model_dir)
@@ -194,10 +182,14 @@ class TaskLoss(torch.nn.Module):
     def counts(b: dict) -> dict[str, float]:
         return {"examples": b["input_ids"].shape[0] * b.get("weight", 1.0)}
 
-    def forward(self, b: dict, totals: dict[str, float], step: int) -> tuple[torch.Tensor, dict]:
+    def forward(self, b: dict, step: int) -> dict:
         inputs = {k: v for k, v in b.items() if k not in ("sequence_ids", "weight")}
         loss = self.model(**inputs, dropout_keys=batch_keys(b, self.seed, step)).loss
-        n = b["input_ids"].shape[0] * b.get("weight", 1.0)
+        return {"loss": loss, "n": b["input_ids"].shape[0] * b.get("weight", 1.0)}
+
+    @staticmethod
+    def loss(out: dict, totals: dict[str, float]) -> tuple[torch.Tensor, dict]:
+        loss, n = out["loss"], out["n"]
         return loss * (n / totals["examples"]), {"loss": loss.detach() * n}
 
 
@@ -208,7 +200,7 @@ class FineTuning(TrainingRun):
     the weights of the uninterrupted one, bit for bit."""
 
     desc = "fine-tuning"
-    required = ("epoch", "next", "order", "gen", "history", "settings")
+    required = ("epoch", "next", "order", "history", "settings")
 
     def __init__(self, task: FinetuneTask, cfg: FinetuneConfig, d: Dist, folder: str, model: torch.nn.Module,
                  features: list[dict], collate: Callable[[list[dict]], dict], device: torch.device):
@@ -222,8 +214,8 @@ class FineTuning(TrainingRun):
         engine = Engine(TaskLoss(model, t.seed), t, cfg.impl, device, d, schedule=schedule)
         super().__init__(folder, d, engine, t, cfg.impl.progress, cfg.impl.report_to == "tensorboard", total=total)
         self.task, self.cfg, self.model, self.n_examples = task, cfg, model, len(features)
-        self.batches = EpochBatches(features, collate, t.batch_size, t.grad_accum, t.seed, d.rank, d.world,
-                                    group=cfg.data.group_by_length)
+        self.batches = EpochBatches(features, collate, t.batch_size, t.grad_accum, engine.generator("data", t.seed),
+                                    d.rank, d.world, group=cfg.data.group_by_length)
         self.history: list[EpochResult] = []
         self.best: EpochResult | None = None
         self.best_weights: dict[str, torch.Tensor] | None = None

@@ -13,9 +13,10 @@ import torch
 from tokenizers import Tokenizer
 
 from .checkpoint import has_weight
-from .config import BertConfig, ImplConfig
+from .config import PRETRAIN_CONFIG, BertConfig, ImplConfig
 from .devices import resolve_device
 from .errors import UserError
+from .files import read_json_object
 from .tokenizer import check_vocab_fits, load_tokenizer
 
 
@@ -27,7 +28,7 @@ def model_dir(path: str | os.PathLike) -> str:
     return path
 
 
-class MaskedLM(NamedTuple):
+class StoredMaskedLM(NamedTuple):
     """How a directory reads as a masked LM: the class, its architecture and the weight its head stores."""
 
     model_class: type
@@ -35,7 +36,7 @@ class MaskedLM(NamedTuple):
     head: str
 
 
-def masked_lm(path: str) -> MaskedLM:
+def masked_lm(path: str) -> StoredMaskedLM:
     """The masked LM stored in directory ``path``: one a pretraining objective saves as its own (an ELECTRA
     run's ``generator/``, through :meth:`~bertforge.objectives.base.PretrainingObjective.masked_lm_of`), else
     BERT's."""
@@ -45,8 +46,8 @@ def masked_lm(path: str) -> MaskedLM:
     for objective in OBJECTIVES.values():
         found = objective.masked_lm_of(path)
         if found is not None:
-            return MaskedLM(*found)
-    return MaskedLM(BertForMaskedLM, BertConfig.load(path), "cls.predictions.transform.dense.weight")
+            return StoredMaskedLM(*found)
+    return StoredMaskedLM(BertForMaskedLM, BertConfig.load(path), "cls.predictions.transform.dense.weight")
 
 
 @dataclass
@@ -74,3 +75,13 @@ def load_for_inference(path: str | os.PathLike, model_class: type, device: str =
     dev = resolve_device(ImplConfig(device=device))
     model = model_class.from_pretrained(path).to(dev).eval()
     return Loaded(path, config, tok, model, dev)
+
+
+def pretrained_length(model_dir: str) -> int | None:
+    """The longest sequence ``bertforge pretrain`` trained the model in ``model_dir`` on, when it trained it
+    from its start (positions beyond it are still at their starting values); None when unknown."""
+    try:
+        saved = read_json_object(os.path.join(model_dir, PRETRAIN_CONFIG), PRETRAIN_CONFIG)
+        return None if saved["model"].get("init") else int(saved["data"]["max_seq_length"])
+    except (UserError, ValueError, KeyError, TypeError, AttributeError):
+        return None

@@ -1,6 +1,6 @@
-"""``bertforge pretrain``: pretraining by any objective of :mod:`bertforge.objectives` (masked LM with or
-without next sentence prediction, ELECTRA), with evaluation, plots, atomic checkpoints, exact resume, and
-DistributedDataParallel under ``torchrun``; the run's life is :mod:`bertforge.lifecycle`'s.
+"""``bertforge pretrain``: pretraining by any objective of :mod:`bertforge.objectives`, with evaluation,
+plots, atomic checkpoints, exact resume, and DistributedDataParallel under ``torchrun``; the run's life is
+:mod:`bertforge.lifecycle`'s.
 
 Output folder layout::
 
@@ -37,7 +37,7 @@ from tokenizers import Tokenizer
 from . import checkpoint as ckpt
 from . import modelcard
 from .batching import to_device
-from .config import BertConfig, PretrainConfig
+from .config import PRETRAIN_CONFIG, BertConfig, PretrainConfig
 from .corpus import iter_texts
 from .data import PretrainingData
 from .devices import Dist, init_distributed, resolve_device, setup_backend
@@ -45,18 +45,18 @@ from .engine import Engine, LinearSchedule
 from .errors import UserError
 from .evaluation import fill_mask_samples
 from .atomic import atomic_write_json
-from .files import read_json_object
 from .initialization import local_attention_heads_, set_dropout, sinusoidal_positions_
 from .lifecycle import TrainingRun, finish, locked_output, preflight, run_folder
 from .logs import duration, rounded
 from .objectives import OBJECTIVES, PretrainingObjective, objective_class
 from .outputs import MODEL_FILES, register_output
 from .plots import plot_pretraining
+from .settings import warn_if_schedule_changed
 from .tokenizer import check_vocab_fits, load_tokenizer, save_tokenizer, special_ids, train_vocabulary
 
 log = logging.getLogger("bertforge")
 
-CONFIG_FILE = "pretrain_config.json"
+CONFIG_FILE = PRETRAIN_CONFIG
 register_output("pretrain", MODEL_FILES | {CONFIG_FILE, "metrics.jsonl", "metrics.json", "train.log", "plots",
                                            "checkpoints", "tensorboard", "README.md"}
                 | {name for o in OBJECTIVES.values() for name in o.outputs})
@@ -171,23 +171,6 @@ def build_objective(cfg: PretrainConfig, config: BertConfig, resume: bool) -> Pr
     if mc.dropout is not None:  # pretraining's own; config.json keeps the model's, for fine-tuning
         set_dropout(objective.model, mc.dropout)
     return objective
-
-
-SCHEDULE = ("lr", "max_steps", "max_time", "warmup_steps", "warmup_ratio", "batch_size")
-
-
-def warn_if_schedule_changed(out: str, cfg: PretrainConfig) -> None:
-    """On resume: say so when the settings that shape the learning-rate schedule differ from the saved run's."""
-    try:
-        saved = PretrainConfig.from_dict(read_json_object(os.path.join(out, CONFIG_FILE), CONFIG_FILE)).train
-    except UserError:
-        return
-    changed = [f"--{k.replace('_', '-')} {getattr(saved, k)} -> {getattr(cfg.train, k)}" for k in SCHEDULE
-               if getattr(saved, k) != getattr(cfg.train, k)]
-    if changed:
-        log.warning("resuming with %s: the learning-rate schedule is recomputed from this step on with the new "
-                    "values, so the run no longer reproduces an uninterrupted run of either setting",
-                    ", ".join(changed))
 
 
 # ------------------------------------------------------------------------------------------------ the run

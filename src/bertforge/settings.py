@@ -16,11 +16,13 @@ Each command takes the settings of its own sections (:class:`~bertforge.config.P
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import sys
 from typing import Any
 
 from .config import (
+    PRETRAIN_CONFIG,
     BertConfig,
     FinetuneConfig,
     PretrainConfig,
@@ -30,6 +32,9 @@ from .config import (
     taken_by,
 )
 from .errors import UserError
+from .files import read_json_object
+
+log = logging.getLogger("bertforge")
 
 
 def progress_default(flag: bool | None) -> dict[str, bool]:
@@ -67,11 +72,8 @@ def pretrain_settings(out: str, data: list[str] | str | None = None, resume: boo
 
 def _saved_pretraining(out: str) -> dict | None:
     """The settings a pretraining run saved in ``out`` (None when there are none)."""
-    from .files import read_json_object
-    from .pretrain import CONFIG_FILE
-
-    path = os.path.join(out, CONFIG_FILE) if out else ""
-    return read_json_object(path, CONFIG_FILE) if path and os.path.isfile(path) else None
+    path = os.path.join(out, PRETRAIN_CONFIG) if out else ""
+    return read_json_object(path, PRETRAIN_CONFIG) if path and os.path.isfile(path) else None
 
 
 def _pretrain_values(flat: dict[str, Any]) -> dict[str, Any]:
@@ -137,3 +139,20 @@ def finetune_file_settings(d: dict[str, Any], path: str) -> dict[str, Any]:
         raise UserError(f"config file {path}: {', '.join(changed)} cannot be set for fine-tuning")
     return {k: v for k, v in flat.items() if k not in other}
 
+
+SCHEDULE = ("lr", "max_steps", "max_time", "warmup_steps", "warmup_ratio", "batch_size")
+
+
+def warn_if_schedule_changed(out: str, cfg: PretrainConfig) -> None:
+    """On resume: say so when the settings that shape the learning-rate schedule differ from the saved run's."""
+    try:
+        path = os.path.join(out, PRETRAIN_CONFIG)
+        saved = PretrainConfig.from_dict(read_json_object(path, PRETRAIN_CONFIG)).train
+    except UserError:
+        return
+    changed = [f"--{k.replace('_', '-')} {getattr(saved, k)} -> {getattr(cfg.train, k)}" for k in SCHEDULE
+               if getattr(saved, k) != getattr(cfg.train, k)]
+    if changed:
+        log.warning("resuming with %s: the learning-rate schedule is recomputed from this step on with the new "
+                    "values, so the run no longer reproduces an uninterrupted run of either setting",
+                    ", ".join(changed))

@@ -12,9 +12,9 @@ from ..evaluation import evaluate_pretraining
 class PretrainingObjective(nn.Module):
     """The module the engine trains around ``model`` (what checkpoints hold).
 
-    ``forward(batch, totals, step)`` returns the loss of one micro-batch normalised over the global batch
-    (``totals``, the sums of :meth:`counts` over every micro-batch of every process) and the summed parts to
-    report.  On the CPU, with ``seed``, dropout masks are keyed by (seed, ``step``, each sequence's index in
+    ``forward(batch, step)`` returns a micro-batch's summed losses; :meth:`loss` normalises them over the global
+    batch (``totals``, the sums of :meth:`counts` over every micro-batch of every process) and names the parts
+    to report.  On the CPU, with ``seed``, dropout masks are keyed by (seed, ``step``, each sequence's index in
     the epoch: the batch's ``sequence_ids``), so that they do not depend on how sequences are split among
     processes and micro-batches (on CUDA the fused attention kernels draw their own).
     """
@@ -55,7 +55,10 @@ class PretrainingObjective(nn.Module):
         return {"masked": float((batch["labels"] != -100).sum()), "tokens": float(batch["attention_mask"].sum()),
                 "sequences": float(batch["input_ids"].shape[0])}
 
-    def forward(self, batch: dict, totals: dict[str, float], step: int) -> tuple[torch.Tensor, dict]:
+    def forward(self, batch: dict, step: int) -> dict:
+        raise NotImplementedError
+
+    def loss(self, out: dict, totals: dict[str, float]) -> tuple[torch.Tensor, dict]:
         raise NotImplementedError
 
     # ---- the log

@@ -56,12 +56,17 @@ class Electra(PretrainingObjective):
     def masked_lm(self) -> torch.nn.Module:
         return self.model.generator  # an ELECTRA run's masked LM is its generator
 
-    def forward(self, b: dict, totals: dict[str, float], step: int) -> tuple[torch.Tensor, dict]:
-        """The generator's MLM loss over the masked tokens plus 50 times the discriminator's over the real
-        tokens.  On the CPU the replacements are sampled from generators keyed like the dropout masks."""
+    def forward(self, b: dict, step: int) -> dict:
+        """On the CPU the replacements are sampled from generators keyed like the dropout masks."""
         gen, disc, counts = self.model.replaced_token_detection(b["input_ids"], b["attention_mask"],
                                                                 b["token_type_ids"], b["labels"],
                                                                 dropout_keys=batch_keys(b, self.seed, step))
+        return {"gen": gen, "disc": disc, "counts": counts}
+
+    def loss(self, out: dict, totals: dict[str, float]) -> tuple[torch.Tensor, dict]:
+        """The generator's MLM loss over the masked tokens plus 50 times the discriminator's over the real
+        tokens."""
+        gen, disc, counts = out["gen"], out["disc"], out["counts"]
         loss = gen.float() / totals["masked"] + DISCRIMINATOR_WEIGHT * disc.float() / totals["tokens"]
         return loss, {"mlm": gen.detach(), "disc": disc.detach(), **dict(zip(COUNTS, counts))}
 

@@ -29,11 +29,15 @@ class MaskedLM(PretrainingObjective):
             return cls(model_cls.from_pretrained(cfg.model.init, config=config), cfg)
         return cls(model_cls(config), cfg)
 
-    def forward(self, b: dict, totals: dict[str, float], step: int) -> tuple[torch.Tensor, dict]:
+    def forward(self, b: dict, step: int) -> dict:
         mlm, nsp = pretraining_losses(self.model, b["input_ids"], b["attention_mask"], b["token_type_ids"],
                                       b["labels"], b.get("next_sentence_label"),
                                       dropout_keys=batch_keys(b, self.seed, step))
+        return {"mlm": mlm, "nsp": nsp}
+
+    def loss(self, out: dict, totals: dict[str, float]) -> tuple[torch.Tensor, dict]:
         # the MLM loss is a mean over the masked tokens of the global batch, NSP's over its sequences
+        mlm, nsp = out["mlm"], out["nsp"]
         loss, parts = mlm.float() / totals["masked"], {"mlm": mlm.detach()}
         if nsp is not None:
             loss, parts["nsp"] = loss + nsp.float() / totals["sequences"], nsp.detach()
