@@ -4,20 +4,21 @@
 (:func:`run_finetune_bench`).
 
 Training: a full pretraining step exactly as ``bertforge pretrain`` runs it (:meth:`bertforge.engine.Engine.step`
-with the masked-LM objective, :class:`bertforge.objectives.MaskedLM`: forward with dropout masks keyed by sequence on the CPU,
-backward, clipping, fused AdamW) against ``transformers.BertForPreTraining`` (SDPA attention, AdamW, clipping)
-on the same masked batch held in memory: random tokens, or with ``text`` and ``tokenizer`` a batch of real
-text built as ``bertforge pretrain`` builds it.  transformers' AdamW is torch's default (foreach) on the CPU,
-as its Trainer's ``adamw_torch``, and fused on CUDA.  Both run under the same precision (bf16 autocast on CUDA
-by default), neither compiled.  The two alternate round by round so that drift on a shared machine hits both
-alike; the medians are compared.  Model FLOP utilisation is reported against a matmul peak measured here in
-the precision of the run (fp32 on the CPU, bf16 under autocast).
+with the masked-LM objective, :class:`bertforge.objectives.MaskedLM`: forward with dropout masks keyed by
+sequence on the CPU, backward, clipping, fused AdamW) against ``transformers.BertForPreTraining`` (SDPA
+attention, AdamW, clipping) on the same masked batch held in memory: random tokens, or with ``text`` and
+``tokenizer`` a batch of real text built as ``bertforge pretrain`` builds it.  transformers' AdamW is torch's
+default (foreach) on the CPU, as its Trainer's ``adamw_torch``, and fused on CUDA.  Both run under the same
+precision (bf16 autocast on CUDA by default), neither compiled.  The two alternate round by round so that
+drift on a shared machine hits both alike; the medians are compared.  Model FLOP utilisation is reported
+against the matmul peak that the bench measures on the same device, in the precision of the run (fp32 on the
+CPU, bf16 under autocast), so that it reads as a fraction of what the device can do.
 
 Inference: the encoder's forward pass over variable-length batches (SST-2 sentences when the data is at
 hand, else the demo corpus' sentences), each batch padded to its longest sentence for both (transformers'
 dynamic padding), in eval mode under ``torch.inference_mode()``.
 
-transformers is needed only here (install the ``test`` extra); the package never imports it otherwise.
+transformers is needed only by this command (install the ``test`` extra); nothing else in the package imports it.
 """
 
 from __future__ import annotations
@@ -138,6 +139,61 @@ def _inference_batches(B: int, vocab: int, data_dir: str | None, n_batches: int)
     return batches, source
 
 
+def _import_transformers():
+    try:
+        import transformers
+    except ImportError:
+        raise UserError("bertforge bench compares against transformers: pip install 'bertforge[test]'") from None
+    return transformers
+
+
+def _backend(device: str, threads: int | None, precision: str):
+    """(settings, device, autocast) of a bench, set up as a run sets them up."""
+    impl = ImplConfig(device=device, threads=threads, precision=precision)
+    dev = resolve_device(impl)
+    setup_backend(dev, impl)
+    return impl, dev, autocast_context(dev, impl)
+
+
+def _transformers_optimizer(model, lr: float, dev: torch.device) -> torch.optim.Optimizer:
+    if dev.type == "cuda":  # fused, as ours
+        return build_optimizer(model, TrainConfig(lr=lr), dev)
+    # torch's default, as transformers' Trainer (adamw_torch) uses it
+    return torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01)
+
+
+def _versions(dev: torch.device, transformers) -> str:
+    return (f"device {dev}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
+            f"transformers {transformers.__version__}")
+
+
+def _seconds(dev: torch.device, fn) -> float:
+    """Wall time of ``fn()``, the device's queue drained before and after."""
+    _sync(dev)
+    t0 = time.perf_counter()
+    fn()
+    _sync(dev)
+    return time.perf_counter() - t0
+
+
+def _alternate(rounds: int, ours, theirs, what: str, out) -> list[tuple[float, float]]:
+    """(bertforge, transformers) tokens per second of each round: ``ours(r)`` then ``theirs(r)``, round after
+    round, so that drift on a shared machine hits both alike."""
+    rows = []
+    for r in range(rounds):
+        a, b = ours(r), theirs(r)
+        rows.append((a, b))
+        out(f"{what} round {r + 1}: bertforge {a:8.0f} tok/s   transformers {b:8.0f} tok/s   x{a / b:.2f}")
+    return rows
+
+
+def _medians(rows: list[tuple[float, float]]) -> tuple[float, float, float]:
+    """Median tokens per second of bertforge and of transformers, and the median of the per-round speed-ups."""
+    return (statistics.median(a for a, _ in rows), statistics.median(b for _, b in rows),
+            statistics.median(a / b for a, b in rows))
+
+
+# ------------------------------------------------------------------------------------------------ pretraining
 def run_bench(preset: str = "mini", batch_size: int = 32, seq_len: int = 128, steps: int = 3, rounds: int = 7,
               vocab_size: int | None = None, device: str = "auto", data_dir: str | None = None, inference: bool = True,
               threads: int | None = None, out=print, text: str | None = None, tokenizer: str | None = None,
@@ -145,14 +201,44 @@ def run_bench(preset: str = "mini", batch_size: int = 32, seq_len: int = 128, st
     """Alternate bertforge and transformers; print per-round figures and return the medians."""
     if (text is None) != (tokenizer is None):
         raise UserError("--text and --tokenizer go together")
-    try:
-        import transformers
-    except ImportError:
-        raise UserError("bertforge bench compares against transformers: pip install 'bertforge[test]'") from None
-    impl = ImplConfig(device=device, threads=threads, precision=precision)
-    dev = resolve_device(impl)
-    setup_backend(dev, impl)
-    autocast = autocast_context(dev, impl)
+    transformers = _import_transformers()
+    impl, dev, autocast = _backend(device, threads, precision)
+    batch, vocab_size, source = _training_batch(text, tokenizer, batch_size, seq_len, vocab_size)
+    cfg = BertConfig.preset(preset, vocab_size=vocab_size)
+    peak, peak_name = _matmul_peak_of_run(dev, autocast)
+    fpt = flops_per_token(cfg, seq_len, 0.15)
+    out(_versions(dev, transformers))
+    out(f"config {preset}: {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, vocabulary {vocab_size}; "
+        f"batch {batch_size} x {seq_len} of {source}; {fpt / 1e6:.1f} MFLOP/token; "
+        f"{peak_name} matmul peak {peak / 1e9:.0f} GFLOP/s")
+
+    hf_cfg = transformers.BertConfig(**cfg.to_dict())
+    hf_cfg._attn_implementation = "sdpa"
+    batch = {k: v.to(dev) for k, v in batch.items()}
+    tokens = int(batch["attention_mask"].sum())  # real tokens, as bertforge pretrain counts them
+    rows = _pretraining_rounds(cfg, hf_cfg, transformers, batch, tokens, impl, dev, autocast, steps, rounds, out)
+    ours_tps, theirs_tps, speedup = _medians(rows)
+    res = {
+        "device": str(dev), "preset": preset, "batch_size": batch_size, "seq_len": seq_len, "batch_source": source,
+        "train_padding_fraction": 1 - tokens / batch["attention_mask"].numel(), "vocab_size": vocab_size,
+        "train_tokens_per_second": ours_tps, "transformers_train_tokens_per_second": theirs_tps,
+        "train_speedup_vs_transformers": speedup,
+        "train_mfu": ours_tps * fpt / peak, "transformers_train_mfu": theirs_tps * fpt / peak,
+        "matmul_peak_gflops": peak / 1e9, "matmul_peak_dtype": peak_name, "model_flops_per_token": fpt,
+    }
+    out(f"train: bertforge {ours_tps:.0f} tok/s (MFU {res['train_mfu']:.1%}), transformers {theirs_tps:.0f} tok/s "
+        f"(MFU {res['transformers_train_mfu']:.1%}), median speed-up x{res['train_speedup_vs_transformers']:.2f}")
+    if inference:
+        res.update(_inference_bench(cfg, hf_cfg, transformers, dev, autocast, batch_size, vocab_size, data_dir,
+                                    rounds, out))
+    out(json.dumps(res))
+    out(f"train_speedup_vs_transformers={res['train_speedup_vs_transformers']:.2f}")
+    return res
+
+
+def _training_batch(text: str | None, tokenizer: str | None, batch_size: int, seq_len: int,
+                    vocab_size: int | None) -> tuple[dict, int, str]:
+    """(batch with the keys of keyed dropout, vocabulary size, what the batch holds)."""
     if text:
         batch, n_vocab = text_batch(text, tokenizer, batch_size, seq_len)
         if vocab_size is not None and vocab_size != n_vocab:
@@ -162,29 +248,27 @@ def run_bench(preset: str = "mini", batch_size: int = 32, seq_len: int = 128, st
         vocab_size = vocab_size or 30522
         batch, source = pretraining_batch(batch_size, seq_len, vocab_size), "random tokens"
     batch["sequence_ids"] = torch.arange(batch_size)  # the keys of keyed dropout, as in pretraining
-    cfg = BertConfig.preset(preset, vocab_size=vocab_size)
+    return batch, vocab_size, source
+
+
+def _matmul_peak_of_run(dev: torch.device, autocast) -> tuple[float, str]:
+    """(matmul FLOP/s, precision name) in the precision the run computes in: MFU is measured against it."""
     peak_dtype = getattr(autocast, "fast_dtype", torch.float32)
     peak_name = {torch.float32: "tf32" if dev.type == "cuda" and torch.backends.cuda.matmul.allow_tf32 else "fp32",
                  torch.bfloat16: "bf16", torch.float16: "fp16"}[peak_dtype]
-    peak = matmul_peak(dev, dtype=peak_dtype)
-    fpt = flops_per_token(cfg, seq_len, 0.15)
-    out(f"device {dev}, {torch.get_num_threads()} threads, torch {torch.__version__}, transformers {transformers.__version__}")
-    out(f"config {preset}: {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, vocabulary {vocab_size}; "
-        f"batch {batch_size} x {seq_len} of {source}; {fpt / 1e6:.1f} MFLOP/token; {peak_name} matmul peak {peak / 1e9:.0f} GFLOP/s")
+    return matmul_peak(dev, dtype=peak_dtype), peak_name
 
+
+def _pretraining_rounds(cfg: BertConfig, hf_cfg, transformers, batch: dict, tokens: int, impl: ImplConfig,
+                        dev: torch.device, autocast, steps: int, rounds: int, out) -> list[tuple[float, float]]:
+    """(bertforge, transformers) training tokens per second of each round of ``steps`` steps on the same batch,
+    after a warm-up step of each."""
     torch.manual_seed(0)
     ours = BertForPreTraining(cfg).to(dev).train()
     engine = Engine(MaskedLM(ours, PretrainConfig()), TrainConfig(lr=1e-4), impl, dev)  # seed 0
-    hf_cfg = transformers.BertConfig(**cfg.to_dict())
-    hf_cfg._attn_implementation = "sdpa"
     theirs = transformers.BertForPreTraining(hf_cfg).to(dev).train()
-    if dev.type == "cuda":  # fused, as ours
-        opt_theirs = build_optimizer(theirs, TrainConfig(lr=1e-4), dev)
-    else:  # torch's default, as transformers' Trainer (adamw_torch) uses it
-        opt_theirs = torch.optim.AdamW(theirs.parameters(), lr=1e-4, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01)
-    batch = {k: v.to(dev) for k, v in batch.items()}
+    opt_theirs = _transformers_optimizer(theirs, 1e-4, dev)
     theirs_batch = {k: v for k, v in batch.items() if k != "sequence_ids"}
-    tokens = int(batch["attention_mask"].sum())  # real tokens, as bertforge pretrain counts them
 
     def step_ours():
         engine.step([batch])
@@ -192,74 +276,48 @@ def run_bench(preset: str = "mini", batch_size: int = 32, seq_len: int = 128, st
     def step_theirs():
         transformers_step(theirs, opt_theirs, theirs_batch, autocast)
 
-    def timed(fn, k):
-        _sync(dev)
-        t0 = time.perf_counter()
-        for _ in range(k):
-            fn()
-        _sync(dev)
-        return k * tokens / (time.perf_counter() - t0)
+    def timed(step):
+        def run():
+            for _ in range(steps):
+                step()
+        return lambda r: steps * tokens / _seconds(dev, run)
 
     for fn in (step_ours, step_theirs):  # warm-up
         fn()
-    rows = []
-    for r in range(rounds):
-        a, b = timed(step_ours, steps), timed(step_theirs, steps)
-        rows.append((a, b))
-        out(f"train round {r + 1}: bertforge {a:8.0f} tok/s   transformers {b:8.0f} tok/s   x{a / b:.2f}")
-    ours_tps = statistics.median(a for a, _ in rows)
-    theirs_tps = statistics.median(b for _, b in rows)
+    return _alternate(rounds, timed(step_ours), timed(step_theirs), "train", out)
+
+
+def _inference_bench(cfg: BertConfig, hf_cfg, transformers, dev: torch.device, autocast, batch_size: int,
+                     vocab_size: int, data_dir: str | None, rounds: int, out) -> dict:
+    """The encoders' forward pass over the same variable-length batches, in eval mode under
+    ``torch.inference_mode()``, alternating round by round; the results' inference entries."""
+    batches, source = _inference_batches(batch_size, vocab_size, data_dir, n_batches=24)
+    enc_ours = BertModel(cfg).to(dev).eval()
+    enc_theirs = transformers.BertModel(hf_cfg).to(dev).eval()
+    batches = [{k: v.to(dev) for k, v in b.items()} for b in batches]
+    real = sum(int(b["attention_mask"].sum()) for b in batches)
+    padded = sum(b["attention_mask"].numel() for b in batches)
+
+    def infer(model, hf: bool):
+        def run():
+            with torch.inference_mode(), autocast:
+                for b in batches:
+                    model(**b) if hf else model(b["input_ids"], b["attention_mask"], b["token_type_ids"])
+        return run
+
+    fo, ft = infer(enc_ours, False), infer(enc_theirs, True)
+    fo(), ft()
+    rows = _alternate(rounds, lambda r: real / _seconds(dev, fo), lambda r: real / _seconds(dev, ft), "inference",
+                      out)
+    ours_tps, theirs_tps, speedup = _medians(rows)
     res = {
-        "device": str(dev), "preset": preset, "batch_size": batch_size, "seq_len": seq_len, "batch_source": source,
-        "train_padding_fraction": 1 - tokens / batch["attention_mask"].numel(), "vocab_size": vocab_size,
-        "train_tokens_per_second": ours_tps, "transformers_train_tokens_per_second": theirs_tps,
-        "train_speedup_vs_transformers": statistics.median(a / b for a, b in rows),
-        "train_mfu": ours_tps * fpt / peak, "transformers_train_mfu": theirs_tps * fpt / peak,
-        "matmul_peak_gflops": peak / 1e9, "matmul_peak_dtype": peak_name, "model_flops_per_token": fpt,
+        "inference_source": source, "inference_padding_fraction": 1 - real / padded,
+        "inference_tokens_per_second": ours_tps, "transformers_inference_tokens_per_second": theirs_tps,
+        "inference_speedup_vs_transformers": speedup,
     }
-    out(f"train: bertforge {ours_tps:.0f} tok/s (MFU {res['train_mfu']:.1%}), transformers {theirs_tps:.0f} tok/s "
-        f"(MFU {res['transformers_train_mfu']:.1%}), median speed-up x{res['train_speedup_vs_transformers']:.2f}")
-
-    if inference:
-        batches, source = _inference_batches(batch_size, vocab_size, data_dir, n_batches=24)
-        enc_ours = BertModel(cfg).to(dev).eval()
-        enc_theirs = transformers.BertModel(hf_cfg).to(dev).eval()
-        batches = [{k: v.to(dev) for k, v in b.items()} for b in batches]
-        real = sum(int(b["attention_mask"].sum()) for b in batches)
-        padded = sum(b["attention_mask"].numel() for b in batches)
-
-        def infer(model, hf: bool):
-            def run():
-                with torch.inference_mode(), autocast:
-                    for b in batches:
-                        model(**b) if hf else model(b["input_ids"], b["attention_mask"], b["token_type_ids"])
-            return run
-
-        def timed_inf(fn):
-            _sync(dev)
-            t0 = time.perf_counter()
-            fn()
-            _sync(dev)
-            return real / (time.perf_counter() - t0)
-
-        fo, ft = infer(enc_ours, False), infer(enc_theirs, True)
-        fo(), ft()
-        irows = []
-        for r in range(rounds):
-            a, b = timed_inf(fo), timed_inf(ft)
-            irows.append((a, b))
-            out(f"inference round {r + 1}: bertforge {a:8.0f} tok/s   transformers {b:8.0f} tok/s   x{a / b:.2f}")
-        res.update({
-            "inference_source": source, "inference_padding_fraction": 1 - real / padded,
-            "inference_tokens_per_second": statistics.median(a for a, _ in irows),
-            "transformers_inference_tokens_per_second": statistics.median(b for _, b in irows),
-            "inference_speedup_vs_transformers": statistics.median(a / b for a, b in irows),
-        })
-        out(f"inference ({source}, {len(batches)} batches of {batch_size}, {res['inference_padding_fraction']:.0%} padding): "
-            f"bertforge {res['inference_tokens_per_second']:.0f} tok/s, transformers "
-            f"{res['transformers_inference_tokens_per_second']:.0f} tok/s, median speed-up x{res['inference_speedup_vs_transformers']:.2f}")
-    out(json.dumps(res))
-    out(f"train_speedup_vs_transformers={res['train_speedup_vs_transformers']:.2f}")
+    out(f"inference ({source}, {len(batches)} batches of {batch_size}, {res['inference_padding_fraction']:.0%} "
+        f"padding): bertforge {ours_tps:.0f} tok/s, transformers {theirs_tps:.0f} tok/s, "
+        f"median speed-up x{speedup:.2f}")
     return res
 
 
@@ -277,14 +335,16 @@ def _finetune_data(task: str, data_dir: str | None, train: str | None, tmp: str)
         paths = write_sentiment(tmp, n_train=2000, seed=0)
         return paths["train"], paths["validation"]
     if data_dir and os.path.isfile(os.path.join(data_dir, "squad", "train-8k-v1.1.json")):
-        return os.path.join(data_dir, "squad", "train-8k-v1.1.json"), os.path.join(data_dir, "squad", "dev-v1.1.json")
+        return (os.path.join(data_dir, "squad", "train-8k-v1.1.json"),
+                os.path.join(data_dir, "squad", "dev-v1.1.json"))
     raise UserError("bench --task squad needs --train FILE or --data-dir (SQuAD's train-8k-v1.1.json under squad/)")
 
 
 def run_finetune_bench(task: str, model: str | None = None, preset: str = "mini", batch_size: int = 32,
                        seq_len: int | None = None, steps: int = 3, rounds: int = 7, device: str = "auto",
                        data_dir: str | None = None, train: str | None = None, n_batches: int = 16,
-                       group_by_length: bool = False, threads: int | None = None, precision: str = "auto", out=print) -> dict:
+                       group_by_length: bool = False, threads: int | None = None, precision: str = "auto",
+                       out=print) -> dict:
     """A real fine-tuning step of ``bertforge finetune TASK`` (its batches, loss and :class:`Engine` step) against
     transformers' ``BertFor{SequenceClassification,QuestionAnswering}`` (SDPA attention, AdamW, clipping) on the
     same model weights and the same variable-length batches (each padded to its longest example, as both
@@ -292,67 +352,123 @@ def run_finetune_bench(task: str, model: str | None = None, preset: str = "mini"
     process, alternating round by round; the medians of real tokens per second are compared."""
     import tempfile
 
-    try:
-        import transformers
-    except ImportError:
-        raise UserError("bertforge bench compares against transformers: pip install 'bertforge[test]'") from None
-    from .batching import to_device
-    from .batching import group_by_length as group_by_length_order
     from .finetune import TaskLoss
     from .tasks import TASKS
-    from .tokenizer import load_tokenizer, save_tokenizer, train_vocabulary
 
+    transformers = _import_transformers()
     if task not in TASKS:
         raise UserError(f"bench --task must be pretrain, {' or '.join(TASKS)}, not {task!r}")
     seq_len = seq_len or (384 if task == "squad" else 128)
-    impl = ImplConfig(device=device, threads=threads, precision=precision)
-    dev = resolve_device(impl)
-    setup_backend(dev, impl)
-    autocast = autocast_context(dev, impl)
+    impl, dev, autocast = _backend(device, threads, precision)
     kind = TASKS[task]
     with tempfile.TemporaryDirectory() as tmp:
         train_file, val_file = _finetune_data(task, data_dir, train, tmp)
         cfg = kind.config(model=model or os.path.join(tmp, "model"), train_file=train_file, validation_file=val_file,
                           out=os.path.join(tmp, "out"), max_seq_length=seq_len, batch_size=batch_size,
                           max_train_examples=batch_size * n_batches)
-        t = kind(kind.settings_class())
-        t.read(cfg)
-        if model is None:  # a randomly initialised preset with a WordPiece vocabulary of the training text
-            rows = getattr(t, "train_rows", None)
-            texts = [r[t.text] for r in rows] if rows else [e.context + " " + e.question for e in t.train_ex]
-            tok = train_vocabulary(texts, 8000, kind="wordpiece")
-            save_tokenizer(tok, cfg.model)
-            torch.manual_seed(0)
-            BertForPreTraining(BertConfig.preset(preset, vocab_size=tok.get_vocab_size())).save_pretrained(cfg.model, tokenizer=tok)
-        tok = load_tokenizer(cfg.model)
-        config = BertConfig.load(cfg.model)
-        reinit = t.configure(config)
-        features, collate = t.encode(tok, cfg)
-        features = features[: batch_size * n_batches]
-        if group_by_length:  # fine-tuning's own grouping (one run of batches here: sorted, longest first)
-            order = group_by_length_order(list(range(len(features))), [len(f["input_ids"]) for f in features], batch_size)
-            features = [features[i] for i in order]
-        batches = [to_device(collate(features[i : i + batch_size]), dev) for i in range(0, len(features) - batch_size + 1, batch_size)]
-        if not batches:
-            raise UserError(f"fewer than {batch_size} training examples for one batch")
-        torch.manual_seed(0)
-        ours = kind.model_class.from_pretrained(cfg.model, config=config, reinit_head=reinit)
-        ours.save_pretrained(os.path.join(tmp, "same"), tokenizer=tok)  # the same weights for transformers
-        hf_class = getattr(transformers, kind.model_class.__name__)
-        theirs = hf_class.from_pretrained(os.path.join(tmp, "same"), attn_implementation="sdpa").to(dev).train()
+        ours, theirs, config, batches = _finetune_setup(kind, cfg, transformers, tmp, preset if model is None else None,
+                                                        batch_size, n_batches, group_by_length, dev)
     ours = ours.to(dev).train()
     engine = Engine(TaskLoss(ours, 0), TrainConfig(lr=5e-5), impl, dev)
-    if dev.type == "cuda":
-        opt_theirs = build_optimizer(theirs, TrainConfig(lr=5e-5), dev)
-    else:  # torch's default, as transformers' Trainer (adamw_torch) uses it
-        opt_theirs = torch.optim.AdamW(theirs.parameters(), lr=5e-5, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01)
+    opt_theirs = _transformers_optimizer(theirs, 5e-5, dev)
     real = [int(b["attention_mask"].sum()) for b in batches]
     padded = sum(b["attention_mask"].numel() for b in batches)
-    out(f"device {dev}, {torch.get_num_threads()} threads, torch {torch.__version__}, transformers {transformers.__version__}")
+    out(_versions(dev, transformers))
     out(f"fine-tuning {task}: {model or preset} ({config.num_hidden_layers} layers, hidden {config.hidden_size}), "
         f"{len(batches)} batches of {batch_size} from {os.path.basename(train_file)} (up to {seq_len} tokens, "
         f"{1 - sum(real) / padded:.0%} padding{', grouped by length' if group_by_length else ''})")
+    logit_diff = _logit_difference(ours, theirs, batches[0], task)
+    rows = _finetune_rounds(engine, theirs, opt_theirs, batches, real, batch_size, dev, autocast, steps, rounds, out)
+    ours_tps, theirs_tps, speedup = _medians(rows)
+    res = {"device": str(dev), "task": task, "model": model or preset, "batch_size": batch_size,
+           "max_seq_length": seq_len, "batches": len(batches), "padding_fraction": 1 - sum(real) / padded,
+           "group_by_length": group_by_length, "max_logit_difference": logit_diff,
+           "finetune_tokens_per_second": ours_tps, "transformers_finetune_tokens_per_second": theirs_tps,
+           "finetune_speedup_vs_transformers": speedup}
+    out(json.dumps(res))
+    out(f"finetune_speedup_vs_transformers={res['finetune_speedup_vs_transformers']:.2f}")
+    return res
 
+
+def _finetune_setup(kind, cfg, transformers, tmp: str, random_preset: str | None, batch_size: int, n_batches: int,
+                    group_by_length: bool, dev: torch.device):
+    """(our model, transformers' model with the same weights, the model's config, the batches on ``dev``) of
+    the task ``kind`` as ``bertforge finetune`` reads and encodes it; with ``random_preset``, the model is that
+    preset, randomly initialised, written to ``cfg.model`` first."""
+    from .tokenizer import load_tokenizer
+
+    t = kind(kind.settings_class())
+    t.read(cfg)
+    if random_preset is not None:
+        _random_model(t, cfg.model, random_preset)
+    tok = load_tokenizer(cfg.model)
+    config = BertConfig.load(cfg.model)
+    reinit = t.configure(config)
+    batches = _finetune_batches(t, tok, cfg, batch_size, n_batches, group_by_length, dev)
+    torch.manual_seed(0)
+    ours = kind.model_class.from_pretrained(cfg.model, config=config, reinit_head=reinit)
+    ours.save_pretrained(os.path.join(tmp, "same"), tokenizer=tok)  # the same weights for transformers
+    hf_class = getattr(transformers, kind.model_class.__name__)
+    theirs = hf_class.from_pretrained(os.path.join(tmp, "same"), attn_implementation="sdpa").to(dev).train()
+    return ours, theirs, config, batches
+
+
+def _random_model(t, folder: str, preset: str) -> None:
+    """A randomly initialised ``preset`` with a WordPiece vocabulary of the task's training text, saved to
+    ``folder``."""
+    from .tokenizer import save_tokenizer, train_vocabulary
+
+    rows = getattr(t, "train_rows", None)
+    texts = [r[t.text] for r in rows] if rows else [e.context + " " + e.question for e in t.train_ex]
+    tok = train_vocabulary(texts, 8000, kind="wordpiece")
+    save_tokenizer(tok, folder)
+    torch.manual_seed(0)
+    model = BertForPreTraining(BertConfig.preset(preset, vocab_size=tok.get_vocab_size()))
+    model.save_pretrained(folder, tokenizer=tok)
+
+
+def _finetune_batches(t, tok, cfg, batch_size: int, n_batches: int, group_by_length: bool,
+                      dev: torch.device) -> list[dict]:
+    """Up to ``n_batches`` full batches of the task's training features, collated as fine-tuning collates
+    them."""
+    from .batching import group_by_length as group_by_length_order
+    from .batching import to_device
+
+    features, collate = t.encode(tok, cfg)
+    features = features[: batch_size * n_batches]
+    if group_by_length:  # fine-tuning's own grouping; the bench's few batches make one group: sorted, longest first
+        order = group_by_length_order(list(range(len(features))), [len(f["input_ids"]) for f in features],
+                                      batch_size)
+        features = [features[i] for i in order]
+    batches = [to_device(collate(features[i : i + batch_size]), dev)
+               for i in range(0, len(features) - batch_size + 1, batch_size)]
+    if not batches:
+        raise UserError(f"fewer than {batch_size} training examples for one batch")
+    return batches
+
+
+def _logit_difference(ours, theirs, batch: dict, task: str) -> float:
+    """The largest difference of the two models' logits on ``batch`` (at real positions for squad): the same
+    model on the same batch, so they agree."""
+    with torch.no_grad():
+        ours.eval(), theirs.eval()
+        b = {k: v for k, v in batch.items() if k in ("input_ids", "token_type_ids", "attention_mask")}
+        o, h = ours(**b), theirs(**b)
+        real_pos = b["attention_mask"].bool()
+        if task == "classify":
+            pairs = [(o.logits, h.logits)]
+        else:
+            pairs = [(o.start_logits[real_pos], h.start_logits[real_pos]),
+                     (o.end_logits[real_pos], h.end_logits[real_pos])]
+        logit_diff = max(float((x.float() - y.float()).abs().max()) for x, y in pairs)
+        ours.train(), theirs.train()
+    return logit_diff
+
+
+def _finetune_rounds(engine: Engine, theirs, opt_theirs, batches: list[dict], real: list[int], batch_size: int,
+                     dev: torch.device, autocast, steps: int, rounds: int, out) -> list[tuple[float, float]]:
+    """(bertforge, transformers) real tokens per second of each round of ``steps`` steps (round r takes the
+    batches after round r - 1's, cycling), after a warm-up step of each."""
     ids = torch.arange(batch_size, device=dev)  # the keys of keyed dropout, as in fine-tuning
 
     def step_ours(b):
@@ -361,39 +477,18 @@ def run_finetune_bench(task: str, model: str | None = None, preset: str = "mini"
     def step_theirs(b):
         transformers_step(theirs, opt_theirs, b, autocast)
 
-    def timed(fn, r):
-        picks = [(r * steps + k) % len(batches) for k in range(steps)]
-        _sync(dev)
-        t0 = time.perf_counter()
-        for i in picks:
-            fn(batches[i])
-        _sync(dev)
-        return sum(real[i] for i in picks) / (time.perf_counter() - t0)
+    def timed(step):
+        def rate(r: int) -> float:
+            picks = [(r * steps + k) % len(batches) for k in range(steps)]
 
-    with torch.no_grad():  # the same model on the same batch: the logits agree (at real positions for squad)
-        ours.eval(), theirs.eval()
-        b = {k: v for k, v in batches[0].items() if k in ("input_ids", "token_type_ids", "attention_mask")}
-        o, h = ours(**b), theirs(**b)
-        real_pos = b["attention_mask"].bool()
-        pairs = [(o.logits, h.logits)] if task == "classify" else [(o.start_logits[real_pos], h.start_logits[real_pos]),
-                                                                   (o.end_logits[real_pos], h.end_logits[real_pos])]
-        logit_diff = max(float((x.float() - y.float()).abs().max()) for x, y in pairs)
-        ours.train(), theirs.train()
+            def run():
+                for i in picks:
+                    step(batches[i])
+            return sum(real[i] for i in picks) / _seconds(dev, run)
+        return rate
+
     step_ours(batches[0]), step_theirs(batches[0])  # warm-up
-    rows = []
-    for r in range(rounds):
-        a, b = timed(step_ours, r), timed(step_theirs, r)
-        rows.append((a, b))
-        out(f"fine-tuning round {r + 1}: bertforge {a:8.0f} tok/s   transformers {b:8.0f} tok/s   x{a / b:.2f}")
-    res = {"device": str(dev), "task": task, "model": model or preset, "batch_size": batch_size, "max_seq_length": seq_len,
-           "batches": len(batches), "padding_fraction": 1 - sum(real) / padded, "group_by_length": group_by_length,
-           "max_logit_difference": logit_diff,
-           "finetune_tokens_per_second": statistics.median(a for a, _ in rows),
-           "transformers_finetune_tokens_per_second": statistics.median(b for _, b in rows),
-           "finetune_speedup_vs_transformers": statistics.median(a / b for a, b in rows)}
-    out(json.dumps(res))
-    out(f"finetune_speedup_vs_transformers={res['finetune_speedup_vs_transformers']:.2f}")
-    return res
+    return _alternate(rounds, timed(step_ours), timed(step_theirs), "fine-tuning", out)
 
 
 __all__ = ["run_bench", "run_finetune_bench", "matmul_peak", "pretraining_batch", "text_batch"]

@@ -80,9 +80,12 @@ class TokenizedCorpus:
         with open(os.path.join(folder, "meta.json"), encoding="utf-8") as f:
             self.meta = json.load(f)
         m = self.meta
-        self.tokens = np.memmap(os.path.join(folder, "tokens.bin"), dtype=m["dtype"], mode="r", shape=(m["n_tokens"],))
-        self.sent_ends = np.memmap(os.path.join(folder, "sent_ends.bin"), dtype=np.int64, mode="r", shape=(m["n_sentences"],))
-        self.doc_ends = np.memmap(os.path.join(folder, "doc_ends.bin"), dtype=np.int64, mode="r", shape=(m["n_documents"],))
+        self.tokens = np.memmap(os.path.join(folder, "tokens.bin"), dtype=m["dtype"], mode="r",
+                                shape=(m["n_tokens"],))
+        self.sent_ends = np.memmap(os.path.join(folder, "sent_ends.bin"), dtype=np.int64, mode="r",
+                                   shape=(m["n_sentences"],))
+        self.doc_ends = np.memmap(os.path.join(folder, "doc_ends.bin"), dtype=np.int64, mode="r",
+                                  shape=(m["n_documents"],))
 
     @property
     def n_documents(self) -> int:
@@ -135,7 +138,7 @@ def build_corpus(
     """Tokenize ``paths`` once into the cache (keyed by inputs and tokenizer); later calls reuse it.
 
     Memory stays bounded: sentences are tokenized in batches (in parallel on all cores) and appended to the
-    cache files as they come.
+    cache files as they come.  The cache is written to a temporary folder and renamed into place when whole.
     """
     cache_dir = cache_dir or default_cache_dir()
     key = cache_key(paths, tok, text_field, doc_separator)
@@ -147,68 +150,11 @@ def build_corpus(
     tmp = tempfile.mkdtemp(prefix=".corpus-tmp-", dir=cache_dir)
     vocab_size = tok.get_vocab_size(with_added_tokens=True)
     dtype = np.uint16 if vocab_size <= 65536 else np.uint32
-    n_tokens = n_sents = n_docs = n_bytes = 0
     try:
-        with open(os.path.join(tmp, "tokens.bin"), "wb") as ft, open(os.path.join(tmp, "sent_ends.bin"), "wb") as fs, open(
-            os.path.join(tmp, "doc_ends.bin"), "wb"
-        ) as fd:
-            pending: list[str] = []  # sentences waiting to be tokenized
-            pending_docs: list[int] = []  # number of sentences of each waiting document
-
-            def flush() -> None:
-                nonlocal n_tokens, n_sents, n_docs
-                if not pending:
-                    return
-                encs = tok.encode_batch(pending, add_special_tokens=False)
-                it = iter(encs)
-                toks: list[np.ndarray] = []
-                sent_ends: list[int] = []
-                doc_ends: list[int] = []
-                for count in pending_docs:
-                    kept = 0
-                    for _ in range(count):
-                        ids = next(it).ids
-                        for i in range(0, len(ids), MAX_SENTENCE_TOKENS):
-                            piece = ids[i : i + MAX_SENTENCE_TOKENS]
-                            toks.append(np.asarray(piece, dtype=dtype))
-                            n_tokens += len(piece)
-                            sent_ends.append(n_tokens)
-                            kept += 1
-                    if kept:
-                        n_sents += kept
-                        n_docs += 1
-                        doc_ends.append(n_sents)
-                if toks:
-                    ft.write(np.concatenate(toks).tobytes())
-                fs.write(np.asarray(sent_ends, dtype=np.int64).tobytes())
-                fd.write(np.asarray(doc_ends, dtype=np.int64).tobytes())
-                pending.clear()
-                pending_docs.clear()
-
-            bar = tqdm(desc="tokenizing", unit="doc", disable=not progress, leave=False)
-            for doc in iter_documents(paths, text_field, doc_separator):
-                pending.extend(doc)
-                pending_docs.append(len(doc))
-                n_bytes += sum(len(s) for s in doc)
-                bar.update(1)
-                if len(pending) >= batch_sentences:
-                    flush()
-            flush()
-            bar.close()
-        if n_docs == 0 or n_tokens == 0:
+        n = _tokenize_into(tmp, paths, tok, dtype, text_field, doc_separator, progress, batch_sentences)
+        if n.documents == 0 or n.tokens == 0:
             raise UserError(f"the corpus is empty: no text in {', '.join(paths)}")
-        meta = {
-            "version": CACHE_VERSION,
-            "dtype": np.dtype(dtype).name,
-            "n_tokens": n_tokens,
-            "n_sentences": n_sents,
-            "n_documents": n_docs,
-            "n_chars": n_bytes,
-            "vocab_size": vocab_size,
-            "inputs": input_signature(paths),
-        }
-        with open(os.path.join(tmp, "meta.json"), "w", encoding="utf-8") as f:
-            json.dump(meta, f, indent=2)
+        _write_meta(tmp, n, dtype, vocab_size, paths)
         try:
             os.rename(tmp, folder)
         except OSError:  # built concurrently by another process (another rank): keep theirs
@@ -216,8 +162,91 @@ def build_corpus(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    log.info("tokenized %d documents, %d sentences, %d tokens into %s", n_docs, n_sents, n_tokens, folder)
+    log.info("tokenized %d documents, %d sentences, %d tokens into %s", n.documents, n.sentences, n.tokens, folder)
     return TokenizedCorpus(folder)
+
+
+@dataclass
+class _CorpusCounts:
+    """What a tokenizing pass has written so far (the ends it writes are running totals)."""
+
+    tokens: int = 0
+    sentences: int = 0
+    documents: int = 0
+    chars: int = 0
+
+
+def _tokenize_into(folder: str, paths: list[str], tok: Tokenizer, dtype, text_field: str, doc_separator: str,
+                   progress: bool, batch_sentences: int) -> _CorpusCounts:
+    """The tokenizing pass: documents gathered until ``batch_sentences`` sentences wait, then tokenized together
+    and appended to ``folder``'s token, sentence-end and document-end files."""
+    n = _CorpusCounts()
+    with open(os.path.join(folder, "tokens.bin"), "wb") as ft, \
+            open(os.path.join(folder, "sent_ends.bin"), "wb") as fs, \
+            open(os.path.join(folder, "doc_ends.bin"), "wb") as fd:
+        files = (ft, fs, fd)
+        pending: list[str] = []  # sentences waiting to be tokenized
+        pending_docs: list[int] = []  # number of sentences of each waiting document
+        bar = tqdm(desc="tokenizing", unit="doc", disable=not progress, leave=False)
+        for doc in iter_documents(paths, text_field, doc_separator):
+            pending.extend(doc)
+            pending_docs.append(len(doc))
+            n.chars += sum(len(s) for s in doc)
+            bar.update(1)
+            if len(pending) >= batch_sentences:
+                _append_documents(files, tok, pending, pending_docs, dtype, n)
+        _append_documents(files, tok, pending, pending_docs, dtype, n)
+        bar.close()
+    return n
+
+
+def _append_documents(files, tok: Tokenizer, pending: list[str], pending_docs: list[int], dtype,
+                      n: _CorpusCounts) -> None:
+    """Tokenize the waiting sentences, append them to ``files`` (tokens, sentence ends, document ends) and
+    empty the waiting lists.  A sentence longer than ``MAX_SENTENCE_TOKENS`` is cut into pieces; a document
+    without tokens is left out."""
+    if not pending:
+        return
+    ft, fs, fd = files
+    it = iter(tok.encode_batch(pending, add_special_tokens=False))
+    toks: list[np.ndarray] = []
+    sent_ends: list[int] = []
+    doc_ends: list[int] = []
+    for count in pending_docs:
+        kept = 0
+        for _ in range(count):
+            ids = next(it).ids
+            for i in range(0, len(ids), MAX_SENTENCE_TOKENS):
+                piece = ids[i : i + MAX_SENTENCE_TOKENS]
+                toks.append(np.asarray(piece, dtype=dtype))
+                n.tokens += len(piece)
+                sent_ends.append(n.tokens)
+                kept += 1
+        if kept:
+            n.sentences += kept
+            n.documents += 1
+            doc_ends.append(n.sentences)
+    if toks:
+        ft.write(np.concatenate(toks).tobytes())
+    fs.write(np.asarray(sent_ends, dtype=np.int64).tobytes())
+    fd.write(np.asarray(doc_ends, dtype=np.int64).tobytes())
+    pending.clear()
+    pending_docs.clear()
+
+
+def _write_meta(folder: str, n: _CorpusCounts, dtype, vocab_size: int, paths: list[str]) -> None:
+    meta = {
+        "version": CACHE_VERSION,
+        "dtype": np.dtype(dtype).name,
+        "n_tokens": n.tokens,
+        "n_sentences": n.sentences,
+        "n_documents": n.documents,
+        "n_chars": n.chars,
+        "vocab_size": vocab_size,
+        "inputs": input_signature(paths),
+    }
+    with open(os.path.join(folder, "meta.json"), "w", encoding="utf-8") as f:
+        json.dump(meta, f, indent=2)
 
 
 # ------------------------------------------------------------------------------------------------ instances
@@ -244,78 +273,97 @@ def create_instances(
     """Instances of one pass over ``doc_ids``: int64 rows ``(a0, a1, b0, b1, is_random_next)``.
 
     A and B are token ranges ``[a0, a1)`` and ``[b0, b1)`` of ``corpus.tokens`` (B empty without NSP);
-    NotNext segments B come from a document of ``random_pool`` other than the instance's own.
+    NotNext segments B come from a document of ``random_pool`` other than the instance's own.  One random
+    stream, seeded by ``seed``, is drawn from in document order.
     """
     rng = random.Random(seed)
-    ends = corpus.sent_ends
     out: list[tuple[int, int, int, int, int]] = []
     max_num = cfg.max_seq_length - (3 if cfg.nsp else 2)
     if max_num < 2:
         raise UserError(f"max_seq_length {cfg.max_seq_length} is too short")
     pool = [int(d) for d in random_pool]
     for d in doc_ids:
-        d = int(d)
-        s0, s1 = corpus.doc_range(d)
-        bounds = [corpus.sent_start(s0)] + [int(x) for x in ends[s0:s1]]  # token boundaries of the sentences
-        nsent = s1 - s0
-
-        def target() -> int:
-            return rng.randint(2, max_num) if rng.random() < cfg.short_seq_prob else max_num
-
-        tgt = target()
-        chunk_start = 0  # local sentence index where the current chunk starts
-        i = 0
-        while i < nsent:
-            cur_len = bounds[i + 1] - bounds[chunk_start]
-            if i == nsent - 1 or cur_len >= tgt:
-                nchunk = i - chunk_start + 1
-                if not cfg.nsp:
-                    a0, a1 = bounds[chunk_start], bounds[i + 1]
-                    out.append((a0, min(a1, a0 + max_num), 0, 0, 0))
-                else:
-                    a_end = 1 if nchunk == 1 else rng.randint(1, nchunk - 1)  # sentences in A
-                    is_random = rng.random() < 0.5
-                    if not is_random and nchunk == 1:
-                        if i + 1 < nsent:  # keep IsNext: the next sentence becomes B
-                            i += 1
-                            nchunk = 2
-                        else:
-                            is_random = True
-                    a0, a1 = bounds[chunk_start], bounds[chunk_start + a_end]
-                    if is_random:
-                        target_b = max(1, tgt - (a1 - a0))
-                        rd = d
-                        if len(pool) > 1:
-                            while rd == d:
-                                rd = pool[rng.randrange(len(pool))]
-                        else:
-                            rd = pool[0]
-                        r0, r1 = corpus.doc_range(rd)
-                        j = rng.randrange(r0, r1)
-                        b0 = corpus.sent_start(j)
-                        b1 = int(ends[j])
-                        while b1 - b0 < target_b and j + 1 < r1:
-                            j += 1
-                            b1 = int(ends[j])
-                        i -= nchunk - a_end  # the unused sentences start the next chunk
-                    else:
-                        b0, b1 = a1, bounds[i + 1]
-                    # truncate the longer segment, one token at a time from its front or back at random
-                    while (a1 - a0) + (b1 - b0) > max_num:
-                        if a1 - a0 > b1 - b0:
-                            if rng.random() < 0.5:
-                                a0 += 1
-                            else:
-                                a1 -= 1
-                        elif rng.random() < 0.5:
-                            b0 += 1
-                        else:
-                            b1 -= 1
-                    out.append((a0, a1, b0, b1, int(is_random)))
-                chunk_start = i + 1
-                tgt = target()
-            i += 1
+        _document_instances(corpus, int(d), pool, cfg, max_num, rng, out)
     return np.asarray(out, dtype=np.int64).reshape(-1, 5)
+
+
+def _document_instances(corpus: TokenizedCorpus, d: int, pool: list[int], cfg: MaskingConfig, max_num: int,
+                        rng: random.Random, out: list) -> None:
+    """Append document ``d``'s instances to ``out``: its sentences gathered into chunks of a target length
+    (``max_num`` tokens, or with ``short_seq_prob`` a shorter one), each chunk one instance."""
+    s0, s1 = corpus.doc_range(d)
+    bounds = [corpus.sent_start(s0)] + [int(x) for x in corpus.sent_ends[s0:s1]]  # token boundaries of the sentences
+    nsent = s1 - s0
+
+    def target() -> int:
+        return rng.randint(2, max_num) if rng.random() < cfg.short_seq_prob else max_num
+
+    tgt = target()
+    chunk_start = 0  # local sentence index where the current chunk starts
+    i = 0
+    while i < nsent:
+        cur_len = bounds[i + 1] - bounds[chunk_start]
+        if i == nsent - 1 or cur_len >= tgt:
+            nchunk = i - chunk_start + 1
+            if not cfg.nsp:
+                a0, a1 = bounds[chunk_start], bounds[i + 1]
+                out.append((a0, min(a1, a0 + max_num), 0, 0, 0))
+            else:
+                a_end = 1 if nchunk == 1 else rng.randint(1, nchunk - 1)  # sentences in A
+                is_random = rng.random() < 0.5
+                if not is_random and nchunk == 1:
+                    if i + 1 < nsent:  # keep IsNext: the next sentence becomes B
+                        i += 1
+                        nchunk = 2
+                    else:
+                        is_random = True
+                a0, a1 = bounds[chunk_start], bounds[chunk_start + a_end]
+                if is_random:
+                    b0, b1 = _random_segment(corpus, d, pool, max(1, tgt - (a1 - a0)), rng)
+                    i -= nchunk - a_end  # the unused sentences start the next chunk
+                else:
+                    b0, b1 = a1, bounds[i + 1]
+                a0, a1, b0, b1 = _truncate_pair(a0, a1, b0, b1, max_num, rng)
+                out.append((a0, a1, b0, b1, int(is_random)))
+            chunk_start = i + 1
+            tgt = target()
+        i += 1
+
+
+def _random_segment(corpus: TokenizedCorpus, d: int, pool: list[int], target_b: int,
+                    rng: random.Random) -> tuple[int, int]:
+    """Segment B of a NotNext instance of document ``d``: from a random sentence of another document of
+    ``pool`` (the only one when the pool holds one), sentences until ``target_b`` tokens or the document's end."""
+    rd = d
+    if len(pool) > 1:
+        while rd == d:
+            rd = pool[rng.randrange(len(pool))]
+    else:
+        rd = pool[0]
+    r0, r1 = corpus.doc_range(rd)
+    j = rng.randrange(r0, r1)
+    b0 = corpus.sent_start(j)
+    b1 = int(corpus.sent_ends[j])
+    while b1 - b0 < target_b and j + 1 < r1:
+        j += 1
+        b1 = int(corpus.sent_ends[j])
+    return b0, b1
+
+
+def _truncate_pair(a0: int, a1: int, b0: int, b1: int, max_num: int,
+                   rng: random.Random) -> tuple[int, int, int, int]:
+    """Truncate the longer segment, one token at a time from its front or back at random, until both fit."""
+    while (a1 - a0) + (b1 - b0) > max_num:
+        if a1 - a0 > b1 - b0:
+            if rng.random() < 0.5:
+                a0 += 1
+            else:
+                a1 -= 1
+        elif rng.random() < 0.5:
+            b0 += 1
+        else:
+            b1 -= 1
+    return a0, a1, b0, b1
 
 
 # ------------------------------------------------------------------------------------------------ masking
@@ -449,8 +497,12 @@ class PretrainingLoader:
     def instances(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
         """(instances, order) of an epoch; computed once per epoch."""
         if self._cached is None or self._cached[0] != epoch:
-            inst = create_instances(self.corpus, self.doc_ids, self.random_pool, self.masker.cfg, _seed_int(self.seed, 1, epoch))
-            order = np.random.default_rng(_seed_int(self.seed, 2, epoch)).permutation(len(inst)) if self.shuffle else np.arange(len(inst))
+            inst = create_instances(self.corpus, self.doc_ids, self.random_pool, self.masker.cfg,
+                                    _seed_int(self.seed, 1, epoch))
+            if self.shuffle:
+                order = np.random.default_rng(_seed_int(self.seed, 2, epoch)).permutation(len(inst))
+            else:
+                order = np.arange(len(inst))
             self._cached = (epoch, inst, order)
         return self._cached[1], self._cached[2]
 
@@ -507,7 +559,8 @@ class PretrainingLoader:
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("seed", self.seed) != self.seed or state.get("batch_size", self.batch_size) != self.batch_size:
-            raise UserError("the checkpoint's data seed or batch size differs from this run's; resume with the same settings")
+            raise UserError("the checkpoint's data seed or batch size differs from this run's; "
+                            "resume with the same settings")
         self.epoch, self.step = int(state["epoch"]), int(state["step"])
 
 
@@ -538,11 +591,13 @@ class PretrainingData:
             self.corpus = self._cut(self.corpus, need)
         if dc.eval_data:
             self.eval_corpus = self._corpus(dc.eval_data, tok)
-            self.train_docs, self.eval_docs = np.arange(self.corpus.n_documents), np.arange(self.eval_corpus.n_documents)
+            self.train_docs = np.arange(self.corpus.n_documents)
+            self.eval_docs = np.arange(self.eval_corpus.n_documents)
         else:
             self.eval_corpus = self.corpus
             self.train_docs, self.eval_docs = split_documents(self.corpus, t.seed, need_train=2 if dc.nsp else 1)
-        self.loader = PretrainingLoader(self.corpus, self.train_docs, self.masker, t.batch_size, t.seed, d.rank, d.world)
+        self.loader = PretrainingLoader(self.corpus, self.train_docs, self.masker, t.batch_size, t.seed, d.rank,
+                                        d.world)
         self.micro = t.batch_size // d.world // t.grad_accum
         if self.micro < 1:
             raise UserError(f"--batch-size {t.batch_size} is smaller than processes x --grad-accum")

@@ -144,7 +144,8 @@ def sentiment_split(n: int, seen: bool, seed: int) -> list[tuple[str, str]]:
     return out
 
 
-def write_sentiment(folder, n_train: int = 200, n_validation: int = 200, n_test: int = 400, seed: int = 0) -> dict[str, str]:
+def write_sentiment(folder, n_train: int = 200, n_validation: int = 200, n_test: int = 400,
+                    seed: int = 0) -> dict[str, str]:
     """Write train/validation/test TSV files (header ``sentence<TAB>label``); returns their paths."""
     folder = os.fspath(folder)
     os.makedirs(folder, exist_ok=True)

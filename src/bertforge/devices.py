@@ -96,7 +96,7 @@ def available_cores() -> int:
 
 
 def _env_threads() -> int | None:
-    """``BERTFORGE_THREADS`` (the threads of this machine's bertforge processes, to share among its local
+    """``BERTFORGE_THREADS`` (the threads that the bertforge processes of one node share among their local
     ranks) as a positive number, else None (unset or unreadable)."""
     value = os.environ.get("BERTFORGE_THREADS", "").strip()
     return int(value) if value.isdigit() and int(value) > 0 else None
@@ -104,7 +104,7 @@ def _env_threads() -> int | None:
 
 def resolve_precision(device: torch.device, impl: ImplConfig) -> str:
     """``auto``: bf16 autocast on CUDA GPUs that have it, fp16 (with loss scaling) on those that do not (T4,
-    V100), fp32 on the CPU, where half-precision matmuls are hundreds of times slower here."""
+    V100), fp32 on the CPU, where most processors have no fast half-precision matmuls."""
     precision = impl.precision
     if precision == "auto":
         if device.type != "cuda":

@@ -24,7 +24,8 @@ def _series(rows: list[dict], kind: str, key: str, x: str = "step") -> tuple[lis
     return [p[0] for p in pts], [p[1] for p in pts]
 
 
-def _figure(panels: list[tuple[str, list[tuple[str, str, str]]]], rows: list[dict], path: str, title: str, x: str) -> str | None:
+def _figure(panels: list[tuple[str, list[tuple[str, str, str]]]], rows: list[dict], path: str, title: str,
+            x: str) -> str | None:
     """One PNG with a panel per (panel title, [(kind, key, label)...]); empty panels are left out."""
     panels = [(t, lines) for t, lines in panels if any(_series(rows, k, key, x)[0] for k, key, _ in lines)]
     if not panels:
@@ -56,13 +57,15 @@ def plot_pretraining(metrics_path: str, out_dir: str) -> list[str]:
             [
                 ("MLM loss", [("train", "mlm_loss", "train"), ("eval", "mlm_loss", "held-out")]),
                 ("NSP loss", [("train", "nsp_loss", "train"), ("eval", "nsp_loss", "held-out")]),
-                ("ELECTRA discriminator loss", [("train", "disc_loss", "train"), ("eval", "disc_loss", "held-out")]),
+                ("ELECTRA discriminator loss", [("train", "disc_loss", "train"),
+                                                ("eval", "disc_loss", "held-out")]),
             ],
             rows, os.path.join(out_dir, "loss.png"), "Pretraining loss", "step",
         ),
         _figure(
             [
-                ("MLM accuracy (selected tokens)", [("eval", "mlm_accuracy", "all selected"), ("eval", "mlm_accuracy_masked", "[MASK] only"),
+                ("MLM accuracy (selected tokens)", [("eval", "mlm_accuracy", "all selected"),
+                                                    ("eval", "mlm_accuracy_masked", "[MASK] only"),
                                                     ("eval", "mlm_baseline_accuracy", "most frequent token")]),
                 ("NSP accuracy", [("eval", "nsp_accuracy", "held-out")]),
                 ("ELECTRA discriminator accuracy", [("eval", "disc_accuracy_replaced", "replaced tokens"),
@@ -71,7 +74,8 @@ def plot_pretraining(metrics_path: str, out_dir: str) -> list[str]:
             ],
             rows, os.path.join(out_dir, "accuracy.png"), "Pretraining accuracy", "step",
         ),
-        _figure([("learning rate", [("train", "lr", "lr")])], rows, os.path.join(out_dir, "lr.png"), "Schedule", "step"),
+        _figure([("learning rate", [("train", "lr", "lr")])], rows, os.path.join(out_dir, "lr.png"), "Schedule",
+                "step"),
     ]
     return [m for m in made if m]
 
@@ -89,6 +93,7 @@ def plot_finetuning(metrics_path: str, out_dir: str, metric_keys: list[tuple[str
             [("validation", [("eval", k, label) for k, label in metric_keys])],
             rows, os.path.join(out_dir, "metrics.png"), "Fine-tuning metrics", "step",
         ),
-        _figure([("learning rate", [("train", "lr", "lr")])], rows, os.path.join(out_dir, "lr.png"), "Schedule", "step"),
+        _figure([("learning rate", [("train", "lr", "lr")])], rows, os.path.join(out_dir, "lr.png"), "Schedule",
+                "step"),
     ]
     return [m for m in made if m]
