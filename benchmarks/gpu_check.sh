@@ -11,7 +11,8 @@
 #   env         the machine: torch, CUDA, the GPU, package versions                       (OUTDIR/env.json)
 #   tests       pytest -m cuda tests/test_cuda.py: bf16 against fp32, variable-length attention on the fused
 #               kernels, attention dropout, torch.compile, a GPU checkpoint resumed on the CPU
-#   bench_mini  bertforge bench --preset mini, batch 256 x 128 of the excerpt's text, against transformers
+#   bench_mini  bertforge bench --preset mini, batch 256 x 128 of the excerpt's text, against transformers,
+#               and the same step under --compile against eager (does torch.compile pay on this GPU?)
 #   bench_base  the same for --preset base
 #   pretrain    bertforge pretrain --preset base --max-time 2m on the excerpt's books
 #   squad       bertforge finetune squad from that model, about 100 steps; F1 reported
@@ -113,14 +114,16 @@ stage tests 200 env BERTFORGE_CUDA_REPORT="$OUT/tests/figures.jsonl" "$PY" -m py
 
 # b: bertforge against transformers, bf16 autocast + SDPA + fused AdamW on both sides, neither compiled
 bench() {
-  stage "bench_$1" "$2" "$PY" -m bertforge bench --preset "$3" "${BENCH[@]}" --device $DEV --data-dir "$EXCERPT" \
-    --text "$EXCERPT/gutenberg/train.jsonl" --tokenizer "$EXCERPT/tokenizer"
+  local name=$1 limit=$2 preset=$3
+  shift 3
+  stage "bench_$name" "$limit" "$PY" -m bertforge bench --preset "$preset" "${BENCH[@]}" --device $DEV \
+    --data-dir "$EXCERPT" --text "$EXCERPT/gutenberg/train.jsonl" --tokenizer "$EXCERPT/tokenizer" "$@"
 }
 if [ $DRY = 1 ]; then
   bench mini 90 tiny
   summary skip "$OUT" bench_base "dry run: the base preset is measured on the GPU only (bench_mini ran the tiny one)"
 else
-  bench mini 90 mini
+  bench mini 150 mini --compile
   bench base 120 base
 fi
 

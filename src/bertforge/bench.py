@@ -23,6 +23,7 @@ transformers is needed only by this command (install the ``test`` extra); nothin
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import statistics
@@ -176,14 +177,15 @@ def _seconds(dev: torch.device, fn) -> float:
     return time.perf_counter() - t0
 
 
-def _alternate(rounds: int, ours, theirs, what: str, out) -> list[tuple[float, float]]:
-    """(bertforge, transformers) tokens per second of each round: ``ours(r)`` then ``theirs(r)``, round after
-    round, so that drift on a shared machine hits both alike."""
+def _alternate(rounds: int, ours, theirs, what: str, out,
+               names: tuple[str, str] = ("bertforge", "transformers")) -> list[tuple[float, float]]:
+    """(ours, theirs) tokens per second of each round: ``ours(r)`` then ``theirs(r)``, round after round, so
+    that drift on a shared machine hits both alike."""
     rows = []
     for r in range(rounds):
         a, b = ours(r), theirs(r)
         rows.append((a, b))
-        out(f"{what} round {r + 1}: bertforge {a:8.0f} tok/s   transformers {b:8.0f} tok/s   x{a / b:.2f}")
+        out(f"{what} round {r + 1}: {names[0]} {a:8.0f} tok/s   {names[1]} {b:8.0f} tok/s   x{a / b:.2f}")
     return rows
 
 
@@ -197,8 +199,9 @@ def _medians(rows: list[tuple[float, float]]) -> tuple[float, float, float]:
 def run_bench(preset: str = "mini", batch_size: int = 32, seq_len: int = 128, steps: int = 3, rounds: int = 7,
               vocab_size: int | None = None, device: str = "auto", data_dir: str | None = None, inference: bool = True,
               threads: int | None = None, out=print, text: str | None = None, tokenizer: str | None = None,
-              precision: str = "auto") -> dict:
-    """Alternate bertforge and transformers; print per-round figures and return the medians."""
+              precision: str = "auto", compile: bool = False) -> dict:  # noqa: A002
+    """Alternate bertforge and transformers; print per-round figures and return the medians.  With
+    ``compile``, also alternate the pretraining step compiled (``--compile``) and eager."""
     if (text is None) != (tokenizer is None):
         raise UserError("--text and --tokenizer go together")
     transformers = _import_transformers()
@@ -228,6 +231,8 @@ def run_bench(preset: str = "mini", batch_size: int = 32, seq_len: int = 128, st
     }
     out(f"train: bertforge {ours_tps:.0f} tok/s (MFU {res['train_mfu']:.1%}), transformers {theirs_tps:.0f} tok/s "
         f"(MFU {res['transformers_train_mfu']:.1%}), median speed-up x{res['train_speedup_vs_transformers']:.2f}")
+    if compile:
+        res.update(_compile_rounds(cfg, batch, tokens, impl, dev, steps, rounds, out))
     if inference:
         res.update(_inference_bench(cfg, hf_cfg, transformers, dev, autocast, batch_size, vocab_size, data_dir,
                                     rounds, out))
@@ -285,6 +290,36 @@ def _pretraining_rounds(cfg: BertConfig, hf_cfg, transformers, batch: dict, toke
     for fn in (step_ours, step_theirs):  # warm-up
         fn()
     return _alternate(rounds, timed(step_ours), timed(step_theirs), "train", out)
+
+
+def _compile_rounds(cfg: BertConfig, batch: dict, tokens: int, impl: ImplConfig, dev: torch.device, steps: int,
+                    rounds: int, out) -> dict:
+    """The pretraining step under ``torch.compile`` against the same step eager, alternating: what
+    ``--compile`` buys on this device (it stays off by default unless it pays)."""
+    engines = []
+    for compiled in (True, False):
+        torch.manual_seed(0)
+        model = BertForPreTraining(cfg).to(dev).train()
+        run_impl = dataclasses.replace(impl, compile=compiled)
+        engines.append(Engine(MaskedLM(model, PretrainConfig()), TrainConfig(lr=1e-4), run_impl, dev))
+
+    def timed(engine):
+        def run():
+            for _ in range(steps):
+                engine.step([batch])
+        return lambda r: steps * tokens / _seconds(dev, run)
+
+    t0 = time.perf_counter()
+    for _ in range(2):  # the compilation, and the recompilation once the step number is seen to vary
+        engines[0].step([batch])
+    compile_seconds = time.perf_counter() - t0
+    engines[1].step([batch])
+    rows = _alternate(rounds, timed(engines[0]), timed(engines[1]), "compile", out, ("compiled", "eager"))
+    compiled_tps, eager_tps, speedup = _medians(rows)
+    out(f"compile: compiled {compiled_tps:.0f} tok/s, eager {eager_tps:.0f} tok/s, median speed-up x{speedup:.2f} "
+        f"(the first two compiled steps took {compile_seconds:.0f} s)")
+    return {"compiled_train_tokens_per_second": compiled_tps, "eager_train_tokens_per_second": eager_tps,
+            "compiled_speedup_vs_eager": speedup, "compile_seconds": compile_seconds}
 
 
 def _inference_bench(cfg: BertConfig, hf_cfg, transformers, dev: torch.device, autocast, batch_size: int,

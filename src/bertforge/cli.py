@@ -542,6 +542,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--threads", type=positive_int)
     b.add_argument("--data-dir", default=os.environ.get("BERTFORGE_DATA"), help="for SST-2 sentences (inference)")
     b.add_argument("--no-inference", dest="inference", action="store_false")
+    b.add_argument("--compile", action="store_true",
+                   help="also time the pretraining step under torch.compile against the same step eager")
     b.set_defaults(func=cmd_bench)
     return p
 
@@ -566,7 +568,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
         return 0
     run_bench(a.preset, a.batch_size, a.seq_len or 128, a.steps, a.rounds, a.vocab_size, a.device, a.data_dir,
               a.inference, a.threads, out=lambda line: print(line, flush=True), text=a.text, tokenizer=a.tokenizer,
-              precision=a.precision)
+              precision=a.precision, compile=a.compile)
     return 0
 
 

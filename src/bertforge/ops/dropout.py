@@ -20,13 +20,18 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .layout import tracing
+
 
 def dropout_mask(shape, p: float, device, dtype=torch.float32,
                  generator: torch.Generator | None = None) -> torch.Tensor:
     """Inverted dropout's multiplier: 1/(1-p) with probability 1 - p (p rounded to 1/65536), else 0, from
     torch's generator.  A float mask, because multiplying by it is several times faster on the CPU than
     ``torch.where`` with a boolean one, and comparing straight into a float tensor is faster than producing
-    booleans."""
+    booleans.  While ``torch.compile`` traces, a plain uniform draw (the 64-bit view does not trace)."""
+    if tracing():
+        keep = torch.rand(shape, device=device, dtype=dtype) >= p  # (the keyless draw: no keys while tracing)
+        return keep.to(dtype) * (1.0 / (1.0 - p))
     n = math.prod(shape)
     bits = torch.randint(-(2**63), 2**63 - 1, ((n + 3) // 4,), dtype=torch.int64, device=device, generator=generator)
     b16 = bits.view(torch.int16)[:n].view(shape)  # four 16-bit numbers from each 64-bit draw
@@ -56,7 +61,7 @@ def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     """``F.dropout`` semantics; on the CPU with the faster mask generation of :func:`dropout_mask`."""
     if not training or p == 0.0:
         return x
-    if x.device.type == "cpu":
+    if x.device.type == "cpu" and not tracing():  # (a custom autograd kernel does not trace)
         return _Dropout16.apply(x, p)
     return F.dropout(x, p, True)
 
