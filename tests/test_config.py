@@ -85,3 +85,21 @@ def test_help_shows_each_default_from_its_one_definition(capsys):
     assert "tokens per example (longer ones are truncated or windowed) (default: 128)" in out
     assert main(["evaluate", "squad", "--help"]) == 0
     assert "(default: 384)" in " ".join(capsys.readouterr().out.split())
+
+
+def test_messages_are_bounded_and_alias_bombs_refused(tmp_path, capsys):
+    """A value echoed in an error is cut to a readable length; a YAML file whose aliases expand exponentially
+    is refused without being expanded (nine lines that stand for a billion values)."""
+    from bertforge.cli import main
+
+    bomb = tmp_path / "bomb.yaml"
+    lines = ["a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 9)]
+    bomb.write_text("\n".join(lines) + "\nlr: *a8\n")
+    long = tmp_path / "long.yaml"
+    long.write_text("lr: " + "x" * 100_000 + "\n")
+    for path in (bomb, long):
+        assert main(["pretrain", "--config", str(path), "--data", str(tmp_path), "--out", str(tmp_path / "o")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: ") and len(err[0]) < 400, err[0][:400]
+    assert not (tmp_path / "o").exists()

@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import UserError
+from .errors import UserError, shown
 
 # name -> (layers, hidden, heads); intermediate = 4 x hidden.  tiny/mini/small/medium are the sizes of
 # Turc et al. (2019) "Well-Read Students Learn Better"; base is BERT-base.
@@ -65,7 +65,7 @@ class BertConfig:
                 f"{self.num_attention_heads}"
             )
         if self.hidden_act not in SUPPORTED_ACTIVATIONS:
-            raise UserError(f"unsupported hidden_act {self.hidden_act!r}; expected one of "
+            raise UserError(f"unsupported hidden_act {shown(self.hidden_act)}; expected one of "
                             f"{SUPPORTED_ACTIVATIONS}")
         if self.id2label is not None:
             self.id2label = {int(k): str(v) for k, v in self.id2label.items()}
@@ -118,9 +118,9 @@ class BertConfig:
         d = dict(d)
         model_type = d.pop("model_type", "bert")
         if model_type != "bert":
-            raise UserError(f"config model_type is {model_type!r}, not 'bert'")
+            raise UserError(f"config model_type is {shown(model_type)}, not 'bert'")
         if d.get("position_embedding_type", "absolute") != "absolute":
-            raise UserError(f"position_embedding_type {d['position_embedding_type']!r} is not supported")
+            raise UserError(f"position_embedding_type {shown(d['position_embedding_type'])} is not supported")
         if d.get("is_decoder"):
             raise UserError("is_decoder=True (a causal BERT) is not supported")
         names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
@@ -206,28 +206,28 @@ def validate_fields(obj: Any) -> None:
             continue
         base = typ.replace(" | None", "")
         if base == "bool" and not isinstance(v, bool):
-            raise UserError(f"{flag_of(f)} must be true or false, not {v!r}")
+            raise UserError(f"{flag_of(f)} must be true or false, not {shown(v)}")
         if base in ("int", "float"):
             if isinstance(v, bool) or not isinstance(v, (int, float)) or (base == "int" and not float(v).is_integer()):
                 kind = "an integer" if base == "int" else "a number"
-                raise UserError(f"{flag_of(f)} must be {kind}, not {v!r}")
+                raise UserError(f"{flag_of(f)} must be {kind}, not {shown(v)}")
             if not math.isfinite(v):
-                raise UserError(f"{flag_of(f)} must be a finite number, not {v!r}")
+                raise UserError(f"{flag_of(f)} must be a finite number, not {shown(v)}")
             check = f.metadata.get("check")
             if check and not CHECKS[check][0](v):
-                raise UserError(f"{flag_of(f)} must be {CHECKS[check][1]}, not {v!r}")
+                raise UserError(f"{flag_of(f)} must be {CHECKS[check][1]}, not {shown(v)}")
         if base == "str" and not isinstance(v, str):
-            raise UserError(f"{flag_of(f)} must be a string, not {v!r}")
+            raise UserError(f"{flag_of(f)} must be a string, not {shown(v)}")
         if base == "list[str]" and not (isinstance(v, list) and all(isinstance(x, str) for x in v)):
-            raise UserError(f"{flag_of(f)} must be a list of paths, not {v!r}")
+            raise UserError(f"{flag_of(f)} must be a list of paths, not {shown(v)}")
         choices = f.metadata.get("choices")
         if choices and v not in choices:
-            raise UserError(f"{flag_of(f)} must be one of {', '.join(choices)}, not {v!r}")
+            raise UserError(f"{flag_of(f)} must be one of {', '.join(choices)}, not {shown(v)}")
 
 
 def check_preset(name: str) -> tuple[int, int, int]:
     if name not in PRESETS:
-        raise UserError(f"unknown preset {name!r}; expected one of {', '.join(PRESETS)}")
+        raise UserError(f"unknown preset {shown(name)}; expected one of {', '.join(PRESETS)}")
     return PRESETS[name]
 
 
@@ -301,7 +301,7 @@ class Sections:
             if f.name in cls.SECTIONS:  # the section's own defaults (fine-tuning's differ), then the given keys
                 given = d.pop(f.name, {}) or {}
                 if not isinstance(given, dict):
-                    raise UserError(f"config section {f.name!r} must be a mapping, not {given!r}")
+                    raise UserError(f"config section {f.name!r} must be a mapping, not {shown(given)}")
                 kw[f.name] = dataclass_from_dict(f.default_factory(), given, where=f"config section {f.name!r}")
             elif f.name in d:
                 kw[f.name] = d.pop(f.name)
@@ -439,7 +439,7 @@ class PretrainConfig(Sections):
     def for_recipe(cls, name: str) -> PretrainConfig:
         """The defaults of recipe ``name``."""
         if not isinstance(name, str) or name not in RECIPES:
-            raise UserError(f"--recipe must be one of {', '.join(RECIPES)}, not {name!r}")
+            raise UserError(f"--recipe must be one of {', '.join(RECIPES)}, not {shown(name)}")
         cfg = cls()
         cfg.update_flat(RECIPES[name])
         cfg.recipe = name
@@ -470,7 +470,7 @@ def parse_duration(text: str | float | int | None) -> float | None:
         return float(s)
     parts = re.findall(r"(\d+(?:\.\d+)?)([smhd])", s)
     if not parts or "".join(a + b for a, b in parts) != s:
-        raise UserError(f"cannot read duration {text!r}; write e.g. 90s, 30m, 2h or 1h30m")
+        raise UserError(f"cannot read duration {shown(text)}; write e.g. 90s, 30m, 2h or 1h30m")
     unit = {"s": 1, "m": 60, "h": 3600, "d": 86400}
     return sum(float(a) * unit[b] for a, b in parts)
 
@@ -491,11 +491,29 @@ def read_config_file(path: str) -> dict[str, Any]:
         d = {}
     if not isinstance(d, dict):
         raise UserError(f"config file {path} must hold a mapping of settings")
+    if _values(d) > MAX_CONFIG_VALUES:
+        raise UserError(f"config file {path} expands to more than {MAX_CONFIG_VALUES:,} values (through YAML anchors "
+                        "and aliases?); a configuration holds a few dozen settings")
     keys = [*d, *(k for v in d.values() if isinstance(v, dict) for k in v)]  # the settings', and the sections'
     bad = [k for k in keys if not isinstance(k, str)]
     if bad:
-        raise UserError(f"config file {path}: {bad[0]!r} is not a setting's name")
+        raise UserError(f"config file {path}: {shown(bad[0])} is not a setting's name")
     return d
+
+
+MAX_CONFIG_VALUES = 100_000
+
+
+def _values(obj, memo: dict | None = None) -> int:
+    """How many values ``obj`` holds once every shared part (a YAML alias) is counted where it appears: counted
+    without expanding it, so that a few lines of aliases standing for billions of values cost nothing."""
+    memo = {} if memo is None else memo
+    if id(obj) in memo:
+        return memo[id(obj)]
+    memo[id(obj)] = 1  # a cycle (a recursive alias) counts once
+    items = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else ()
+    memo[id(obj)] = 1 + sum(_values(x, memo) for x in items)
+    return memo[id(obj)]
 
 
 def _yaml_load(text: str):

@@ -9,6 +9,19 @@ status 2 or 1; library users catch them like any other exception.
 from __future__ import annotations
 
 import os
+import reprlib
+
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother = 3, 60, 60
+_SHORT.maxdict = _SHORT.maxlist = _SHORT.maxtuple = _SHORT.maxset = 6
+SHOWN_CHARS = 120  # the longest value an error message echoes
+
+
+def shown(value) -> str:
+    """``repr(value)`` for an error message, bounded: a value from a user's file may be any size (a YAML
+    config's aliases can make a few lines stand for millions of values), and its message is one line."""
+    text = _SHORT.repr(value)
+    return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 3] + "..."
 
 
 class UserError(Exception):
