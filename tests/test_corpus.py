@@ -86,3 +86,35 @@ def test_bad_input(tmp_path):
     latin.write_bytes("caf\u00e9 ok\nna\u00efve".encode("latin-1"))
     with pytest.raises(UserError, match="latin.txt: invalid UTF-8 at byte 3 \\(line 1\\)"):
         list(iter_documents([str(latin)]))
+
+
+def test_a_runs_own_files_are_never_its_input(tmp_path, capsys):
+    """An output written inside the input folder is not read back as corpus: retraining a tokenizer there with
+    --overwrite sees only the text, and a pretraining run there stays resumable (its metrics.jsonl, train.log
+    and vocab.txt are not text to train on)."""
+    import shutil
+
+    from bertforge.cli import main
+    from bertforge.demo_corpus import write_story_corpus
+
+    data = tmp_path / "data"
+    data.mkdir()
+    write_story_corpus(data / "stories.jsonl", n_docs=60, seed=0)
+    (data / ".hidden").mkdir()
+    (data / ".hidden" / "notes.txt").write_text("hidden folders are not corpus")
+    before = expand_paths([str(data)])
+    assert before == [str(data / "stories.jsonl")]
+    tok = ["--quiet", "tokenizer", "train", "--input", str(data), "--vocab-size", "300", "--model", "wordlevel",
+           "--out", str(data / "tok")]
+    assert main(tok) == 0
+    vocab = (data / "tok" / "vocab.txt").read_text()
+    assert expand_paths([str(data)]) == before
+    assert main([*tok, "--overwrite"]) == 0
+    assert (data / "tok" / "vocab.txt").read_text() == vocab
+    shutil.rmtree(data / "tok")
+    run = ["--quiet", "pretrain", "--data", str(data), "--out", str(data / "run"), "--preset", "tiny",
+           "--max-seq-length", "32", "--batch-size", "8", "--log-every", "1", "--save-every", "2",
+           "--max-eval-instances", "16", "--no-progress", "--max-steps", "2"]
+    assert main(run) == 0
+    assert expand_paths([str(data)]) == before
+    assert main([*run[:-2], "--max-steps", "3", "--resume"]) == 0, capsys.readouterr().err

@@ -30,6 +30,7 @@ from collections.abc import Iterator
 
 from .errors import UserError, require_file
 from .files import json_lines, read_text
+from .outputs import MARKER
 
 TEXT_SUFFIXES = (".txt", ".jsonl", ".txt.gz", ".jsonl.gz", ".parquet")
 
@@ -82,6 +83,20 @@ def _split_paragraph(p: str) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------------ files
+def _walk_texts(top: str) -> list[str]:
+    """The text files under directory ``top``, sorted.  Hidden files and folders are passed over, and so is
+    any folder below ``top`` that bertforge wrote (it holds the output marker): a run's own files (a tokenizer's
+    vocab.txt, a pretraining run's metrics.jsonl, a half-written temporary folder) are never its input."""
+    found = []
+    for root, dirs, names in os.walk(top):
+        if root != top and MARKER in names:
+            dirs[:] = []
+            continue
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        found += [os.path.join(root, f) for f in names if f.endswith(TEXT_SUFFIXES) and not f.startswith(".")]
+    return sorted(found)
+
+
 def expand_paths(paths: list[str]) -> list[str]:
     """Files named by paths, directories (recursively, text suffixes only) and glob patterns, sorted."""
     files: list[str] = []
@@ -89,12 +104,7 @@ def expand_paths(paths: list[str]) -> list[str]:
         if p.startswith("hf:"):
             files.append(p)
         elif os.path.isdir(p):
-            found = sorted(
-                os.path.join(root, f)
-                for root, _, names in os.walk(p)
-                for f in names
-                if f.endswith(TEXT_SUFFIXES) and not f.startswith(".")
-            )
+            found = _walk_texts(p)
             if not found:
                 raise UserError(f"no .txt, .jsonl, .gz or .parquet files in directory {p}")
             files.extend(found)
