@@ -77,8 +77,12 @@ class EpochBatches:
     def epoch_ended(self) -> bool:
         return self.order is not None and self.next >= len(self.order)
 
-    def take(self) -> tuple[list[dict], int]:
-        """(this process's micro-batches of the next global batch, the global batch's size)."""
+    def at_epoch_start(self) -> bool:
+        """Whether the next batch is an epoch's first."""
+        return self.order is None or self.epoch_ended()
+
+    def take(self) -> list[dict]:
+        """This process's micro-batches of the next global batch."""
         if self.epoch_ended():
             self.epoch, self.next, self.order = self.epoch + 1, 0, None
         if self.order is None:
@@ -96,7 +100,7 @@ class EpochBatches:
                    for part in parts]
         if weight == 0.0:
             batches = [{**b, "weight": weight} for b in batches]
-        return batches, len(idx)
+        return batches
 
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "next": self.next, "order": torch.as_tensor(self.order)}

@@ -243,13 +243,13 @@ class FineTuning(TrainingRun):
 
     # ---- the loop's hooks
     def next_batches(self) -> list[dict]:
-        if self.batches.order is None or self.batches.epoch_ended():
+        if self.batches.at_epoch_start():
             self.engine.state.take_meters()  # a logging line covers steps of its own epoch only
-        batches, self.global_batch = self.batches.take()
-        return [to_device(b, self.engine.device) for b in batches]
+        return [to_device(b, self.engine.device) for b in self.batches.take()]
 
     def record(self, out: dict, seconds: float) -> None:
-        self.engine.state.add(loss=out["loss"] / self.global_batch, grad_norm=out["grad_norm"], n=1)
+        # out["examples"]: the global batch's examples, summed over processes by the engine
+        self.engine.state.add(loss=out["loss"] / out["examples"], grad_norm=out["grad_norm"], n=1)
 
     def log_line(self, out: dict) -> tuple[dict, str, dict]:
         st, m = self.engine.state, self.engine.state.take_meters()

@@ -247,8 +247,7 @@ class TrainingRun:
         aside, with a warning) and the other processes load the same."""
         model, path = self.engine.objective.model, None
         if self.d.is_main:
-            step, path, engine_state, state = ckpt.restore_newest(self.out, model, ("rng", *self.required),
-                                                                  self.check_state)
+            step, path, engine_state, state = ckpt.restore_newest(self.out, model, self.required, self.check_state)
         if self.d.enabled:
             chosen = [path]
             dist.broadcast_object_list(chosen, src=0)

@@ -146,8 +146,8 @@ SCHEDULE = ("lr", "max_steps", "max_time", "warmup_steps", "warmup_ratio", "batc
 def warn_if_schedule_changed(out: str, cfg: PretrainConfig) -> None:
     """On resume: say so when the settings that shape the learning-rate schedule differ from the saved run's."""
     try:
-        path = os.path.join(out, PRETRAIN_CONFIG)
-        saved = PretrainConfig.from_dict(read_json_object(path, PRETRAIN_CONFIG)).train
+        found = _saved_pretraining(out)
+        saved = PretrainConfig.from_dict(found).train if found is not None else cfg.train
     except UserError:
         return
     changed = [f"--{k.replace('_', '-')} {getattr(saved, k)} -> {getattr(cfg.train, k)}" for k in SCHEDULE
