@@ -164,3 +164,19 @@ def test_freeze_embeddings_keeps_the_word_embeddings(tmp_path, capsys):
         same = torch.equal(load_file(out / "model.safetensors")[key], load_file(f"{model}/model.safetensors")[key])
         assert same == frozen
     capsys.readouterr()
+
+
+def test_text_columns_must_hold_text_and_labels_may_be_numbers(tmp_path):
+    from bertforge.config import ClassifyConfig
+    from bertforge.errors import UserError
+    from bertforge.tasks.classify import read_table, resolve_columns
+
+    (tmp_path / "ok.jsonl").write_text('{"text": "good movie", "label": 1}\n{"text": "bad film", "label": 0}\n')
+    rows = read_table(str(tmp_path / "ok.jsonl"))
+    assert resolve_columns(rows, ClassifyConfig(), "ok.jsonl") == ("text", None, "label")
+    assert [r["label"] for r in rows] == ["1", "0"]  # label names, as a TSV gives them
+    (tmp_path / "numbers.jsonl").write_text('{"text": "good movie", "label": 1}\n{"text": 5, "label": 0}\n')
+    with pytest.raises(UserError, match="numbers.jsonl: record 2: 'text' must be text, not int 5"):
+        resolve_columns(read_table(str(tmp_path / "numbers.jsonl")), ClassifyConfig(), "numbers.jsonl")
+    with pytest.raises(UserError, match="record 1: 'text' must be text, not list"):
+        resolve_columns([{"text": ["a"], "label": "x"}], ClassifyConfig(), "rows")

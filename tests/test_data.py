@@ -1,5 +1,7 @@
 """The pretraining data pipeline: instance statistics, determinism, resumption, sharding, the cache."""
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -181,3 +183,114 @@ def test_empty_corpus_and_too_few_documents(tmp_path, story_tokenizer):
     corpus = build_corpus([str(tmp_path / "one.txt")], story_tokenizer, cache_dir=str(tmp_path / "c"))
     with pytest.raises(UserError, match="1 document"):
         split_documents(corpus, seed=0)
+
+
+# ---- the cache is used only when it is right
+def _texts(tmp_path, name, text):
+    (tmp_path / name).write_text(text)
+    return [str(tmp_path / name)]
+
+
+def test_cache_sees_a_file_rewritten_with_its_size_and_time_kept(tmp_path, story_tokenizer):
+    """As ``cp -p``, ``rsync -t``, ``tar`` or ``touch -r`` leave a file: other text, the same size and mtime."""
+    import shutil
+
+    paths = _texts(tmp_path, "a.txt", "Tom went to the park. He saw a dog.\n")
+    first = build_corpus(paths, story_tokenizer, cache_dir=str(tmp_path / "c"))
+    old = np.array(first.tokens)
+    st = (tmp_path / "a.txt").stat()
+    (tmp_path / "new.txt").write_text("Ann sat on a mat. She ate a cake.".ljust(st.st_size - 1) + "\n")  # as long
+    shutil.copy2(tmp_path / "new.txt", tmp_path / "a.txt")  # rewritten in place, as cp -p does
+    os.utime(tmp_path / "a.txt", ns=(st.st_atime_ns, st.st_mtime_ns))  # touch -r: the old time
+    assert (tmp_path / "a.txt").stat().st_size == st.st_size
+    again = build_corpus(paths, story_tokenizer, cache_dir=str(tmp_path / "c"))
+    assert again.document_text(0, story_tokenizer).startswith("ann sat")
+    assert not np.array_equal(np.array(again.tokens), old)
+
+
+def _damage_truncated(folder):
+    p = folder / "tokens.bin"
+    p.write_bytes(p.read_bytes()[:-6])
+
+
+def _damage_garbage(folder):
+    p = folder / "tokens.bin"
+    p.write_bytes(bytes(len(p.read_bytes())))  # zeros of the right size, as a crash can leave a file
+
+
+def _damage_sentence_ends(folder):
+    p = folder / "sent_ends.bin"
+    p.write_bytes(np.random.default_rng(0).integers(0, 9, len(p.read_bytes()), dtype=np.uint8).tobytes())
+
+
+def _damage_meta(folder):
+    p = folder / "meta.json"
+    p.write_text(p.read_text()[:40])
+
+
+@pytest.mark.parametrize("damage", [_damage_truncated, _damage_garbage, _damage_sentence_ends, _damage_meta],
+                         ids=["truncated", "garbage", "sentence-ends", "broken-meta"])
+def test_a_damaged_cache_entry_is_moved_aside_and_built_again(damage, small_text_corpus, story_tokenizer, tmp_path,
+                                                               caplog):
+    import pathlib
+
+    cache = tmp_path / "c"
+    good = build_corpus([str(small_text_corpus)], story_tokenizer, cache_dir=str(cache))
+    tokens, ends = np.array(good.tokens), np.array(good.sent_ends)
+    del good  # the memory maps
+    damage(pathlib.Path(next(p for p in cache.iterdir() if p.name.startswith("corpus-"))))
+    with caplog.at_level("WARNING", logger="bertforge"):
+        again = build_corpus([str(small_text_corpus)], story_tokenizer, cache_dir=str(cache))
+    assert np.array_equal(np.array(again.tokens), tokens) and np.array_equal(np.array(again.sent_ends), ends)
+    assert "damaged" in caplog.text and "tokenizing again" in caplog.text
+    assert len([p for p in cache.iterdir() if ".damaged-" in p.name]) == 1  # kept aside, for a look
+
+
+def test_what_a_killed_build_left_is_removed(small_text_corpus, tmp_path):
+    """A build killed midway (SIGKILL: no clean-up ran) leaves a temporary folder; the next build removes it."""
+    import subprocess
+    import sys
+
+    cache = tmp_path / "c"
+    script = (
+        "import os, signal, sys\n"
+        "import bertforge.data as data\n"
+        "from bertforge.corpus import iter_texts\n"
+        "from bertforge.tokenizer import train_vocabulary\n"
+        "path, cache = sys.argv[1:]\n"
+        "tok = train_vocabulary(iter_texts([path]), 600, kind='wordlevel')  # the same in both processes\n"
+        "real = data.iter_documents\n"
+        "def killed(*a, **k):\n"
+        "    for i, doc in enumerate(real(*a, **k)):\n"
+        "        if i == 50:\n"
+        "            os.kill(os.getpid(), signal.SIGKILL)\n"
+        "        yield doc\n"
+        "if os.environ.get('KILL'):\n"
+        "    data.iter_documents = killed\n"
+        "data.build_corpus([path], tok, cache_dir=cache, batch_sentences=16)\n"
+    )
+    run = [sys.executable, "-c", script, str(small_text_corpus), str(cache)]
+    killed = subprocess.run(run, env={**os.environ, "KILL": "1"}, capture_output=True, timeout=120)
+    assert killed.returncode == -9 and [p.name for p in cache.iterdir() if "tmp-" in p.name]  # half-written
+    assert subprocess.run(run, capture_output=True, timeout=120).returncode == 0
+    assert not [p.name for p in cache.iterdir() if p.name.startswith(".")]  # no temporary folder, no lock
+    assert len(list(cache.iterdir())) == 1
+
+
+def test_a_cache_that_cannot_be_written_is_one_error(tmp_path, story_tokenizer, monkeypatch):
+    import errno
+
+    import bertforge.data as data
+
+    paths = _texts(tmp_path, "a.txt", "Tom went to the park. He saw a dog.\n")
+    (tmp_path / "file").write_text("not a folder\n")
+    with pytest.raises(UserError, match="cache .*file is not a folder; choose another with --cache-dir"):
+        build_corpus(paths, story_tokenizer, cache_dir=str(tmp_path / "file"))
+
+    def disk_full(self, data):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(data._Summed, "write", disk_full)
+    with pytest.raises(UserError, match="cannot write the tokenized-corpus cache .*: No space left on device"):
+        build_corpus(paths, story_tokenizer, cache_dir=str(tmp_path / "c"))
+    assert os.listdir(tmp_path / "c") == []  # nothing half-written, no lock

@@ -126,7 +126,7 @@ def test_sigkill_and_resume_end_with_the_weights_of_the_uninterrupted_run(setup,
     proc = subprocess.run([sys.executable, "-m", "bertforge", *_args(setup, killed, *RESUMABLE, model="dropout-model")],
                           env=env, capture_output=True)
     assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
-    assert [s for s, _ in list_checkpoints(str(killed))] == [3, 6]
+    assert [s for s, _ in list_checkpoints(str(killed))] == [6]  # fine-tuning keeps the newest alone
     assert main(_args(setup, killed, *RESUMABLE, model="dropout-model")) == 2  # a new run there: refused
     assert "already exists" in capsys.readouterr().err
     assert main(_args(setup, killed, *RESUMABLE, "--lr", "2e-3", "--resume", model="dropout-model")) == 2
@@ -135,7 +135,7 @@ def test_sigkill_and_resume_end_with_the_weights_of_the_uninterrupted_run(setup,
         other_model = "model" if not other else "dropout-model"
         assert main(_args(setup, killed, *RESUMABLE, "--resume", *other, model=other_model)) == 2
         assert "--resume continues the run" in capsys.readouterr().err
-        assert [s for s, _ in list_checkpoints(str(killed))] == [3, 6]
+        assert [s for s, _ in list_checkpoints(str(killed))] == [6]
     assert main(_args(setup, killed, *RESUMABLE, "--resume", model="dropout-model")) == 0
     a, b = _weights(straight), _weights(killed)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
@@ -252,7 +252,7 @@ def test_torchrun_killed_in_a_save_and_resumed_ends_as_one_uninterrupted_process
     env = dict(os.environ, BERTFORGE_FAULT="write:12")  # rank 0 (the writer) killed in its third checkpoint
     r = subprocess.run([*torchrun, *_args(setup, killed, *RESUMABLE, model="dropout-model")], env=env, capture_output=True,
                        text=True, timeout=300)
-    assert r.returncode != 0 and [s for s, _ in list_checkpoints(str(killed))] == [3, 6], r.stderr[-3000:]
+    assert r.returncode != 0 and [s for s, _ in list_checkpoints(str(killed))] == [6], r.stderr[-3000:]
     r = subprocess.run([*torchrun, *_args(setup, killed, *RESUMABLE, "--resume", model="dropout-model")], capture_output=True,
                        text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -280,3 +280,89 @@ def test_default_learning_rate_follows_the_models_width(setup, tmp_path):
     assert main([*base, "--out", str(tmp_path / "given"), "--lr", "3e-5"]) == 0
     assert json.loads((tmp_path / "given" / "finetune_config.json").read_text())["finetune"]["train"]["lr"] == 3e-5
     assert main([*base, "--out", str(tmp_path / "missing"), "--model", str(tmp_path / "nowhere")]) == 2
+
+
+SLOW_STEPS = """import sys, time
+from bertforge.engine import Engine
+step = Engine.step
+Engine.step = lambda self, *args, **kw: (time.sleep(0.3), step(self, *args, **kw))[1]  # time to signal it mid-run
+from bertforge.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_during_fine_tuning_saves_a_checkpoint_and_the_run_resumes(setup, tmp_path, capsys, sig):
+    """Ctrl-C, or the SIGTERM that torchrun and job schedulers send: the run stops after its current step with a
+    checkpoint of it (without --save-every), one error line saying how to continue, exit status 1; --resume
+    finishes it without reporting the restored head as new, and the card's command has no --resume."""
+    out = tmp_path / "o"
+    args = _args(setup, out, "--batch-size", "4", "--epochs", "3", "--log-every", "1")
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_STEPS, *args[1:]], stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    seen = []
+    for line in proc.stderr:  # the first step's log line: training has begun
+        seen.append(line)
+        if line.startswith("step 1/"):
+            proc.send_signal(sig)
+            break
+    err = "".join(seen) + proc.stderr.read()
+    assert proc.wait(timeout=120) == 1, err[-2000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("error: interrupted at step ") and "resume with" in last and "--resume" in last, err
+    assert "Traceback" not in err
+    step = int(last.split()[4])
+    assert 1 <= step < 12 and [s for s, _ in list_checkpoints(str(out))] == [step]
+    assert "newly initialised" in err  # the first run's new classifier ...
+    saved = list_checkpoints(str(out))[0][1]
+    assert main([*args[1:], "--resume"]) == 0
+    resumed = capsys.readouterr().err  # ... comes from the checkpoint on resume
+    assert "newly initialised" not in resumed and f"resumed from {saved}" in resumed
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["epochs"][-1]["step"] == 12 and not (out / "checkpoints").exists()
+    card = (out / "README.md").read_text()
+    assert "finetune classify" in card and "--resume" not in card
+
+
+def _plain(d, out, *extra) -> list[str]:
+    """A fine-tuning command without --validation."""
+    return ["finetune", "classify", "--model", str(d / "model"), "--train", str(d / "t.jsonl"), "--out", str(out),
+            "--lr", "1e-3", "--no-progress", "--seed", "1", "--max-seq-length", "16", "--batch-size", "4", *extra]
+
+
+def test_validation_is_optional_a_split_of_the_training_file_or_a_slice(setup, tmp_path, capsys):
+    # no validation data: trained, not evaluated, and said; the last weights are the model
+    assert main(_plain(setup, tmp_path / "none", "--epochs", "1")) == 0
+    cap = capsys.readouterr()
+    assert "not evaluated" in cap.err and json.loads(cap.out.strip().splitlines()[-1])["step"] == 4
+    m = json.loads((tmp_path / "none" / "metrics.json").read_text())
+    assert m["epochs"] == [] and m["step"] == 4 and (tmp_path / "none" / "model.safetensors").is_file()
+    assert "not evaluated" in (tmp_path / "none" / "README.md").read_text()
+    # a part of the training file held out (at random, by --seed): 4 of 16 examples
+    assert main(_plain(setup, tmp_path / "split", "--epochs", "1", "--validation-split", "0.25")) == 0
+    assert "on 12 examples (2 labels: neg, pos), validating on 4" in capsys.readouterr().err
+    m = json.loads((tmp_path / "split" / "metrics.json").read_text())
+    assert (m["train_examples"], m["validation_examples"], m["epochs"][-1]["step"]) == (12, 4, 3)
+    # the first N validation examples (transformers' name too)
+    assert main(_plain(setup, tmp_path / "slice", "--epochs", "1", "--validation", str(setup / "t.jsonl"),
+                       "--max_eval_samples", "3")) == 0
+    assert json.loads((tmp_path / "slice" / "metrics.json").read_text())["validation_examples"] == 3
+    assert len((tmp_path / "slice" / "predictions.jsonl").read_text().splitlines()) == 3
+    capsys.readouterr()
+    assert main(_plain(setup, tmp_path / "both", "--validation", str(setup / "t.jsonl"), "--validation-split", "0.2")) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not both" in err[0] and not (tmp_path / "both").exists()
+
+
+def test_fine_tuning_checkpoints_by_time_without_save_every(setup, tmp_path, monkeypatch, capsys):
+    import bertforge.checkpoint as ckpt
+    import bertforge.finetune as ft
+
+    saved, save = [], ckpt.save_checkpoint
+    monkeypatch.setattr(ckpt, "save_checkpoint", lambda out, step, *a, **kw: saved.append(step) or save(out, step, *a, **kw))
+    monkeypatch.setattr(ft, "SAVE_INTERVAL", 0, raising=False)  # due after every step
+    assert main(_args(setup, tmp_path / "o", "--batch-size", "4", "--epochs", "1")) == 0
+    assert saved == [1, 2, 3] and not (tmp_path / "o" / "checkpoints").exists()  # (not at the end: it is the end)
+    assert main(_args(setup, tmp_path / "p", "--batch-size", "4", "--epochs", "1", "--save-every", "0")) == 0
+    assert saved == [1, 2, 3]  # --save-every 0: none
+    capsys.readouterr()

@@ -39,9 +39,9 @@ def test_fill_mask_json_equals_transformers_pipeline(pretrained_tiny, capsys):
 
 def test_python_pipeline_objects(pretrained_tiny):
     fm = bertforge.pipeline("fill-mask", model=pretrained_tiny)
-    one = fm("the dog sat on the [MASK].", top_k=3)
-    assert isinstance(one, list) and len(one) == 1 and len(one[0]) == 3
-    assert set(one[0][0]) == {"score", "token", "token_str", "sequence", "token_id"} and 0 < one[0][0]["score"] <= 1
+    one = fm("the dog sat on the [MASK].", top_k=3)  # one [MASK]: its candidates, a flat list (as transformers)
+    assert isinstance(one, list) and len(one) == 3
+    assert set(one[0]) == {"score", "token", "token_str", "sequence", "token_id"} and 0 < one[0]["score"] <= 1
     ns = bertforge.pipeline("next-sentence", model=pretrained_tiny)
     r = ns("Tom went to the park.", "He saw a dog.")
     assert set(r) == {"is_next", "label"} and 0 <= r["is_next"] <= 1

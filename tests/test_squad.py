@@ -70,7 +70,9 @@ def test_postprocess_picks_the_best_valid_span_across_windows(word_tok):
     starts[other][:] = ends[other][:] = -100.0
     starts[other][-2], ends[other][first_ctx] = 50.0, 50.0
     answers, scores = postprocess([ex], feats, starts, ends, n_best=20, max_answer_length=30)
-    assert answers == {"q1": "big old tree"} and scores["q1"] == 10.0
+    n_ctx = sum(o is not None for o in feats[target]["offsets"])
+    p = np.exp(5.0) / (np.exp(5.0) + n_ctx - 1)  # a softmax over the window's context tokens, for start and end
+    assert answers == {"q1": "big old tree"} and scores["q1"] == pytest.approx(p * p)
     answers, _ = postprocess([ex], feats, starts, ends, n_best=20, max_answer_length=2)  # too long now
     assert answers["q1"] != "big old tree"
 
@@ -186,3 +188,30 @@ def test_the_qa_loss_does_not_depend_on_padding():
         both = cls(padded, am, labels=y).loss
         alone = (cls(a, torch.ones_like(a), labels=y[:1]).loss + cls(b, torch.ones_like(b), labels=y[1:]).loss) / 2
     assert abs(float(both) - float(alone)) < 1e-5
+
+
+def test_postprocess_finds_an_answer_however_the_question_tokens_score(word_tok):
+    """The best starts and ends among the question's tokens, or ends all before starts, still leave an answer in
+    the context (never "" with score -inf), scored as a probability."""
+    ex = Example("q", "where does the fox sleep", "the lazy dog", [])
+    feats, _ = build_features(word_tok, [ex], max_seq_length=32, doc_stride=2, max_query_length=8, training=False)
+    (f,) = feats
+    ctx = [i for i, o in enumerate(f["offsets"]) if o is not None]
+    starts, ends = np.zeros(len(f["input_ids"])), np.zeros(len(f["input_ids"]))
+    starts[: ctx[0]] = ends[: ctx[0]] = 50.0  # [CLS] and the question: far above any context token
+    starts[ctx[-1]], ends[ctx[0]] = 9.0, 9.0  # within the context, the best start lies after the best end
+    for n_best in (1, 2):  # 1: no pair of the best start and end makes a span, so every span is searched
+        answers, scores = postprocess([ex], feats, [starts], [ends], n_best=n_best, max_answer_length=30)
+        assert answers["q"] == "the" and 0 < scores["q"] <= 1
+
+
+def test_duplicate_question_ids_and_rows_of_the_wrong_type_are_refused(tmp_path):
+    from bertforge.errors import UserError
+    from bertforge.tasks.squad import read_examples, squad_from_rows
+
+    qas = [{"id": "q1", "question": "what?", "answers": []}, {"id": "q1", "question": "who?", "answers": []}]
+    (tmp_path / "dup.json").write_text(json.dumps({"data": [{"paragraphs": [{"context": CONTEXT, "qas": qas}]}]}))
+    with pytest.raises(UserError, match=r"qas\[1\]: question id 'q1' is also the id of data\[0\].paragraphs\[0\].qas\[0\]"):
+        read_examples(str(tmp_path / "dup.json"))
+    with pytest.raises(UserError, match="rows: row 0: 'context' must be text, not list"):
+        squad_from_rows([{"id": "1", "context": ["a", "b"], "question": "q", "answers": []}], "rows")

@@ -183,3 +183,46 @@ def test_report_to_tensorboard_and_small_vocabularies_are_said(book, tmp_path, c
         assert (out / "tensorboard").is_dir()
     except Exception:
         assert "--report-to tensorboard: TensorBoard cannot be used" in err
+
+
+def _loader_position(out) -> tuple[int, int, int]:
+    """(steps, the data loader's epoch, its step in that epoch) of a finished pretraining run."""
+    steps = json.loads((out / "metrics.json").read_text())["steps"]
+    state = torch.load(out / "checkpoints" / f"step-{steps:08d}" / "trainer_state.pt", weights_only=True)
+    return steps, state["loader"]["epoch"], state["loader"]["step"]
+
+
+def test_pretraining_stops_after_its_epochs_and_takes_transformers_names(book, tok, tmp_path, capsys):
+    one, two = tmp_path / "one", tmp_path / "two"
+    fast = ["--batch-size", "16", "--max-eval-instances", "8", "--eval-every", "0", "--no-progress"]
+    assert main(_pretrain(book, tok, one, "--epochs", "1", *fast)) == 0
+    # the log says what the README says: the text cut into 20 parts, some of them held out, with their tokens
+    import re
+
+    said = re.search(r"on (\d+) documents \((\d+) tokens\), (\d+) held out for evaluation \((\d+) tokens\)",
+                     capsys.readouterr().err)
+    assert said and int(said[1]) + int(said[3]) == 20 and int(said[3]) >= 1
+    assert 0.04 < int(said[4]) / (int(said[2]) + int(said[4])) < 0.2  # about 5% of the text
+    assert main(["--quiet", *_pretrain(book, tok, two, "--num_train_epochs", "2", *fast)]) == 0
+    steps1, epoch1, at1 = _loader_position(one)
+    steps2, epoch2, at2 = _loader_position(two)
+    assert (epoch1, at1) == (0, steps1)  # the whole first epoch and no more ...
+    assert epoch2 == 1 and steps2 == steps1 + at2  # ... and the second run went on into its second epoch there
+    # --model_name_or_path: pretraining continues from that model (--init)
+    model = tiny_model_dir(tmp_path / "m", ["good fun", "bad mess"] * 4, vocab_size=20, kind="wordlevel")
+    assert main(["--quiet", "pretrain", "--data", str(book), "--model_name_or_path", model, "--out", str(tmp_path / "c"),
+                 "--max-seq-length", "32", "--batch-size", "8", "--max-steps", "1", "--eval-every", "0",
+                 "--max-eval-instances", "8", "--no-progress"]) == 0
+    assert json.loads((tmp_path / "c" / "pretrain_config.json").read_text())["model"]["init"] == model
+    capsys.readouterr()
+
+
+def test_the_python_api_shows_no_progress_bar_without_a_terminal(book, tok, tmp_path, capsys):
+    bertforge.run_pretraining(str(tmp_path / "pt"), data=str(book), tokenizer=tok, preset="tiny", max_seq_length=32,
+                              batch_size=8, max_eval_instances=8, max_steps=2, eval_every=0)
+    (tmp_path / "c.jsonl").write_text("".join(json.dumps({"text": t, "label": t[0]}) + "\n" for t in ["a b", "b a"] * 4))
+    bertforge.run_finetuning("classify", str(tmp_path / "pt"), str(tmp_path / "c.jsonl"), str(tmp_path / "c.jsonl"),
+                             str(tmp_path / "ft"), epochs=1, max_seq_length=16)
+    err = capsys.readouterr().err
+    assert "%|" not in err and "step/s" not in err and "s/step" not in err, err  # (stderr is no terminal here)
+    assert (tmp_path / "ft" / "metrics.json").is_file()

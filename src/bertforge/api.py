@@ -15,12 +15,14 @@ The command line is a thin layer over these functions (``bertforge.cli``); bad i
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
-from .errors import UserError
+from .errors import UserError, checked
 from .predict import pipeline
 
 
+@checked(vocab_size=1, min_frequency=0)
 def train_tokenizer(inputs: list[str] | str, out: str, vocab_size: int, model: str = "wordpiece", cased: bool = False,
                     min_frequency: int = 2, text_field: str = "text", doc_separator: str = "file",
                     overwrite: bool = False, progress: bool = False) -> dict:
@@ -34,8 +36,6 @@ def train_tokenizer(inputs: list[str] | str, out: str, vocab_size: int, model: s
     inputs = [inputs] if isinstance(inputs, str) else list(inputs)
     if model not in TOKENIZER_MODELS or doc_separator not in DOC_SEPARATORS:
         raise UserError(f"model must be one of {TOKENIZER_MODELS} and doc_separator one of {DOC_SEPARATORS}")
-    if not isinstance(vocab_size, int) or vocab_size < 1 or min_frequency < 0:
-        raise UserError("--vocab-size must be positive and --min-frequency zero or more")
     tok = train_to_folder(inputs, out, vocab_size, model, not cased, min_frequency, text_field, doc_separator,
                           overwrite, progress)
     size = tok.get_vocab_size(with_added_tokens=True)
@@ -47,6 +47,7 @@ def train_tokenizer(inputs: list[str] | str, out: str, vocab_size: int, model: s
     return {"vocab_size": size, "model": model, "out": out}
 
 
+@checked
 def run_pretraining(out: str, data: list[str] | str | None = None, resume: bool = False, overwrite: bool = False,
                     config: str | None = None, **settings: Any) -> dict:
     """``bertforge pretrain``: settings by their flag names (``preset``, ``tokenizer``, ``max_steps``,
@@ -58,6 +59,7 @@ def run_pretraining(out: str, data: list[str] | str | None = None, resume: bool 
     return pretrain(pretrain_settings(out, data, resume, config, **settings), resume=resume, overwrite=overwrite)
 
 
+@checked
 def run_finetuning(task: str, model: str = "", train: str = "", validation: str = "", out: str = "",
                    overwrite: bool = False, resume: bool = False, config: str | None = None, **settings: Any) -> dict:
     """``bertforge finetune classify|squad``: settings by their flag names (``epochs``, ``lr``,
@@ -73,23 +75,29 @@ def run_finetuning(task: str, model: str = "", train: str = "", validation: str 
     return finetune(TASKS[task](task_settings), cfg, overwrite=overwrite, resume=resume)
 
 
-def evaluate_classifier(model: str, data: str, max_seq_length: int = 128, batch_size: int = 64, device: str = "auto",
-                        **columns: Any) -> dict:
-    """``bertforge evaluate classify``: accuracy, macro-F1 and loss of a fine-tuned classifier on ``data``."""
-    from .config import ClassifyConfig, validate_fields
+@checked(batch_size=1)
+def evaluate_classifier(model: str | os.PathLike, data: str | os.PathLike, max_seq_length: int | None = None,
+                        batch_size: int = 64, device: str = "auto", **columns: Any) -> dict:
+    """``bertforge evaluate classify``: accuracy, macro-F1 and loss of a fine-tuned classifier on ``data``;
+    ``columns``: ``text_column``, ``text_pair_column``, ``label_column``; ``max_seq_length`` by default 128, or
+    the model's positions when it has fewer."""
+    from .config import ClassifyConfig, dataclass_from_dict, validate_fields
     from .tasks.classify import evaluate_classifier_model
 
-    settings = ClassifyConfig(**columns)
+    settings = dataclass_from_dict(ClassifyConfig(), columns, "evaluate_classifier's columns")
     validate_fields(settings)
+    model, data = os.fspath(model), os.fspath(data)
     return evaluate_classifier_model(model, data, settings, max_seq_length, batch_size, device)
 
 
-def evaluate_squad(data: str, predictions: str | None = None, model: str | None = None, max_seq_length: int = 384,
-                   batch_size: int = 64, device: str = "auto", write_predictions: str | None = None,
-                   overwrite: bool = False, **settings: Any) -> dict:
+@checked(batch_size=1)
+def evaluate_squad(data: str, predictions: str | None = None, model: str | os.PathLike | None = None,
+                   max_seq_length: int | None = None, batch_size: int = 64, device: str = "auto",
+                   write_predictions: str | None = None, overwrite: bool = False, **settings: Any) -> dict:
     """``bertforge evaluate squad``: official SQuAD v1.1 exact match and F1 of a predictions file, or of a
-    fine-tuned question-answering model's predictions."""
-    from .config import SquadConfig, validate_fields
+    fine-tuned question-answering model's predictions (``max_seq_length`` by default 384, or the model's
+    positions when it has fewer)."""
+    from .config import SquadConfig, dataclass_from_dict, validate_fields
     from .outputs import check_output_file
     from .tasks import squad
 
@@ -99,14 +107,16 @@ def evaluate_squad(data: str, predictions: str | None = None, model: str | None 
         return squad.evaluate_predictions_file(data, predictions)
     if write_predictions:
         check_output_file(write_predictions, overwrite, "--write-predictions", inputs=(data,))
-    cfg = SquadConfig(**settings)
+    cfg = dataclass_from_dict(SquadConfig(), settings, "evaluate_squad's settings")
     validate_fields(cfg)
-    return squad.evaluate_squad_model(model, data, cfg, max_seq_length, batch_size, device, write_predictions)
+    return squad.evaluate_squad_model(os.fspath(model), data, cfg, max_seq_length, batch_size, device,
+                                      write_predictions)
 
 
-def evaluate_mlm(model: str, data: list[str] | str, max_seq_length: int = 128, seed: int = 0, batch_size: int = 32,
-                 max_blocks: int | None = None, text_field: str = "text", doc_separator: str = "file",
-                 device: str = "auto") -> dict:
+@checked(seed=0, batch_size=1, max_blocks=1)
+def evaluate_mlm(model: str | os.PathLike, data: list[str] | str, max_seq_length: int = 128, seed: int = 0,
+                 batch_size: int = 32, max_blocks: int | None = None, text_field: str = "text",
+                 doc_separator: str = "file", device: str = "auto") -> dict:
     """``bertforge evaluate mlm``: held-out masked-LM accuracy on a fixed protocol
     (:func:`bertforge.evaluation.mlm_blocks`: running text in blocks, 15% of the tokens replaced by [MASK],
     seeded), the same tokens for any two models with one tokenizer: ours, or a transformers checkpoint with
@@ -114,19 +124,14 @@ def evaluate_mlm(model: str, data: list[str] | str, max_seq_length: int = 128, s
     from .checkpoint import has_weight
     from .corpus import iter_documents
     from .evaluation import masked_lm_accuracy, mlm_blocks
-    from .loading import load_for_inference, masked_lm, model_dir
+    from .loading import check_max_seq_length, load_for_inference, masked_lm, model_dir
 
-    model_dir(model)
-    for name, v in (("--max-seq-length", max_seq_length), ("--batch-size", batch_size)):
-        if not isinstance(v, int) or isinstance(v, bool) or v < 3:
-            raise UserError(f"{name} must be an integer of at least 3, not {v!r}")
+    model = model_dir(model)
     found = masked_lm(model)  # BERT's, or an ELECTRA run's generator/
     if not has_weight(model, found.head):
         raise UserError(f"{model} has no masked-LM head (cls.predictions); evaluate mlm needs one (of an ELECTRA "
                         "run, evaluate its generator/ folder)")
-    if max_seq_length > found.config.max_position_embeddings:
-        raise UserError(f"--max-seq-length {max_seq_length} exceeds the model's "
-                        f"{found.config.max_position_embeddings} positions")
+    check_max_seq_length(found.config, max_seq_length, model)
     m = load_for_inference(model, found.model_class, device, found.config)
     paths = [data] if isinstance(data, str) else list(data)
     ids, labels = mlm_blocks(m.tokenizer, iter_documents(paths, text_field, doc_separator), max_seq_length, seed,

@@ -5,14 +5,81 @@ of its steps."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
 from typing import Any
 
-from .errors import UserError
+from .errors import UserError, shown
+
+# What a failed write reports, whatever was being written: a full disk, a file-size limit (``ulimit -f``, with
+# SIGXFSZ ignored), a quota, a read-only file system.  Creating a folder may fail in more ways (see creating()).
+WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS})
+
+
+def write_error(path: str, e: OSError | int) -> UserError:
+    """The one message of a failed write: the output it was for (not a temporary name) and the cause."""
+    cause = os.strerror(e) if isinstance(e, int) else (e.strerror or str(e))
+    return UserError(f"cannot write {path_shown(path)}: {cause}")
+
+
+def path_shown(path) -> str:
+    """A path for a message: whole, as given (the user must recognise it), unless it would break the line."""
+    p = os.fspath(path)
+    return p if p.isprintable() and len(p) <= 4096 else shown(p)
+
+
+def write_failure(e: BaseException, folder: str | None = None) -> int | None:
+    """The errno of ``e`` when it is a failed write (:data:`WRITE_ERRNOS`), else None.  Writers outside Python
+    report it their own way: safetensors in its message; torch.save not at all (``unexpected pos``), so for an
+    error raised while writing into ``folder`` the cause is looked for there (a file at the file-size limit,
+    a full disk)."""
+    if isinstance(e, OSError):
+        return e.errno if e.errno in WRITE_ERRNOS else None
+    if not isinstance(e, Exception) or isinstance(e, UserError):
+        return None
+    m = re.search(r"os error (\d+)", str(e))
+    if m:
+        return int(m.group(1)) if int(m.group(1)) in WRITE_ERRNOS else None
+    if not isinstance(e, RuntimeError) or folder is None or not os.path.isdir(folder):
+        return None
+    import resource
+
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if limit != resource.RLIM_INFINITY:
+        for root, _, files in os.walk(folder):
+            if any(os.path.getsize(os.path.join(root, f)) >= limit for f in files):
+                return errno.EFBIG
+    st = os.statvfs(folder)
+    free = (st.f_bfree if os.geteuid() == 0 else st.f_bavail) * st.f_frsize
+    return errno.ENOSPC if free < 1 << 20 else None
+
+
+@contextlib.contextmanager
+def writing(path: str) -> Iterator[None]:
+    """A write failure (:func:`write_failure`) inside the block becomes one UserError naming ``path``; what
+    the block had written is cleaned up by the context managers inside it (:func:`atomic_dir`, ...)."""
+    try:
+        yield
+    except Exception as e:
+        code = write_failure(e)
+        if code is None:
+            raise
+        raise write_error(path, code) from None
+
+
+@contextlib.contextmanager
+def creating(path: str) -> Iterator[None]:
+    """Any failure to create ``path``'s folder or its parents (a parent that is a file, no permission, a full
+    disk...) becomes one UserError naming ``path``."""
+    try:
+        yield
+    except OSError as e:
+        raise write_error(path, e) from None
 
 
 def current_umask() -> int:
@@ -40,10 +107,11 @@ def fsync(path: str) -> None:
 def atomic_write_text(path: str, text: str) -> None:
     """Write ``text`` to ``path`` through a temporary file in the same folder, then rename."""
     d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=d)
-    os.fchmod(fd, 0o666 & ~current_umask())  # mkstemp makes it private; outputs follow the umask
+    with creating(path):
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=d)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
+        os.fchmod(fd, 0o666 & ~current_umask())  # mkstemp makes it private; outputs follow the umask
+        with writing(path), os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
@@ -68,21 +136,22 @@ def atomic_dir(path: str, replace: bool = True) -> Iterator[str]:
     instant a complete directory exists (under the final name, or under its ``.old`` name during the swap).
     Without ``replace``, a non-empty ``path`` that appeared meanwhile is left alone and the write fails.
     """
-    path = os.path.abspath(path)
+    given, path = path, os.path.abspath(path)  # errors name the path as the user gave it
     parent = os.path.dirname(path)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.tmp-", dir=parent)
-    os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp makes it private; outputs follow the umask
+    made, tmp, old = missing_folders(parent), None, None
     try:
+        with creating(given):
+            os.makedirs(parent, exist_ok=True)
+            tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.tmp-", dir=parent)
+            os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp makes it private; outputs follow the umask
         yield tmp
         for name in os.listdir(tmp):
             follow_umask(os.path.join(tmp, name))
             fsync(os.path.join(tmp, name))
         fsync(tmp)
-        old = None
-        if os.path.exists(path) and not replace and (not os.path.isdir(path) or os.listdir(path)):
+        if os.path.lexists(path) and not replace and (not os.path.isdir(path) or os.listdir(path)):
             raise UserError(f"{path} appeared while this run was writing it; the new output is not written")
-        if os.path.exists(path):
+        if os.path.lexists(path):  # a dangling link too: it is replaced, not left beside
             old = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.old-", dir=parent)
             os.rmdir(old)
             os.rename(path, old)
@@ -91,10 +160,43 @@ def atomic_dir(path: str, replace: bool = True) -> Iterator[str]:
         fsync(parent)
         fault_point("rename")
         if old:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+            remove_path(old)
+    except BaseException as e:
+        code = write_failure(e, tmp)  # before the evidence is removed
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if old and not os.path.lexists(path):  # the swap failed halfway: the earlier output goes back
+            with contextlib.suppress(OSError):
+                os.rename(old, path)
+        remove_folders(made)
+        if code is not None:
+            raise write_error(given, code) from None
         raise
+
+
+def remove_path(p: str) -> None:
+    """Remove a file, a link (not what it points to) or a folder tree; best effort."""
+    if os.path.isdir(p) and not os.path.islink(p):
+        shutil.rmtree(p, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            os.unlink(p)
+
+
+def missing_folders(folder: str) -> list[str]:
+    """The folders that creating ``folder`` would make, deepest first (to remove again if the write fails)."""
+    made, folder = [], os.path.abspath(folder)
+    while not os.path.lexists(folder) and os.path.dirname(folder) != folder:
+        made.append(folder)
+        folder = os.path.dirname(folder)
+    return made
+
+
+def remove_folders(folders: list[str]) -> None:
+    """Remove the folders of :func:`missing_folders` that are still empty, deepest first."""
+    for f in folders:
+        with contextlib.suppress(OSError):
+            os.rmdir(f)
 
 
 def fault_point(event: str) -> None:
@@ -124,11 +226,6 @@ def remove_stale_temporaries(folder: str) -> list[str]:
         return removed
     for name in os.listdir(folder):
         if name.startswith((".tmp-", ".save-tmp-")) or (name.startswith(".") and (".tmp-" in name or ".old-" in name)):
-            p = os.path.join(folder, name)
-            if os.path.isdir(p) and not os.path.islink(p):
-                shutil.rmtree(p, ignore_errors=True)
-            else:
-                with contextlib.suppress(OSError):
-                    os.unlink(p)
-            removed.append(p)
+            remove_path(os.path.join(folder, name))
+            removed.append(os.path.join(folder, name))
     return removed

@@ -16,7 +16,6 @@ This module knows models only through what every :class:`~bertforge.model.BertPr
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -32,7 +31,6 @@ from safetensors.torch import load_file, save_file
 from .atomic import atomic_dir, fault_point, follow_umask, fsync
 from .config import BertConfig
 from .errors import UserError
-from .outputs import remove_output
 
 log = logging.getLogger("bertforge")
 
@@ -231,19 +229,6 @@ CHECKPOINTS = "checkpoints"
 _STEP_DIR = re.compile(r"^step-(\d{8})$")
 
 
-@contextlib.contextmanager
-def removed_unless_checkpointed(out: str, kind: str, enabled: bool = True):
-    """A new run written in place into ``out`` (a ``kind`` output) that fails before its first checkpoint
-    leaves nothing behind: there is nothing to resume, and no half-written output stays."""
-    try:
-        yield
-    except BaseException:
-        if enabled and os.path.isdir(out) and not list_checkpoints(out):
-            with contextlib.suppress(UserError, OSError):  # the run's own error is the one to report
-                remove_output(out, kind)
-        raise
-
-
 def list_checkpoints(out: str) -> list[tuple[int, str]]:
     """Complete checkpoints in ``out``, oldest first (temporary folders of an interrupted save are ignored)."""
     folder = os.path.join(out, CHECKPOINTS)
@@ -306,7 +291,10 @@ def restore_newest(out: str, model, required: tuple[str, ...] = (), check=None) 
     keys); return (step, folder, the engine's state, the whole trainer state).  Newer ones that do not read
     (a save interrupted by a kill, a truncated file) are moved aside as ``.damaged-*``, with a warning, and
     never considered again.  ``check(state)`` runs before anything is loaded (a UserError from it leaves every
-    checkpoint as it is), and a checkpoint that reads but does not fit the model is an error, never damage."""
+    checkpoint as it is), and a checkpoint that reads but does not fit the model is an error, never damage.
+    A ``step-N`` that is no checkpoint folder at all (a file, a link, a folder without its state) is moved aside
+    too, so that the run's own save of step N later has nothing to replace."""
+    set_aside_incomplete(out)
     for step, path in reversed(list_checkpoints(out)):
         try:
             weights, opt_state, state = _read(path)
@@ -314,8 +302,7 @@ def restore_newest(out: str, model, required: tuple[str, ...] = (), check=None) 
             if missing:
                 raise KeyError(f"no {', '.join(missing)} in its state")
         except Exception as e:  # a truncated or corrupt file of an interrupted or damaged save
-            aside = os.path.join(os.path.dirname(path), f".damaged-{os.path.basename(path)}-{int(time.time())}")
-            os.rename(path, aside)  # kept for inspection, never considered again
+            aside = _set_aside(path)
             log.warning("skipping checkpoint %s, which does not load (%s: %s); moved to %s", path,
                         type(e).__name__, str(e)[:200], aside)
             continue
@@ -324,6 +311,27 @@ def restore_newest(out: str, model, required: tuple[str, ...] = (), check=None) 
         _apply(path, model, weights)
         return step, path, _engine_state(opt_state, state), state
     raise UserError(f"no checkpoint in {os.path.join(out, CHECKPOINTS)} loads; nothing to resume")
+
+
+def _set_aside(path: str) -> str:
+    """Move a damaged checkpoint to ``.damaged-step-N-TIME`` beside it: kept for inspection, never considered
+    again, and never in the way of a new save of its step."""
+    aside = os.path.join(os.path.dirname(path), f".damaged-{os.path.basename(path)}-{int(time.time())}")
+    while os.path.lexists(aside):
+        aside += "-"
+    os.rename(path, aside)
+    return aside
+
+
+def set_aside_incomplete(out: str) -> None:
+    """Move aside every ``step-N`` in ``out`` that is no whole checkpoint folder (:func:`_set_aside`)."""
+    folder = os.path.join(out, CHECKPOINTS)
+    listed = {path for _, path in list_checkpoints(out)}
+    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        path = os.path.join(folder, name)
+        if _STEP_DIR.match(name) and (path not in listed or os.path.islink(path)):
+            log.warning("%s is not a whole checkpoint (the remains of a damaged one); moved to %s", path,
+                        _set_aside(path))
 
 
 def _apply(path: str, model, weights: dict) -> None:

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import difflib
 import logging
@@ -86,6 +87,7 @@ TRANSFORMERS_NAMES = {
     "grad_accum": "--gradient_accumulation_steps", "model": "--model_name_or_path", "mask_prob": "--mlm_probability",
     "eval_batch_size": "--per_device_eval_batch_size", "warmup_steps": "--warmup_steps", "report_to": "--report_to",
     "max_eval_instances": "--max_eval_samples", "max_train_examples": "--max_train_samples",
+    "max_eval_examples": "--max_eval_samples", "init": "--model_name_or_path",  # (pretraining: the model to start from)
 }
 # names that look alike but mean something else in bertforge: answered with a hint, not taken
 NOT_THE_SAME = {
@@ -152,11 +154,14 @@ def _setting_help(f: dataclasses.Field, default: Any, described: str | None, not
 
 
 def _flag_names(p: argparse.ArgumentParser, f: dataclasses.Field) -> list[str]:
-    """A setting's flag, then its aliases: underscores as in config files, and transformers' name."""
+    """A setting's flag, then its aliases: underscores as in config files, and transformers' name (with
+    underscores, and hyphens as bertforge's own flags)."""
     from .config import flag_of
 
     names = [flag_of(f)]
-    for alias in ("--" + f.name, "--" + flag_of(f)[2:].replace("-", "_"), TRANSFORMERS_NAMES.get(f.name)):
+    theirs = TRANSFORMERS_NAMES.get(f.name)
+    for alias in ("--" + f.name, "--" + flag_of(f)[2:].replace("-", "_"), theirs,
+                  theirs and "--" + theirs[2:].replace("_", "-")):
         if alias and alias not in names and alias not in p._option_string_actions:
             names.append(alias)
     return names
@@ -216,6 +221,7 @@ PRETRAIN_PRINTED = ("mlm_accuracy", "mlm_accuracy_masked", "nsp_accuracy", "mlm_
 def cmd_pretrain(a: argparse.Namespace) -> int:
     """The settings as :func:`bertforge.settings.pretrain_settings` decides them, from the explicit flags."""
     from .api import run_pretraining
+    from .lifecycle import sigterm_as_interrupt
     from .settings import progress_default
 
     explicit = explicit_flags(a, a.setting_flags)
@@ -225,7 +231,8 @@ def cmd_pretrain(a: argparse.Namespace) -> int:
     if a.cased:
         explicit["cased"] = True
     explicit.update(progress_default(a.progress))
-    metrics = run_pretraining(out, resume=a.resume, overwrite=a.overwrite, config=a.config, **explicit)
+    with sigterm_as_interrupt():
+        metrics = run_pretraining(out, resume=a.resume, overwrite=a.overwrite, config=a.config, **explicit)
     if metrics:
         _print_json({k: metrics[k] for k in PRETRAIN_PRINTED if k in metrics})
     return 0
@@ -240,21 +247,25 @@ FINETUNE_PRINTED = {"classify": ("accuracy", "macro_f1", "loss"), "squad": ("exa
 def cmd_finetune(a: argparse.Namespace) -> int:
     """The settings as :func:`bertforge.settings.finetune_settings` decides them, from the explicit flags."""
     from .api import run_finetuning
+    from .lifecycle import sigterm_as_interrupt
     from .settings import progress_default
 
     flags = explicit_flags(a, a.setting_flags)
     given = [flags.pop(k, None) or "" for k in ("model", "train_file", "validation_file", "out")]
     flags.update(progress_default(a.progress))
-    m = run_finetuning(a.task, *given, overwrite=a.overwrite, resume=a.resume, config=a.config, **flags,
-                       **explicit_flags(a, a.task_flags))
+    with sigterm_as_interrupt():
+        m = run_finetuning(a.task, *given, overwrite=a.overwrite, resume=a.resume, config=a.config, **flags,
+                           **explicit_flags(a, a.task_flags))
     if not m:  # a process other than rank 0 under torchrun: rank 0 reports
         return 0
-    _print_json({k: m[k] for k in (*FINETUNE_PRINTED[a.task], "best_epoch", "train_seconds")})
+    printed = (*FINETUNE_PRINTED[a.task], "best_epoch", "epoch", "step", "train_seconds")
+    _print_json({k: m[k] for k in printed if k in m})  # (without validation: no figures of it)
     return 0
 
 
 def _add_finetune_parsers(sub) -> None:
     from .config import finetune_lr_rule
+    from .finetune import SAVE_INTERVAL
     from .tasks import TASKS
 
     ft = sub.add_parser("finetune", help="fine-tune a BERT for classification or SQuAD question answering")
@@ -264,13 +275,14 @@ def _add_finetune_parsers(sub) -> None:
              "squad": "SQuAD v1.1 extractive question answering"}
     for name, kind in TASKS.items():
         p = fts.add_parser(name, help=helps[name])
-        flags = add_setting_flags(p, kind.config(), defaults={"lr": finetune_lr_rule()})
+        flags = add_setting_flags(p, kind.config(), defaults={"lr": finetune_lr_rule(), "save_every": (
+            f"every {SAVE_INTERVAL // 60} minutes of the run")})
         p.add_argument("--config", help="YAML or JSON file with the same settings as the flags, or a run's "
                                         "finetune_config.json (flags override it)")
         p.add_argument("--overwrite", action="store_true",
                        help="replace an earlier fine-tuning output that bertforge wrote in --out")
-        p.add_argument("--resume", action="store_true", help="continue the run that --save-every checkpointed in "
-                                                             "--out (the same command, plus --resume)")
+        p.add_argument("--resume", action="store_true", help="continue the interrupted run in --out from its "
+                                                             "checkpoint (the same command, plus --resume)")
         p.set_defaults(func=cmd_finetune, setting_flags=flags, task_settings=kind.settings_class,
                        task_flags=add_setting_flags(p, kind.settings_class()))
 
@@ -328,7 +340,7 @@ def _add_evaluate_parsers(sub) -> None:
     q.add_argument("--predictions", help="predictions JSON {question id: answer}")
     q.add_argument("--model", help="a fine-tuned question-answering model directory")
     q.add_argument("--write-predictions", help="with --model: also write its predictions to this file")
-    q.add_argument("--max-seq-length", type=positive_int, default=384)
+    q.add_argument("--max-seq-length", type=positive_int, help="default: 384, or the model's positions if fewer")
     q.add_argument("--batch-size", type=positive_int, default=64)
     q.add_argument("--overwrite", action="store_true", help="with --write-predictions: replace an existing file")
     q.add_argument("--device", default="auto")
@@ -337,7 +349,7 @@ def _add_evaluate_parsers(sub) -> None:
     c = evs.add_parser("classify", help="accuracy and macro-F1 of a classifier on a labelled file")
     c.add_argument("--model", required=True)
     c.add_argument("--data", required=True)
-    c.add_argument("--max-seq-length", type=positive_int, default=128)
+    c.add_argument("--max-seq-length", type=positive_int, help="default: 128, or the model's positions if fewer")
     c.add_argument("--batch-size", type=positive_int, default=64)
     c.add_argument("--device", default="auto")
     add_setting_flags(c, ClassifyConfig())
@@ -399,7 +411,7 @@ def cmd_predict(a: argparse.Namespace) -> int:
     p = pipeline(a.task, a.model, device=a.device, batch_size=a.batch_size, progress=progress)
     if a.task == "fill-mask":
         texts = _texts(a)
-        res = p(texts, top_k=a.top_k)
+        res = p.per_mask(texts, top_k=a.top_k)  # one list per [MASK], whatever their number
 
         def table(rows):
             for t, masks in zip(texts, rows):
@@ -425,7 +437,7 @@ def cmd_predict(a: argparse.Namespace) -> int:
 
         cfg = _task_settings(a, SquadConfig)
         if a.input:
-            if a.question or a.context:
+            if a.question is not None or a.context is not None:
                 raise UserError("give --question/--context or --input, not both")
             from .tasks.squad import read_examples
 
@@ -433,7 +445,7 @@ def cmd_predict(a: argparse.Namespace) -> int:
             res = p(examples=examples, squad=cfg, max_seq_length=a.max_seq_length)
             _emit(a, res, lambda r: [f"{k}\t{v}" for k, v in r.items()])
         else:
-            if not (a.question and a.context):
+            if a.question is None or a.context is None:  # given but empty: the pipeline says which
                 raise UserError("give --question and --context, or --input squad.json")
             res = p(a.question, a.context, squad=cfg, max_seq_length=a.max_seq_length)
             _emit(a, res, lambda r: [f"{r['answer']}  (score {r['score']:.2f}, characters {r['start']}-{r['end']})"])
@@ -603,10 +615,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(e.code or 0)
     setup_logging(a.quiet)
     from . import modelcard
+    from .atomic import path_shown, write_failure
 
     modelcard.COMMAND = ["bertforge", *(sys.argv[1:] if argv is None else argv)]  # for the model cards
     try:
-        return int(a.func(a) or 0)
+        with _file_size_limit_as_error():
+            return int(a.func(a) or 0)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -616,6 +630,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
+    except Exception as e:  # a failed write that no save named (each names its output itself)
+        code = write_failure(e)
+        if code is None:
+            raise
+        where = f" {path_shown(e.filename)}" if getattr(e, "filename", None) else ""
+        print(f"error: cannot write{where}: {os.strerror(code)}", file=sys.stderr)
+        return 2
+
+
+@contextlib.contextmanager
+def _file_size_limit_as_error():
+    """Under a file-size limit (``ulimit -f``) a write past it would kill the process with SIGXFSZ, mid-save and
+    without a word; ignored, the write fails with EFBIG instead, and the save reports it and cleans up.  The
+    python command ignores it already; an interpreter embedded without Python's signal handlers may not."""
+    import signal
+
+    sig = getattr(signal, "SIGXFSZ", None)
+    try:
+        previous = signal.signal(sig, signal.SIG_IGN) if sig is not None else None
+    except ValueError:  # not the main thread: signals stay as they are
+        previous = None
+    try:
+        yield
+    finally:
+        if previous is not None:
+            signal.signal(sig, previous)
 
 
 def console_main() -> None:

@@ -12,10 +12,11 @@ import dataclasses
 import json
 import math
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import UserError, shown
+from .errors import UserError, require_type, shown
 
 # name -> (layers, hidden, heads); intermediate = 4 x hidden.  tiny/mini/small/medium are the sizes of
 # Turc et al. (2019) "Well-Read Students Learn Better"; base is BERT-base.
@@ -59,6 +60,22 @@ class BertConfig:
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
+        # the one place where an architecture (a preset, a config.json) is checked before a model is built of it
+        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                     "max_position_embeddings", "type_vocab_size"):
+            require_type(getattr(self, name), int, name, at_least=1)
+        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout"):
+            v = getattr(self, name)
+            if v is not None and not 0 <= require_type(v, float, name) < 1:
+                raise UserError(f"{name} must be in [0, 1), not {shown(v)}")
+        for name in ("layer_norm_eps", "initializer_range"):
+            if not require_type(getattr(self, name), float, name) > 0:
+                raise UserError(f"{name} must be positive, not {shown(getattr(self, name))}")
+        if not 0 <= require_type(self.pad_token_id, int, "pad_token_id") < self.vocab_size:
+            raise UserError(f"pad_token_id {self.pad_token_id} must be a token id below vocab_size {self.vocab_size}")
+        require_type(self.id2label, dict | None, "id2label")
+        if self.id2label and not all(isinstance(k, int) or str(k).isdigit() for k in self.id2label):
+            raise UserError(f"id2label's keys must be label ids (integers), not {shown(list(self.id2label))}")
         if self.hidden_size % self.num_attention_heads:
             raise UserError(
                 f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads "
@@ -147,7 +164,11 @@ class BertConfig:
             raise UserError(f"no config.json at {path}")
         from .files import read_json_object
 
-        return cls.from_dict(read_json_object(path, "config.json"))
+        d = read_json_object(path, "config.json")
+        try:
+            return cls.from_dict(d)
+        except UserError as e:  # the file is what a user needs to know
+            raise UserError(f"{path}: {e}") from None
 
 
 def dataclass_from_dict(base: Any, d: dict[str, Any], where: str = "config") -> Any:
@@ -252,7 +273,8 @@ class TrainConfig:
     max_steps: int | None = setting(None, "optimizer steps", check="positive")
     max_time: float | None = setting(None, "time budget, e.g. 90s, 30m, 2h: the schedule ends on time",
                                      check="positive", only="pretrain")
-    epochs: int | None = setting(None, "passes over the training data", check="positive", only="finetune")
+    epochs: int | None = setting(None, "passes over the training data (--max-steps, when given, decides instead)",
+                                 check="positive")
     eval_every: int | None = setting(500, "evaluate every N steps (0 = only at the end)", check="non-negative")
     save_every: int | None = setting(1000, "checkpoint every N steps (0 = only at the end)", check="non-negative")
     keep_checkpoints: int = setting(2, "how many checkpoints to keep (0 = all)", check="non-negative")
@@ -267,7 +289,7 @@ class TrainConfig:
             raise UserError(f"--batch-size {self.batch_size} must be a positive multiple of "
                             f"--grad-accum {self.grad_accum}")
         if self.max_steps is None and self.max_time is None and self.epochs is None:
-            raise UserError("give --max-steps or --max-time")
+            raise UserError("give --max-steps, --max-time or --epochs")
 
 
 @dataclass
@@ -281,7 +303,13 @@ class ImplConfig:
     compile: bool = setting(False, "torch.compile the model", only="pretrain")
     threads: int | None = setting(None, "CPU threads (default: the available cores shared among local processes)",
                                   check="positive")
-    progress: bool = setting(True, "show a progress bar (default: when stderr is a terminal)")
+    progress: bool | None = setting(None, "show a progress bar (default: when stderr is a terminal)")
+
+
+def progress_shown(progress: bool | None) -> bool:
+    """Whether progress bars show: as ``progress`` asks, else (None) when stderr is a terminal, from the command
+    line and the Python API alike (no bars in the log of a job)."""
+    return sys.stderr.isatty() if progress is None else bool(progress)
 
 
 class Sections:
@@ -367,7 +395,8 @@ class PretrainDataConfig:
 class PretrainModelConfig:
     """Which model: a preset, a config.json, or a BERT directory to continue from (``init``)."""
 
-    preset: str = setting("mini", "model size: " + ", ".join(PRESETS))
+    preset: str | None = setting("mini", "model size: " + ", ".join(PRESETS) + " (a model from --init or "
+                                 "--model-config has its own; the run records none)")
     model_config: str | None = setting(None, "a BERT config.json to build the model from")
     init: str | None = setting(None, "continue from a BERT directory (ours or a transformers checkpoint)")
     objective: str = setting("mlm", "mlm (masked LM, with --nsp also next sentence prediction) or electra (ELECTRA's "
@@ -389,7 +418,8 @@ class PretrainModelConfig:
 
     def validate(self) -> None:
         validate_fields(self)
-        check_preset(self.preset)
+        if self.preset is not None or not (self.init or self.model_config):
+            check_preset(self.preset)
         if self.attention_init == "local" and self.position_init != "sinusoidal" and not self.init:
             raise UserError("--attention-init local (the budget recipe's) reads the positions' sines and cosines: "
                             "with --position-init normal, pass --attention-init normal too")
@@ -452,8 +482,6 @@ class PretrainConfig(Sections):
         """Every check of values alone (no file system), before anything is read or written."""
         if not self.data.data and not resume:
             raise UserError("--data is required")
-        if self.train.epochs is not None:
-            raise UserError("pretraining runs by --max-steps or --max-time, not epochs")
         for sec in (self.model, self.data, self.train):
             sec.validate()
         validate_fields(self.impl)
@@ -535,6 +563,7 @@ def _yaml_load(text: str):
 # lr None: by the model's width (finetune_lr).
 FINETUNE_TRAIN_DEFAULTS: dict[str, Any] = dict(
     lr=None, batch_size=32, warmup_ratio=0.1, epochs=3, log_every=20, eval_every=None, save_every=None,
+    keep_checkpoints=1,  # save_every None: by time (finetune.SAVE_INTERVAL); a checkpoint serves only to resume
 )
 
 # Fine-tuning's learning rate when none is given, by the model's hidden size: narrow models take larger
@@ -560,7 +589,13 @@ class FinetuneDataConfig:
     """The labelled files and how examples become model inputs."""
 
     train_file: str = setting("", "training file", flag="--train")
-    validation_file: str = setting("", "validation file (evaluated after every epoch)", flag="--validation")
+    validation_file: str = setting("", "validation file, evaluated after every epoch (default: --validation-split of "
+                                       "the training file; without either, no evaluation)", flag="--validation")
+    validation_split: float | None = setting(None, "without --validation: hold out this fraction of the training "
+                                                   "examples (at random, by --seed) to validate on",
+                                             check="open-fraction")
+    max_eval_examples: int | None = setting(None, "validate on the first N validation examples only",
+                                            check="positive")
     max_seq_length: int = setting(128, "tokens per example (longer ones are truncated or windowed)", check="positive")
     max_train_examples: int | None = setting(None, "use only the first N training examples", check="positive")
     eval_batch_size: int = setting(64, "batch size for evaluation", check="positive")
@@ -587,8 +622,10 @@ class FinetuneConfig(Sections):
         for name in ("model", "out"):
             if not getattr(self, name):
                 raise UserError(f"--{name} is required")
-        if not self.data.train_file or not self.data.validation_file:
-            raise UserError("--train and --validation are required")
+        if not self.data.train_file:
+            raise UserError("--train is required")
+        if self.data.validation_file and self.data.validation_split is not None:
+            raise UserError("give --validation FILE or --validation-split FRACTION, not both")
         if self.train.epochs is None:
             raise UserError("--epochs needs a value")
         for sec in (self, self.data, self.impl):

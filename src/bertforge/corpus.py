@@ -28,7 +28,7 @@ import os
 import re
 from collections.abc import Iterator
 
-from .errors import UserError, require_file
+from .errors import UserError, require_file, shown
 from .files import json_lines, read_text
 from .outputs import MARKER
 
@@ -102,6 +102,7 @@ def expand_paths(paths: list[str]) -> list[str]:
     files: list[str] = []
     for p in paths:
         if p.startswith("hf:"):
+            hf_spec(p)
             files.append(p)
         elif os.path.isdir(p):
             found = _walk_texts(p)
@@ -149,6 +150,20 @@ def parquet_rows(path: str, columns: list[str] | None = None) -> Iterator[dict]:
         raise UserError(f"cannot read {path}: {e}") from None
 
 
+def hf_spec(spec: str) -> tuple[str, str | None, str]:
+    """(name, config or None, split) of ``hf:NAME[:CONFIG][@SPLIT]``; a UserError when a part is empty."""
+    name, split = spec[len("hf:") :], "train"
+    if "@" in name:
+        name, split = name.rsplit("@", 1)
+    config = None
+    if ":" in name:
+        name, config = name.split(":", 1)
+    if not name.strip() or config is not None and not config.strip() or not split.strip():
+        raise UserError(f"data {shown(spec)}: expected hf:NAME[:CONFIG][@SPLIT], each part given (NAME a dataset "
+                        "on the hub or a local dataset folder)")
+    return name, config, split
+
+
 def hf_rows(spec: str) -> Iterator[dict]:
     """The rows of ``hf:NAME[:CONFIG][@SPLIT]`` (split ``train`` by default), a Hugging Face dataset: a local
     dataset folder, or from the hub when there is a network; streamed."""
@@ -156,13 +171,7 @@ def hf_rows(spec: str) -> Iterator[dict]:
         import datasets
     except ImportError:
         raise UserError("hf: datasets need the datasets extra: pip install 'bertforge[datasets]'") from None
-    name = spec[len("hf:") :]
-    split = "train"
-    if "@" in name:
-        name, split = name.rsplit("@", 1)
-    config = None
-    if ":" in name:
-        name, config = name.split(":", 1)
+    name, config, split = hf_spec(spec)
     try:
         ds = datasets.load_dataset(name, config, split=split, streaming=True)
         yield from ds
@@ -180,16 +189,26 @@ def table_rows(path: str) -> Iterator[dict] | None:
     return None
 
 
+def _texts_of(rows: Iterator[dict], field: str, where: str) -> Iterator[str]:
+    """The non-empty texts in column ``field`` of table rows; a row without it, or with a value that is not
+    text (a number, a list), is an error naming the row."""
+    for n, row in enumerate(rows):
+        if field not in row:
+            raise UserError(f"{where}: row {n}: no field {field!r}")
+        value = row[field]
+        if value is not None and not isinstance(value, str):
+            raise UserError(f"{where}: row {n}: {field!r} must be text, not {type(value).__name__} {shown(value)} "
+                            "(--text-field names the column)")
+        if value:
+            yield value
+
+
 def _parquet_texts(path: str, field: str) -> Iterator[str]:
-    yield from (row[field] for row in parquet_rows(path, [field]) if row[field])
+    yield from _texts_of(parquet_rows(path, [field]), field, path)
 
 
 def _hf_texts(spec: str, field: str) -> Iterator[str]:
-    for row in hf_rows(spec):
-        if field not in row:
-            raise UserError(f"dataset {spec} has no field {field!r}")
-        if row[field]:
-            yield row[field]
+    yield from _texts_of(hf_rows(spec), field, f"dataset {spec}")
 
 
 def file_documents(path: str, text_field: str = "text", doc_separator: str = "file") -> Iterator[list[str]]:
@@ -233,13 +252,16 @@ def iter_texts(paths: list[str], text_field: str = "text", doc_separator: str = 
         yield from doc
 
 
-def input_signature(paths: list[str]) -> list[tuple[str, int, int]]:
-    """(absolute path, size, mtime_ns) of each input: what decides whether a cache is still valid."""
+def input_signature(paths: list[str]) -> list[tuple[str, int, int, int, int]]:
+    """(absolute path, size, mtime_ns, inode, ctime_ns) of each input: what decides whether a cache is still
+    valid.  The size and modification time alone miss a file rewritten with both kept (``cp -p``, ``rsync -t``,
+    ``tar``, ``touch -r``); the inode (a new file) and the change time (which no one can set back) see it,
+    without reading the data."""
     sig = []
     for f in expand_paths(paths):
         if f.startswith("hf:"):
-            sig.append((f, 0, 0))
+            sig.append((f, 0, 0, 0, 0))
         else:
             st = os.stat(f)
-            sig.append((os.path.abspath(f), st.st_size, st.st_mtime_ns))
+            sig.append((os.path.abspath(f), st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns))
     return sig

@@ -24,6 +24,7 @@ Departures from Google's ``create_pretraining_data.py`` (the model's are listed 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import json
@@ -33,6 +34,7 @@ import os
 import random
 import shutil
 import tempfile
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -41,13 +43,15 @@ import torch
 from tokenizers import Tokenizer
 from tqdm import tqdm
 
+from .atomic import path_shown, write_failure
 from .corpus import input_signature, iter_documents
+from .config import progress_shown
 from .errors import UserError
 from .tokenizer import SpecialIds, special_ids, vocab_tokens
 
 log = logging.getLogger("bertforge")
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: checksums of the arrays in meta.json
 MAX_SENTENCE_TOKENS = 256
 
 
@@ -68,6 +72,17 @@ def default_cache_dir() -> str:
 
 
 # ------------------------------------------------------------------------------------------------ cache
+ARRAYS = ("tokens.bin", "sent_ends.bin", "doc_ends.bin")  # a cache entry's arrays, besides its meta.json
+
+
+def _crc32(path: str, chunk: int = 1 << 24) -> int:
+    crc = 0
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            crc = zlib.crc32(block, crc)
+    return crc
+
+
 class TokenizedCorpus:
     """Token ids of a corpus with sentence and document boundaries, memory-mapped from a cache folder.
 
@@ -86,6 +101,24 @@ class TokenizedCorpus:
                                    shape=(m["n_sentences"],))
         self.doc_ends = np.memmap(os.path.join(folder, "doc_ends.bin"), dtype=np.int64, mode="r",
                                   shape=(m["n_documents"],))
+
+    def check(self) -> None:
+        """Raise ValueError unless the entry is whole: this version's, each array of its size and checksum,
+        the boundaries ending where the arrays do (a truncated file, garbage of the right size, a broken or
+        foreign meta.json)."""
+        m = self.meta
+        if m.get("version") != CACHE_VERSION or m.get("dtype") not in ("uint16", "uint32"):
+            raise ValueError(f"meta.json is not a version {CACHE_VERSION} cache entry's")
+        sizes = (self.tokens.nbytes, self.sent_ends.nbytes, self.doc_ends.nbytes)
+        for name, size in zip(ARRAYS, sizes):
+            path = os.path.join(self.folder, name)
+            if os.path.getsize(path) != size:
+                raise ValueError(f"{name} holds {os.path.getsize(path)} bytes, not {size}")
+            if _crc32(path) != m["crc32"][name]:
+                raise ValueError(f"{name} does not match its checksum")
+        n = len(self.sent_ends)
+        if not (n and self.sent_ends[-1] == m["n_tokens"] and self.doc_ends[-1] == n and self.n_documents):
+            raise ValueError("the sentence and document boundaries do not end with the arrays")
 
     @property
     def n_documents(self) -> int:
@@ -138,16 +171,39 @@ def build_corpus(
     """Tokenize ``paths`` once into the cache (keyed by inputs and tokenizer); later calls reuse it.
 
     Memory stays bounded: sentences are tokenized in batches (in parallel on all cores) and appended to the
-    cache files as they come.  The cache is written to a temporary folder and renamed into place when whole.
+    cache files as they come.  The cache is written to a temporary folder and renamed into place when whole,
+    under a lock per entry (a second process building the same corpus waits, then reuses it; what a killed
+    build left is removed).  An entry is checked before use; a damaged one is moved aside and built again.
     """
     cache_dir = cache_dir or default_cache_dir()
     key = cache_key(paths, tok, text_field, doc_separator)
     folder = os.path.join(cache_dir, "corpus-" + key)
-    if os.path.isfile(os.path.join(folder, "meta.json")):
-        log.info("tokenized corpus from cache %s", folder)
-        return TokenizedCorpus(folder)
-    os.makedirs(cache_dir, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".corpus-tmp-", dir=cache_dir)
+    corpus = _open_cached(folder, move_damaged=False)
+    if corpus is None:
+        if os.path.lexists(cache_dir) and not os.path.isdir(cache_dir):
+            raise UserError(f"the tokenized-corpus cache {path_shown(cache_dir)} is not a folder; "
+                            "choose another with --cache-dir or BERTFORGE_CACHE")
+        with _cache_writes(cache_dir, creating=True):
+            os.makedirs(cache_dir, exist_ok=True)
+        with _entry_lock(cache_dir, folder):
+            corpus = _open_cached(folder, move_damaged=True)  # built meanwhile by another process?
+            if corpus is None:
+                with _cache_writes(cache_dir):
+                    _build(folder, paths, tok, text_field, doc_separator, progress, batch_sentences)
+                return TokenizedCorpus(folder)
+    log.info("tokenized corpus from cache %s", folder)
+    return corpus
+
+
+def _build(folder: str, paths: list[str], tok: Tokenizer, text_field: str, doc_separator: str, progress: bool,
+           batch_sentences: int) -> None:
+    """The cache entry ``folder``, written aside and renamed into place when whole; call under its lock."""
+    cache_dir, name = os.path.split(folder)
+    for entry in os.listdir(cache_dir):  # under the lock, a build of this entry in progress is a killed one's
+        if entry.startswith(f".{name}.tmp-"):
+            log.warning("removed %s, left by an interrupted tokenization", os.path.join(cache_dir, entry))
+            shutil.rmtree(os.path.join(cache_dir, entry), ignore_errors=True)
+    tmp = tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=cache_dir)
     vocab_size = tok.get_vocab_size(with_added_tokens=True)
     dtype = np.uint16 if vocab_size <= 65536 else np.uint32
     try:
@@ -155,15 +211,76 @@ def build_corpus(
         if n.documents == 0 or n.tokens == 0:
             raise UserError(f"the corpus is empty: no text in {', '.join(paths)}")
         _write_meta(tmp, n, dtype, vocab_size, paths)
-        try:
-            os.rename(tmp, folder)
-        except OSError:  # built concurrently by another process (another rank): keep theirs
-            shutil.rmtree(tmp, ignore_errors=True)
+        os.rename(tmp, folder)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     log.info("tokenized %d documents, %d sentences, %d tokens into %s", n.documents, n.sentences, n.tokens, folder)
-    return TokenizedCorpus(folder)
+
+
+def _open_cached(folder: str, move_damaged: bool) -> TokenizedCorpus | None:
+    """The cache entry ``folder`` when it is whole; None when it is missing or damaged (then, with
+    ``move_damaged``, moved aside with a warning, to be built again)."""
+    if not os.path.lexists(folder):
+        return None
+    try:
+        corpus = TokenizedCorpus(folder)
+        corpus.check()
+        return corpus
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:  # whatever a damaged entry raises
+        problem = " ".join(str(e).split())[:200]
+    if move_damaged:
+        with _cache_writes(os.path.dirname(folder), creating=True):
+            aside = tempfile.mkdtemp(prefix=f".{os.path.basename(folder)}.damaged-", dir=os.path.dirname(folder))
+            os.rmdir(aside)
+            os.rename(folder, aside)
+        log.warning("the tokenized corpus in %s is damaged (%s): moved aside to %s, tokenizing again", folder,
+                    problem, aside)
+    return None
+
+
+@contextlib.contextmanager
+def _cache_writes(cache_dir: str, creating: bool = False) -> Iterator[None]:
+    """A cache that cannot be written (a full disk, no permission...) is one error naming it and the way to
+    choose another.  ``creating``: any OSError (making the folder); else only a failed write."""
+    try:
+        yield
+    except Exception as e:
+        code = e.errno if creating and isinstance(e, OSError) else write_failure(e)
+        if code is None:
+            raise
+        raise UserError(f"cannot write the tokenized-corpus cache {path_shown(cache_dir)}: {os.strerror(code)}; choose "
+                        "another with --cache-dir or BERTFORGE_CACHE") from None
+
+
+@contextlib.contextmanager
+def _entry_lock(cache_dir: str, folder: str) -> Iterator[None]:
+    """Hold the lock of cache entry ``folder`` (a file beside it, removed at the end); a process building the
+    same entry is waited for.  The operating system releases the lock of a killed process."""
+    import fcntl
+
+    path = os.path.join(cache_dir, f".{os.path.basename(folder)}.lock")
+    while True:
+        with _cache_writes(cache_dir, creating=True):
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            log.info("waiting for another process tokenizing into %s", folder)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            if os.path.exists(path) and os.path.samestat(os.fstat(fd), os.stat(path)):
+                break
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)  # the lock file was removed by the process that held it: lock the new one
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        os.close(fd)
 
 
 @dataclass
@@ -174,6 +291,18 @@ class _CorpusCounts:
     sentences: int = 0
     documents: int = 0
     chars: int = 0
+    crc32: dict | None = None  # of each array file, checked whenever the cache is opened
+
+
+class _Summed:
+    """A file that keeps the CRC-32 of what is written to it."""
+
+    def __init__(self, f):
+        self.f, self.crc = f, 0
+
+    def write(self, data: bytes) -> None:
+        self.crc = zlib.crc32(data, self.crc)
+        self.f.write(data)
 
 
 def _tokenize_into(folder: str, paths: list[str], tok: Tokenizer, dtype, text_field: str, doc_separator: str,
@@ -184,7 +313,7 @@ def _tokenize_into(folder: str, paths: list[str], tok: Tokenizer, dtype, text_fi
     with open(os.path.join(folder, "tokens.bin"), "wb") as ft, \
             open(os.path.join(folder, "sent_ends.bin"), "wb") as fs, \
             open(os.path.join(folder, "doc_ends.bin"), "wb") as fd:
-        files = (ft, fs, fd)
+        files = tuple(_Summed(f) for f in (ft, fs, fd))
         pending: list[str] = []  # sentences waiting to be tokenized
         pending_docs: list[int] = []  # number of sentences of each waiting document
         bar = tqdm(desc="tokenizing", unit="doc", disable=not progress, leave=False)
@@ -197,6 +326,7 @@ def _tokenize_into(folder: str, paths: list[str], tok: Tokenizer, dtype, text_fi
                 _append_documents(files, tok, pending, pending_docs, dtype, n)
         _append_documents(files, tok, pending, pending_docs, dtype, n)
         bar.close()
+    n.crc32 = {name: f.crc for name, f in zip(ARRAYS, files)}
     return n
 
 
@@ -244,6 +374,7 @@ def _write_meta(folder: str, n: _CorpusCounts, dtype, vocab_size: int, paths: li
         "n_chars": n.chars,
         "vocab_size": vocab_size,
         "inputs": input_signature(paths),
+        "crc32": n.crc32,
     }
     with open(os.path.join(folder, "meta.json"), "w", encoding="utf-8") as f:
         json.dump(meta, f, indent=2)
@@ -509,6 +640,13 @@ class PretrainingLoader:
     def steps_in_epoch(self, epoch: int) -> int:
         return len(self.instances(epoch)[0]) // self.batch_size
 
+    def steps_in_epochs(self, epochs: int) -> int:
+        """The global batches of the first ``epochs`` epochs (``--epochs``): each epoch draws its instances
+        afresh, so their number varies a little; the epochs after the first are drawn to be counted only."""
+        later = (create_instances(self.corpus, self.doc_ids, self.random_pool, self.masker.cfg,
+                                  _seed_int(self.seed, 1, e)) for e in range(1, epochs))
+        return self.steps_in_epoch(0) + sum(len(inst) // self.batch_size for inst in later)
+
     def build(self, epoch: int, indices: np.ndarray) -> dict:
         """The masked batch of the given instance indices of an epoch."""
         inst, _ = self.instances(epoch)
@@ -609,7 +747,8 @@ class PretrainingData:
     def _corpus(self, paths: list[str], tok) -> TokenizedCorpus:
         dc, c = self.cfg.data, None
         if self.d.is_main:  # rank 0 builds the cache; the others read it
-            c = build_corpus(paths, tok, dc.cache_dir, dc.text_field, dc.doc_separator, progress=self.cfg.impl.progress)
+            c = build_corpus(paths, tok, dc.cache_dir, dc.text_field, dc.doc_separator,
+                             progress=progress_shown(self.cfg.impl.progress))
         self.d.barrier()
         return c or build_corpus(paths, tok, dc.cache_dir, dc.text_field, dc.doc_separator)
 

@@ -204,7 +204,7 @@ def _samples(model_dir: str, seed: int) -> dict:
             i = len(words) - 1 - words[::-1].index(target)
             fill.append((" ".join(words[:i] + ["[MASK]"] + words[i + 1 :]) + ".", target.strip(",").lower()))
     fm = pipeline("fill-mask", model_dir)([m for m, _ in fill], top_k=5)
-    fill_rows = [{"text": m, "answer": a, "top5": [(c["token_str"], round(c["score"], 3)) for c in r[0]]}
+    fill_rows = [{"text": m, "answer": a, "top5": [(c["token_str"], round(c["score"], 3)) for c in r]}  # one [MASK]
                  for (m, a), r in zip(fill, fm)]
     pairs = []
     for i, story in enumerate(stories[:6]):

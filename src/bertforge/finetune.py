@@ -4,8 +4,9 @@ A task (:class:`~bertforge.tasks.base.FinetuneTask`; :mod:`bertforge.tasks`) rea
 the model's config (labels), encodes its examples, evaluates a model and writes its predictions.  The runner
 does the rest, the same for every task: the model directory and its tokenizer, the device, the seed, training
 for a number of epochs or steps with evaluation after each epoch and every ``--eval-every`` steps (the best
-evaluation kept), and the outputs.  Without ``--save-every`` they are written into a temporary folder
-renamed into place at the end; with it, into ``--out`` itself, checkpoints included (removed at the end).
+evaluation kept; without validation data, none and the last weights), and the outputs.  They are written into
+``--out`` itself, with a checkpoint every :data:`SAVE_INTERVAL` seconds (or ``--save-every`` steps) and at
+Ctrl-C or SIGTERM, removed at the end; with ``--save-every 0``, into a temporary folder renamed into place.
 
 Under ``torchrun`` every process trains on its share of each global batch (DistributedDataParallel); rank 0
 alone evaluates, checkpoints and writes.  On the CPU each example's dropout masks are keyed by (seed, step,
@@ -50,6 +51,11 @@ register_output("finetune", MODEL_FILES | {"finetune_config.json", "metrics.json
                                            "plots", "tensorboard", "predictions.json", "predictions.jsonl",
                                            "README.md", "checkpoints"})
 MIN_UPDATES = 100  # fewer optimizer updates than this rarely fine-tune a BERT well: warned
+# Without --save-every, a checkpoint every SAVE_INTERVAL seconds of the run: by time, since a step lasts from
+# milliseconds to seconds by model and device.  A kill that leaves no time to save (kill -9, a power cut) then
+# costs at most this much work, while writing a checkpoint (the weights, Adam's two moments and the best
+# evaluation's weights; only the newest kept) stays a small share of it even for a large model on a slow disk.
+SAVE_INTERVAL = 15 * 60
 
 
 @dataclass
@@ -89,9 +95,12 @@ def finetune(task: FinetuneTask, cfg: FinetuneConfig, overwrite: bool = False, r
         device = resolve_device(cfg.impl, d)
         setup_backend(device, cfg.impl, d)
         torch.manual_seed(cfg.train.seed)
-        model = task.model_class.from_pretrained(cfg.model, config=config, reinit_head=reinit_head).to(device)
+        if resume:  # every weight comes from the checkpoint: none read from the base model (nor reported new)
+            model = task.model_class(config).to(device)
+        else:
+            model = task.model_class.from_pretrained(cfg.model, config=config, reinit_head=reinit_head).to(device)
         torch.manual_seed(cfg.train.seed + d.rank)  # the same new head everywhere; dropout streams differ by rank
-        checkpointed = resume or bool(cfg.train.save_every)
+        checkpointed = resume or cfg.train.save_every != 0
         with run_folder(cfg.out, "finetune", d, replace, resume, in_place=checkpointed) as folder:
             run = FineTuning(task, cfg, d, folder, model, features, collate, device)
             best, history, train_seconds = run.train(resume)
@@ -103,12 +112,16 @@ def finetune(task: FinetuneTask, cfg: FinetuneConfig, overwrite: bool = False, r
 
 def write_outputs(folder: str, task: FinetuneTask, cfg: FinetuneConfig, model, tok, best: EpochResult,
                   history: list[EpochResult], train_seconds: float, processes: int, checkpointed: bool) -> dict:
-    """The fine-tuned model, the task's predictions, metrics.json, finetune_config.json, card and plots."""
+    """The fine-tuned model, the task's predictions, metrics.json, finetune_config.json, card and plots (without
+    validation data: the model and what it was trained on alone)."""
     ckpt.save_pretrained(model, folder, tokenizer=tok)
-    extra = task.write_outputs(folder, best.artifacts)
-    metrics = {**best.metrics, "best_epoch": best.epoch, "best_step": best.step,
-               "epochs": [{"epoch": h.epoch, "step": h.step, **h.metrics} for h in history],  # every evaluation
-               "train_seconds": train_seconds, **extra}
+    if history:
+        extra = task.write_outputs(folder, best.artifacts)
+        metrics = {**best.metrics, "best_epoch": best.epoch, "best_step": best.step,
+                   "epochs": [{"epoch": h.epoch, "step": h.step, **h.metrics} for h in history],  # every evaluation
+                   "train_seconds": train_seconds, **extra}
+    else:
+        metrics = {"epoch": best.epoch, "step": best.step, "epochs": [], "train_seconds": train_seconds}
     atomic_write_json(os.path.join(folder, "finetune_config.json"),
                       {"finetune": cfg.to_dict(), "task": dataclasses.asdict(task.settings), "processes": processes})
     plots = os.path.join(folder, "plots")
@@ -123,20 +136,24 @@ def write_outputs(folder: str, task: FinetuneTask, cfg: FinetuneConfig, model, t
 
 
 def _card(task: FinetuneTask, cfg: FinetuneConfig, metrics: dict) -> str:
-    t = cfg.train
+    t, dc = cfg.train, cfg.data
     length = f"{t.max_steps} steps" if t.max_steps else f"{t.epochs} epoch(s)"
-    summary = (f"`{cfg.model}` fine-tuned for {task.name} on `{cfg.data.train_file}` for {length}; the weights of "
-               f"epoch {metrics['best_epoch']} (step {metrics['best_step']}) kept, the best by {task.select} on "
-               f"`{cfg.data.validation_file}`.")
+    kept = "not evaluated (no validation data): the last weights"
+    if metrics["epochs"]:
+        on = f"`{dc.validation_file}`" if dc.validation_file else f"{dc.validation_split:g} of the training examples"
+        kept = (f"the weights of epoch {metrics['best_epoch']} (step {metrics['best_step']}) kept, the best by "
+                f"{task.select} on {on}")
+    summary = f"`{cfg.model}` fine-tuned for {task.name} on `{dc.train_file}` for {length}; {kept}."
     settings = {"task": task.name, "epochs": t.epochs, "max_steps": t.max_steps, "grad_accum": t.grad_accum,
                 "eval_every": t.eval_every, "batch_size": t.batch_size, "lr": t.lr, "warmup_ratio": t.warmup_ratio,
-                "weight_decay": t.weight_decay, "max_seq_length": cfg.data.max_seq_length,
-                "max_train_examples": cfg.data.max_train_examples, "group_by_length": cfg.data.group_by_length,
+                "weight_decay": t.weight_decay, "max_seq_length": dc.max_seq_length,
+                "max_train_examples": dc.max_train_examples, "validation_split": dc.validation_split,
+                "max_eval_examples": dc.max_eval_examples, "group_by_length": dc.group_by_length,
                 "seed": t.seed, **dataclasses.asdict(task.settings)}
     shown = {k: v for k, v in metrics.items() if k != "epochs"}
     return modelcard.render(f"{task.name} model fine-tuned by bertforge", summary,
                             "question-answering" if task.name == "squad" else "text-classification", shown, settings,
-                            [cfg.data.train_file, cfg.data.validation_file], cfg.model,
+                            [dc.train_file, dc.validation_file], cfg.model,
                             modelcard.base_license(cfg.model), load=task.model_class.__name__)
 
 
@@ -213,6 +230,9 @@ class FineTuning(TrainingRun):
         schedule = LinearSchedule(t.lr, total, None, t.warmup_steps, t.warmup_ratio)
         engine = Engine(TaskLoss(model, t.seed), t, cfg.impl, device, d, schedule=schedule)
         super().__init__(folder, d, engine, t, cfg.impl.progress, cfg.impl.report_to == "tensorboard", total=total)
+        self.checkpoints = t.save_every != 0  # (0: the outputs go to a temporary folder, where nothing resumes)
+        self.save_interval = SAVE_INTERVAL if t.save_every is None else None
+        self.validating = bool(cfg.data.validation_file or cfg.data.validation_split)
         self.task, self.cfg, self.model, self.n_examples = task, cfg, model, len(features)
         self.batches = EpochBatches(features, collate, t.batch_size, t.grad_accum, engine.generator("data", t.seed),
                                     d.rank, d.world, group=cfg.data.group_by_length)
@@ -225,6 +245,7 @@ class FineTuning(TrainingRun):
         """(best evaluation, every evaluation, seconds of training across resumptions); the model holds the
         best evaluation's weights."""
         t = self.cfg.train
+        self.checkpoints = self.checkpoints or resume  # (a resumed run is in its own folder)
         if resume:
             self.restore()
         elif self.total < MIN_UPDATES and self.d.is_main:
@@ -232,10 +253,15 @@ class FineTuning(TrainingRun):
                         "needs a few hundred: lower --batch-size or raise --epochs (or --max-steps)", self.total,
                         self.n_examples, t.batch_size, f"--max-steps {t.max_steps}" if t.max_steps else
                         f"{t.epochs} epoch(s)")
+        if not self.validating and self.d.is_main:
+            log.warning("no --validation file or --validation-split: the run is not evaluated, and the model kept is "
+                        "its last step's")
         self.model.train()
         self.fit()
         if not self.d.is_main:
             return None, [], self.engine.tick()
+        if not self.validating:
+            return EpochResult(self.batches.epoch, self.engine.state.step, {}), [], self.engine.tick()
         self.model.load_state_dict(self.best_weights)
         if self.best.artifacts is None:  # the best evaluation came before a resumption: its predictions again
             self.best.artifacts = self.task.evaluate(self.model, self.engine.device)[1]
@@ -262,7 +288,7 @@ class FineTuning(TrainingRun):
         return self.batches.epoch_ended()
 
     def evaluate(self) -> None:
-        if not self.d.is_main:  # rank 0 evaluates; the others wait for it at the next step's all-reduce
+        if not self.d.is_main or not self.validating:  # rank 0 evaluates; the others wait at the next all-reduce
             return
         res, artifacts = self.task.evaluate(self.model, self.engine.device)
         self.model.train()

@@ -16,6 +16,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
+import signal
+import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -25,26 +29,27 @@ from tqdm import tqdm
 
 from . import checkpoint as ckpt
 from . import modelcard
-from .config import TrainConfig
+from .config import TrainConfig, progress_shown
 from .devices import Dist
 from .engine import Engine, NonFiniteLoss
 from .errors import TrainingError, UserError
-from .atomic import atomic_dir, atomic_write_json, remove_stale_temporaries
-from .outputs import (OutputLock, check_inputs_outside, check_output, recover_beside, remove_output,
-                      write_marker)
+from .atomic import (atomic_dir, atomic_write_json, creating, missing_folders, remove_folders,
+                     remove_stale_temporaries, writing)
+from .outputs import OutputLock, check_inputs_outside, check_output, marker_kind, recover_beside, write_marker
 from .logs import MetricsLog, duration, file_log, log_step, rounded
 
 log = logging.getLogger("bertforge")
 
 
 # ------------------------------------------------------------------------------------------------ the output
-def preflight(out: str, kind: str, inputs: list, overwrite: bool, resume: bool) -> None:
-    """The output rules, checked before anything is read or written: ``--resume`` needs a checkpoint and
-    excludes ``--overwrite``; an existing output is refused unless ``overwrite`` replaces one of ``kind`` (never
-    one that holds the run's ``inputs``)."""
+def preflight(out: str, kind: str, inputs: list, overwrite: bool, resume: bool, started: bool = False) -> None:
+    """The output rules, checked before anything is read or written: ``--resume`` needs a checkpoint (or a run
+    ``started`` there, killed before its first, which starts again from step 0) and excludes ``--overwrite``; an
+    existing output is refused unless ``overwrite`` replaces one of ``kind`` (never one that holds the run's
+    ``inputs``)."""
     if resume and overwrite:
         raise UserError("--resume continues the run in --out and --overwrite replaces it: give one of them")
-    if resume and not ckpt.list_checkpoints(out):
+    if resume and not started and not ckpt.list_checkpoints(out):
         raise UserError(f"nothing to resume: no complete checkpoint in {os.path.join(out, ckpt.CHECKPOINTS)}")
     if check_output(out, kind, overwrite=overwrite, resume=resume):
         check_inputs_outside(out, inputs)
@@ -73,10 +78,11 @@ def locked_output(out: str, kind: str, d: Dist, overwrite: bool, resume: bool) -
 def run_folder(out: str, kind: str, d: Dist, replace: bool, resume: bool, in_place: bool) -> Iterator[str]:
     """The folder the run writes into, with its ``train.log``; only rank 0 writes.
 
-    ``in_place`` (a run that checkpoints): ``out`` itself, an earlier output removed first when ``replace``;
-    a new run that fails before its first checkpoint is removed (nothing there to resume).  Otherwise a
-    temporary folder renamed into place at the end (an earlier output replaced only then), so a run that
-    fails never leaves a half-written output."""
+    ``in_place`` (a run that checkpoints): ``out`` itself, an earlier output moved aside when ``replace``;
+    a new run that fails before its first checkpoint is removed (nothing there to resume) and the earlier
+    output put back (:func:`_in_place`).  Otherwise a temporary folder renamed into place at the end (an earlier
+    output replaced only then), so a run that fails never leaves a half-written output.  A failed write (a full
+    disk, a file-size limit) is one error naming ``out``, raised after that clean-up."""
     if not d.is_main:
         yield out
         return
@@ -85,14 +91,48 @@ def run_folder(out: str, kind: str, d: Dist, replace: bool, resume: bool, in_pla
             write_marker(tmp, kind)
             yield tmp
         return
+    with writing(out), _in_place(out, kind, replace, resume):
+        for p in remove_stale_temporaries(out) + remove_stale_temporaries(os.path.join(out, ckpt.CHECKPOINTS)):
+            log.warning("removed %s, left by an interrupted save", p)
+        with file_log(out):
+            yield out
+
+
+@contextlib.contextmanager
+def _in_place(out: str, kind: str, replace: bool, resume: bool) -> Iterator[None]:
+    """``out`` written in place.  A new run that fails before its first checkpoint (a full disk at its first
+    save, an error, Ctrl-C) leaves the file system as it was: nothing there to resume, no half-written output,
+    and an earlier output it was to replace (kept aside until then) back under its name."""
+    made, aside = missing_folders(out), None
+    existed = os.path.isdir(out)  # empty (the output rule), or the run to resume
     if replace:
-        remove_output(out, kind)
-    os.makedirs(out, exist_ok=True)
-    write_marker(out, kind)
-    for p in remove_stale_temporaries(out) + remove_stale_temporaries(os.path.join(out, ckpt.CHECKPOINTS)):
-        log.warning("removed %s, left by an interrupted save", p)
-    with ckpt.removed_unless_checkpointed(out, kind, enabled=not resume), file_log(out):
-        yield out
+        if marker_kind(out) != kind:  # checked again: never anything else
+            raise UserError(f"refusing to replace {out}: it is not a {kind} output that bertforge wrote")
+        aside = tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(out))}.old-",
+                                 dir=os.path.dirname(os.path.abspath(out)))
+        os.rmdir(aside)
+        os.rename(out, aside)
+        existed = False
+    try:
+        with creating(out):
+            os.makedirs(out, exist_ok=True)
+        write_marker(out, kind)
+        yield
+    except BaseException:
+        if not resume and not ckpt.list_checkpoints(out):
+            shutil.rmtree(out, ignore_errors=True)  # all of it this run's: it was new, empty or moved aside
+            if aside:
+                with contextlib.suppress(OSError):  # else left beside, for recover_beside to put back
+                    os.rename(aside, out)
+                aside = None
+            elif existed:
+                with contextlib.suppress(OSError):
+                    os.mkdir(out)
+            remove_folders(made)
+        raise
+    finally:
+        if aside:  # the new run has a checkpoint, or has finished
+            shutil.rmtree(aside, ignore_errors=True)
 
 
 def finish(folder: str, metrics: dict, card: str, plot: Callable[[], Any]) -> None:
@@ -131,6 +171,57 @@ class Progress:
                  bar_shown=not self.bar.disable)
 
 
+# ------------------------------------------------------------------------------------------------ interruption
+STOP_SIGNALS = ("SIGINT", "SIGTERM")  # Ctrl-C; and what torchrun, a job scheduler or `kill` send to stop a run
+
+
+class StopSignals:
+    """While the training loop runs: the first SIGINT or SIGTERM asks the run to stop after its current step
+    (:attr:`received` names it), so that it can save a checkpoint of a whole step; a second one stops it at
+    once (KeyboardInterrupt), unless ``relayed``: under torchrun the agent passes each signal on to its workers
+    and kills them itself if they take too long.  Signals are left alone outside the main thread."""
+
+    def __init__(self, relayed: bool = False):
+        self.received: str | None = None
+        self.relayed = relayed
+        self.previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for name in STOP_SIGNALS:
+                sig = getattr(signal, name)
+                self.previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.received is None:  # (nothing logged here: the signal may have come in the middle of a log write)
+            self.received = signal.Signals(signum).name
+        elif not self.relayed:
+            raise KeyboardInterrupt
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM treated as Ctrl-C (a KeyboardInterrupt) while a command sets up its run, so that what it has
+    begun to write is cleaned up as after Ctrl-C, not left behind by a process killed outright."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+
+
 # ------------------------------------------------------------------------------------------------ the run
 class TrainingRun:
     """One training run on one :class:`~bertforge.engine.Engine`.  Subclasses give:
@@ -145,13 +236,18 @@ class TrainingRun:
 
     desc = "training"
     required: tuple[str, ...] = ()
+    checkpoints = True  # whether the run writes checkpoints (where an interrupted run saves one)
+    save_interval: float | None = None  # seconds of the run between checkpoints, when not by save_every steps
 
-    def __init__(self, out: str, d: Dist, engine: Engine, t: TrainConfig, progress: bool, tensorboard: bool,
+    def __init__(self, out: str, d: Dist, engine: Engine, t: TrainConfig, progress: bool | None, tensorboard: bool,
                  total: int | None = None):
+        if total is None and engine.schedule is not None:
+            total = engine.schedule.max_steps  # steps that the run's length came to (pretraining's --epochs)
         self.out, self.d, self.engine, self.t, self.total = out, d, engine, t, total
-        self.show_progress = progress and d.is_main
+        self.show_progress = progress_shown(progress) and d.is_main
         self.metrics = MetricsLog(out, d.is_main, tensorboard=tensorboard)
         self.evaluated_at = None  # the step of the last evaluation
+        self.saved_step, self.saved_clock = None, time.monotonic()  # the last checkpoint's step, and when
 
     # ---- hooks
     def next_batches(self) -> list[dict]:
@@ -189,35 +285,75 @@ class TrainingRun:
     # ---- the loop
     def fit(self) -> None:
         """Train until the schedule ends: a log line every ``log_every`` steps, an evaluation every
-        ``eval_every`` steps, at each epoch's end and at the end, a checkpoint every ``save_every`` steps."""
-        e, st, t = self.engine, self.engine.state, self.t
+        ``eval_every`` steps, at each epoch's end and at the end, a checkpoint every ``save_every`` steps (or
+        every ``save_interval`` seconds).  SIGINT or SIGTERM stops the run after its current step with a
+        checkpoint of it (:class:`StopSignals`): a TrainingError that says how to continue."""
+        e, st = self.engine, self.engine.state
         e.start_clock()  # the run's clock counts training, evaluation and saves, not the set-up
         self.progress = Progress(e, self.desc, self.total, self.show_progress)
-        try:
-            while not e.done():
-                t0 = time.perf_counter()
-                batches = self.next_batches()
-                try:
-                    out = e.step(batches)
-                except NonFiniteLoss as err:
-                    raise TrainingError(f"{err}{self.nonfinite_hint()}") from None
-                self.record(out, time.perf_counter() - t0)
-                e.tick()
-                self.progress.bar.update(1)
-                if st.step % t.log_every == 0 or e.done():
-                    self._log(out)
-                if (t.eval_every and st.step % t.eval_every == 0) or self.epoch_ended():
-                    self._evaluate()
-                if t.save_every and st.step % t.save_every == 0 and not e.done():
-                    self.save()
-        except KeyboardInterrupt:
-            self.progress.bar.close()
-            where = (self.last_checkpoint("; continue with --resume (from step {step})")
-                     or " before the first checkpoint")
-            raise TrainingError(f"interrupted at step {st.step}{where}") from None
-        self.progress.bar.close()
+        with StopSignals(relayed=self.d.enabled) as signals:
+            try:
+                while not e.done():
+                    self._step()
+                    stop, save = self._agree(signals)
+                    if stop:
+                        raise self._interrupted(signals.received)
+                    if save:
+                        self.save()
+            except KeyboardInterrupt:
+                where = (self.last_checkpoint("; continue with --resume (from step {step})")
+                         or " before the first checkpoint")
+                raise TrainingError(f"interrupted at step {st.step}{where}") from None
+            finally:
+                self.progress.bar.close()
         if self.evaluated_at != st.step:
             self._evaluate()
+
+    def _step(self) -> None:
+        """One optimizer step, and the log line and evaluation that fall after it."""
+        e, st, t = self.engine, self.engine.state, self.t
+        t0 = time.perf_counter()
+        batches = self.next_batches()
+        try:
+            out = e.step(batches)
+        except NonFiniteLoss as err:
+            raise TrainingError(f"{err}{self.nonfinite_hint()}") from None
+        self.record(out, time.perf_counter() - t0)
+        e.tick()
+        self.progress.bar.update(1)
+        if st.step % t.log_every == 0 or e.done():
+            self._log(out)
+        if (t.eval_every and st.step % t.eval_every == 0) or self.epoch_ended():
+            self._evaluate()
+
+    def _agree(self, signals: StopSignals) -> tuple[bool, bool]:
+        """(stop now, checkpoint now), the same on every process: a signal that any process received (a run at
+        its last step finishes instead); a checkpoint every ``save_every`` steps, or once ``save_interval``
+        seconds have passed on rank 0's clock since the last one."""
+        e, st, t = self.engine, self.engine.state, self.t
+        by_steps = bool(t.save_every) and st.step % t.save_every == 0
+        by_time = (self.save_interval is not None and self.d.is_main
+                   and time.monotonic() - self.saved_clock >= self.save_interval)
+        flags = [float(signals.received is not None), float(by_time)]
+        if self.d.enabled:  # one all-reduce of two numbers a step
+            flags = self.d.all_sum(flags, e.device)
+        going = not e.done()
+        return flags[0] > 0 and going, (by_steps or flags[1] > 0) and going
+
+    def _interrupted(self, received: str | None) -> TrainingError:
+        """A run stopped by a signal after its current step: a checkpoint of that step, and how to continue."""
+        st = self.engine.state
+        by = f" by {received}" if received else " (another process was signalled)"
+        if not self.checkpoints:
+            return TrainingError(f"interrupted at step {st.step}{by}; this run writes no checkpoints (--save-every 0): "
+                                 "nothing to resume")
+        if self.saved_step != st.step:
+            if self.d.is_main:
+                log.warning("interrupted%s: saving a checkpoint of step %d%s", by, st.step,
+                            "" if self.d.enabled else " (a second Ctrl-C stops at once)")
+            self.save()
+        return TrainingError(f"interrupted at step {st.step}{by}; saved a checkpoint of it: resume with the same "
+                             "command and --resume")
 
     def _log(self, out: dict) -> None:
         row, text, postfix = self.log_line(out)
@@ -241,20 +377,35 @@ class TrainingRun:
             self.save_model()
         self.engine.tick()
         self.d.barrier()
+        self.saved_step, self.saved_clock = self.engine.state.step, time.monotonic()
 
     def restore(self) -> None:
         """Continue from the newest checkpoint that loads whole; rank 0 chooses it (damaged newer ones are moved
-        aside, with a warning) and the other processes load the same."""
-        model, path = self.engine.objective.model, None
+        aside, with a warning) and the other processes load the same.  A run killed before its first checkpoint
+        starts again from step 0, and says so."""
+        model, path, refused = self.engine.objective.model, None, None
         if self.d.is_main:
-            step, path, engine_state, state = ckpt.restore_newest(self.out, model, self.required, self.check_state)
+            ckpt.set_aside_incomplete(self.out)
+        self.d.barrier()
+        if not ckpt.list_checkpoints(self.out):
+            self.metrics.truncate_after(0)  # what it logged before it was killed
+            log.warning("no checkpoint in %s: the run was stopped before its first one, so it starts again "
+                        "from step 0", os.path.join(self.out, ckpt.CHECKPOINTS))
+            return
+        if self.d.is_main:
+            try:
+                step, path, engine_state, state = ckpt.restore_newest(self.out, model, self.required, self.check_state)
+            except UserError as e:  # said by every process, none left waiting for rank 0's choice
+                refused = str(e)
         if self.d.enabled:
-            chosen = [path]
+            chosen = [path, refused]
             dist.broadcast_object_list(chosen, src=0)
-            if not self.d.is_main:
-                path = chosen[0]
-                engine_state, state = ckpt.load_checkpoint(path, model)
-                step = int(state["step"])
+            path, refused = chosen
+        if refused is not None:
+            raise UserError(refused)
+        if not self.d.is_main:
+            engine_state, state = ckpt.load_checkpoint(path, model)
+            step = int(state["step"])
         try:
             self.engine.load_state_dict(engine_state)
         except (ValueError, KeyError, RuntimeError) as e:  # the optimizer's groups of another model

@@ -15,14 +15,14 @@ from tokenizers import Tokenizer
 from .checkpoint import has_weight
 from .config import PRETRAIN_CONFIG, BertConfig, ImplConfig
 from .devices import resolve_device
-from .errors import UserError
+from .errors import UserError, require_type
 from .files import read_json_object
 from .tokenizer import check_vocab_fits, load_tokenizer
 
 
 def model_dir(path: str | os.PathLike) -> str:
     """``path`` as a string, refused unless it is a folder."""
-    path = os.fspath(path)
+    path = os.fspath(require_type(path, (str, os.PathLike), "model"))
     if not os.path.isdir(path):
         raise UserError(f"model directory not found: {path}")
     return path
@@ -48,6 +48,19 @@ def masked_lm(path: str) -> StoredMaskedLM:
         if found is not None:
             return StoredMaskedLM(*found)
     return StoredMaskedLM(BertForMaskedLM, BertConfig.load(path), "cls.predictions.transform.dense.weight")
+
+
+def check_max_seq_length(config: BertConfig, max_seq_length: int | None, path: str, default: int = 512) -> int:
+    """``max_seq_length`` when the model in ``path`` (of ``config``) has positions for it; a UserError when it
+    does not (or is no integer of at least 3: [CLS], a token, [SEP]).  None: ``default``, or the model's
+    positions when it has fewer."""
+    if max_seq_length is None:
+        return min(default, config.max_position_embeddings)
+    require_type(max_seq_length, int, "--max-seq-length", at_least=3)
+    if max_seq_length > config.max_position_embeddings:
+        raise UserError(f"--max-seq-length {max_seq_length} exceeds the {config.max_position_embeddings} positions of "
+                        f"the model in {path}; give --max-seq-length {config.max_position_embeddings} or less")
+    return max_seq_length
 
 
 @dataclass

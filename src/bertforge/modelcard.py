@@ -1,10 +1,17 @@
 """The model card (``README.md``) of every model directory bertforge writes: what the model is, what it
 learned from, the command that made it, its figures, how to load it, and the license of the model it
-started from (read from that model's own card), in the Hugging Face card format (YAML front matter)."""
+started from (read from that model's own card), in the Hugging Face card format (YAML front matter).
+
+A card travels with the model, so it holds no absolute local path (paths are shown relative to the working
+directory, or by their last part), and ``base_model`` names a model anyone can fetch (a Hugging Face Hub id)
+or is left out.
+"""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shlex
 from typing import Any
 
@@ -36,6 +43,59 @@ def base_license(model_dir: str | None) -> str | None:
     return str(lic) if isinstance(lic, (str, int, float)) and str(lic).strip() else None
 
 
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")  # "bert-base-uncased", "org/name"
+HUB_CACHE = re.compile(r"(?:^|/)models--([^/]+)/snapshots/")  # huggingface_hub's cache: models--org--name
+
+
+def hub_id(model_dir: str | None) -> str | None:
+    """The Hub id of a model directory, for ``base_model``: from the Hub cache's folder name, else the
+    ``_name_or_path`` its config.json records when that is an id (transformers writes it on saving), else
+    None (a model of one's own, in a local folder: no id to give)."""
+    if not model_dir:
+        return None
+    found = HUB_CACHE.search(os.path.abspath(model_dir).replace(os.sep, "/"))
+    if found:
+        return found.group(1).replace("--", "/")
+    try:
+        with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as f:
+            name = json.load(f).get("_name_or_path")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(name, str) or not HUB_ID.fullmatch(name) or ".." in name or os.path.exists(name):
+        return None  # empty, or a local path (absolute, or a folder here)
+    return name
+
+
+def shown_path(path: str) -> str:
+    """A path as a card shows it: relative to the working directory when under it, else its last part
+    (never an absolute local path)."""
+    if not isinstance(path, str) or not os.path.isabs(path):
+        return path
+    rel = os.path.relpath(path)
+    return rel if rel != ".." and not rel.startswith(".." + os.sep) else os.path.basename(os.path.normpath(path))
+
+
+def shown_command(argv: list[str]) -> str:
+    """The command line that made the model, as a card shows it: without ``--resume`` (the run it continued was
+    the same command) and without absolute paths."""
+    out = []
+    for arg in argv:
+        if arg == "--resume":
+            continue
+        flag, eq, value = arg.partition("=")
+        out.append(f"{flag}={shown_path(value)}" if eq and flag.startswith("--") else shown_path(arg))
+    return shlex.join(out)
+
+
+def _without_local_paths(text: str, paths: list[str | None]) -> str:
+    """``text`` with each of ``paths`` (those given as absolute, or resolved so) as :func:`shown_path` shows it."""
+    found = {os.path.abspath(p) for p in paths if isinstance(p, str) and p and not p.startswith("hf:")}
+    for p in sorted(found | {os.path.realpath(p) for p in found}, key=len, reverse=True):
+        if len(p) > 1:  # the whole path, or a folder of a longer one
+            text = re.sub(re.escape(p) + r"(?=[/\s`'\"|),;]|$)", lambda _m, p=p: shown_path(p), text)
+    return text
+
+
 def _value(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:.4g}"
@@ -47,20 +107,22 @@ def _value(v: Any) -> str:
 def render(title: str, summary: str, pipeline_tag: str, metrics: dict[str, Any], settings: dict[str, Any],
            data: list[str], base_model: str | None = None, license: str | None = None,  # noqa: A002
            load: str = "AutoModel") -> str:
-    """The card's text."""
+    """The card's text; ``base_model`` is the directory the model started from (see :func:`hub_id`)."""
     front = ["---", "library_name: transformers", f"pipeline_tag: {pipeline_tag}", "tags:", "- bert", "- bertforge"]
     if license:
         front.append(f"license: {license}")
-    if base_model:
-        front.append(f"base_model: {os.path.basename(os.path.normpath(base_model))}")
+    base_id = hub_id(base_model)
+    if base_id:
+        front.append(f"base_model: {base_id}")
     front.append("---")
     lines = [*front, "", f"# {title}", "", summary, ""]
     if base_model:
-        lines += [f"Started from `{base_model}`" + (f" (license: {license}, carried over)." if license else "."), ""]
-    lines += ["## Training data", ""] + [f"- `{d}`" for d in data] + [""]
+        lines += [f"Started from `{shown_path(base_model)}`" + (f" (`{base_id}`)" if base_id else "")
+                  + (f" (license: {license}, carried over)." if license else "."), ""]
+    lines += ["## Training data", ""] + [f"- `{shown_path(d)}`" for d in data if d] + [""]
     lines += ["## How it was made", ""]
     if COMMAND:
-        lines += ["```bash", shlex.join(COMMAND), "```", ""]
+        lines += ["```bash", shown_command(COMMAND), "```", ""]
     else:
         lines += ["Through bertforge's Python API, with the settings below.", ""]
     shown = {k: v for k, v in settings.items() if v not in (None, "", [])}
@@ -72,7 +134,7 @@ def render(title: str, summary: str, pipeline_tag: str, metrics: dict[str, Any],
     lines += ["## Use", "", "```python", f"from transformers import {load}", "",
               f'model = {load}.from_pretrained("path/to/this/folder")', "```", "",
               "Written by bertforge with the model; every figure above was measured by the run that made it.", ""]
-    return "\n".join(lines)
+    return _without_local_paths("\n".join(lines), [base_model, *data, os.getcwd()])
 
 
 def write(folder: str, text: str) -> None:

@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 
+from .atomic import creating, missing_folders, path_shown, remove_folders
 from .errors import UserError
 
 # Every command that writes a folder writes this marker into it: it is how ``--overwrite`` recognises a folder
@@ -68,9 +69,13 @@ def check_output(path: str, kind: str, overwrite: bool = False, resume: bool = F
     """
     if not path or not path.strip():
         raise UserError(f"{flag} must name a folder")
+    if os.path.islink(path):
+        raise UserError(f"{flag} {path} is a symbolic link; bertforge never writes through one: name the folder "
+                        f"itself ({path_shown(os.path.realpath(path))})")
     if not os.path.lexists(path):
+        check_creatable(path, flag)
         return False
-    if not os.path.isdir(path) or os.path.islink(path):
+    if not os.path.isdir(path):
         raise UserError(f"{flag} {path} exists and is not a folder; bertforge never replaces it")
     if not os.listdir(path):
         return False
@@ -92,6 +97,15 @@ def check_output(path: str, kind: str, overwrite: bool = False, resume: bool = F
         raise UserError(f"{path} also holds files bertforge did not write ({', '.join(others[:3])}{more}); "
                         "--overwrite would delete them: move them out first")
     return True
+
+
+def check_creatable(path: str, flag: str) -> None:
+    """A new output can be made: its nearest existing parent is a folder (not a file, nor a broken link)."""
+    up = os.path.dirname(os.path.abspath(path))
+    while not os.path.lexists(up):
+        up = os.path.dirname(up)
+    if not os.path.isdir(up):
+        raise UserError(f"{flag} {path} cannot be created: {up} is not a folder")
 
 
 def check_output_file(path: str, overwrite: bool, flag: str, inputs: tuple = ()) -> None:
@@ -134,15 +148,21 @@ class OutputLock:
     def __init__(self, path: str, enabled: bool = True):
         path = os.path.abspath(path)
         self.file = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.lock")
-        self.path, self.enabled, self.fd = path, enabled, None
+        self.path, self.enabled, self.fd, self.made = path, enabled, None, []
 
     def __enter__(self):
         if not self.enabled:
             return self
         import fcntl
 
-        os.makedirs(os.path.dirname(self.file), exist_ok=True)
-        self.fd = os.open(self.file, os.O_RDWR | os.O_CREAT, 0o644)
+        self.made = missing_folders(os.path.dirname(self.file))  # removed again when nothing is written
+        try:
+            with creating(self.path):
+                os.makedirs(os.path.dirname(self.file), exist_ok=True)
+                self.fd = os.open(self.file, os.O_RDWR | os.O_CREAT, 0o644)
+        except UserError:
+            remove_folders(self.made)
+            raise
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -161,6 +181,8 @@ class OutputLock:
             fcntl.flock(self.fd, fcntl.LOCK_UN)
             os.close(self.fd)
             self.fd = None
+            if not os.path.lexists(self.path):  # a run that wrote nothing leaves no folders it made for it
+                remove_folders(self.made)
         return False
 
 

@@ -2,9 +2,12 @@
 
 Tasks: ``fill-mask`` (each [MASK] filled, top-k tokens with probabilities), ``next-sentence`` (IsNext
 probability of a sentence pair), ``classify`` (label probabilities), ``qa`` (extractive answer, widened to
-whole words).  They work
-on any BERT directory, ours or a transformers checkpoint, and refuse clearly when the directory lacks the
-head a task needs (all-MiniLM-L6-v2 has no MLM head) instead of predicting from random weights.
+whole words, scored by its probability).  They work on any BERT directory, ours or a transformers checkpoint,
+and refuse clearly when the directory lacks the head a task needs (all-MiniLM-L6-v2 has no MLM head) instead of
+predicting from random weights.  Calls take and shape what transformers' pipelines do (one text in, one result
+out; a list in, a list out; fill-mask's candidates a flat list for a text with one [MASK]; question answering
+from ``question=``/``context=`` or ``{"question", "context"}`` dicts), and every argument is checked
+(:func:`bertforge.errors.checked`): a wrong type or an empty text is one message naming it.
 
 Inference runs in eval mode under ``torch.inference_mode()``, in batches sorted by length, on the GPU when
 one is present.  Input longer than the model's maximum length is truncated with a warning (classify,
@@ -15,6 +18,7 @@ windows as fine-tuning does.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import numpy as np
@@ -23,7 +27,7 @@ from tokenizers import Tokenizer
 from .batching import length_sorted_batches, pad_batch, to_device
 from .checkpoint import has_weight
 from .config import BertConfig, SquadConfig
-from .errors import UserError
+from .errors import UserError, checked, require_type, shown
 from .evaluation import eval_mode
 from .loading import load_for_inference, masked_lm, model_dir
 from .model import BertForPreTraining, BertForQuestionAnswering, BertForSequenceClassification
@@ -49,7 +53,8 @@ class Pipeline:
     task = ""
     model_class: type = type(None)
 
-    def __init__(self, model: str, device: str = "auto", batch_size: int = 32, progress: bool = False):
+    @checked(batch_size=1)
+    def __init__(self, model: str | os.PathLike, device: str = "auto", batch_size: int = 32, progress: bool = False):
         self.dir = model = model_dir(model)
         model_class, config, key = self._model_class(model)
         _, what, how = _HEADS[self.task]
@@ -99,21 +104,29 @@ class FillMaskPipeline(Pipeline):
     def _model_class(self, path: str) -> tuple[type, BertConfig, str]:
         return masked_lm(path)  # BERT's or an ELECTRA run's generator/
 
+    @checked(top_k=1)
     def __call__(self, texts: str | list[str], top_k: int = 5) -> list:
-        """For each text, for each [MASK]: the top-k candidates as transformers' fill-mask gives them,
-        ``{"score", "token" (the id), "token_str", "sequence" (the text with that [MASK] filled)}``, and
-        ``token_id`` (the id again, as bertforge 0.1 named it)."""
-        single = isinstance(texts, str)
-        texts = [texts] if single else list(texts)
+        """The top-k candidates of a text's [MASK], shaped as transformers' fill-mask pipeline shapes them: a
+        list of ``{"score", "token" (the id), "token_str", "sequence" (the text with that [MASK] filled)}`` (and
+        ``token_id``, the id again, as bertforge 0.1 named it) for a text with one [MASK], a list of such lists
+        (one per [MASK]) for a text with several; for a list of texts, a list of those."""
+        rows = [r[0] if len(r) == 1 else r for r in self.per_mask(texts, top_k)]
+        return rows[0] if isinstance(texts, str) else rows
+
+    @checked(top_k=1)
+    def per_mask(self, texts: str | list[str], top_k: int = 5) -> list[list[list[dict]]]:
+        """For each text, for each of its [MASK]s, the top-k candidates: one shape whatever the number of
+        masks (what ``bertforge predict fill-mask`` prints)."""
+        texts = [texts] if isinstance(texts, str) else list(texts)
         encs = self.tok.encode_batch(texts)
         feats = []
         for t, e in zip(texts, encs):
             ids = e.ids
             if self.sp.mask not in ids:
-                raise UserError(f"no [MASK] in {t!r}")
+                raise UserError(f"no [MASK] in {shown(t)}")
             if len(ids) > self.max_length:
                 if self.sp.mask in ids[self.max_length - 1 :]:
-                    raise UserError(f"a [MASK] lies beyond the model's {self.max_length} tokens in {t[:60]!r}...")
+                    raise UserError(f"a [MASK] lies beyond the model's {self.max_length} tokens in {shown(t)}")
                 log.warning("an input longer than %d tokens was truncated", self.max_length)
                 ids = ids[: self.max_length - 1] + [self.sp.sep]
             feats.append({"input_ids": ids, "token_type_ids": [0] * len(ids)})
@@ -134,20 +147,18 @@ class FillMaskPipeline(Pipeline):
                 rows.append(per_mask)
             return rows
 
-        res = self._run(feats, fn)
-        return res[0] if single else res
+        return self._run(feats, fn)
 
 
 class NextSentencePipeline(Pipeline):
     task = "next-sentence"
     model_class = BertForPreTraining
 
+    @checked
     def __call__(self, first: str | list[str], second: str | list[str]) -> Any:
         """``{"is_next": P(IsNext), "label": "IsNext" | "NotNext"}`` for a pair, or a list for lists."""
         single = isinstance(first, str)
-        a, b = ([first], [second]) if single else (list(first), list(second))
-        if len(a) != len(b):
-            raise UserError("next-sentence needs as many second sentences as first ones")
+        a, b = _paired(first, second, "second")
 
         def fn(out, batch):
             p = out.seq_relationship_logits.float().softmax(-1)[:, 0].tolist()  # index 0 = IsNext
@@ -165,10 +176,12 @@ class ClassifyPipeline(Pipeline):
         if not config.id2label:
             raise UserError(f"{self.dir} has no labels (id2label) in its config.json")
 
-    def __call__(self, texts: str | list[str], pairs: list[str] | None = None) -> Any:
-        """``{"label", "score", "probabilities": {label: p}}`` per text (pairs: second sentences)."""
+    @checked
+    def __call__(self, texts: str | list[str], pairs: str | list[str] | None = None) -> Any:
+        """``{"label", "score", "probabilities": {label: p}}`` for a text (and ``pairs``, its second sentence),
+        or a list for lists."""
         single = isinstance(texts, str)
-        texts = [texts] if single else list(texts)
+        texts, pairs = _paired(texts, pairs, "pairs") if pairs is not None else ([texts] if single else texts, None)
         labels = [self.config.id2label[i] for i in sorted(self.config.id2label)]
 
         def fn(out, b):
@@ -186,19 +199,36 @@ class QAPipeline(Pipeline):
     task = "qa"
     model_class = BertForQuestionAnswering
 
-    def __call__(self, question: str | None = None, context: str | None = None, examples: list | None = None,
-                 squad: SquadConfig | None = None, max_seq_length: int = 384) -> Any:
-        """``{"answer", "score", "start", "end"}`` (character offsets in the context) for one question, or
-        ``{id: answer}`` for a list of :class:`~bertforge.tasks.squad.Example`."""
-        from .tasks.squad import Example, build_features, postprocess, qa_logits
+    @checked(max_seq_length=3)
+    def __call__(self, *inputs: Any, question: str | list[str] | None = None, context: str | list[str] | None = None,
+                 examples: list | None = None, squad: SquadConfig | None = None, max_seq_length: int = 384) -> Any:
+        """The calls of transformers' question-answering pipeline: ``qa(question, context)``,
+        ``qa(question=..., context=...)`` or ``qa({"question": ..., "context": ...})`` give ``{"answer",
+        "score" (the answer's probability), "start", "end" (character offsets in the context)}``; lists of
+        questions (with a context each, or one for all) or a list of such dicts give a list of them.
+        ``examples``, a list of :class:`~bertforge.tasks.squad.Example`, gives ``{id: answer}``."""
+        from .tasks.squad import Example
 
         squad = squad or SquadConfig()
+        if examples is not None:
+            if inputs or question is not None or context is not None:
+                raise UserError("give examples, or questions and contexts, not both")
+            for i, ex in enumerate(examples):
+                require_type(ex, Example, f"examples[{i}]")
+            return self._answer(examples, squad, max_seq_length)[0]
+        pairs, single = _qa_inputs(inputs, question, context)
+        examples = [Example(str(i), q, c, []) for i, (q, c) in enumerate(pairs)]
+        answers, scores, spans = self._answer(examples, squad, max_seq_length)
+        res = [{"answer": answers[ex.id], "score": scores[ex.id], "start": spans[ex.id][0], "end": spans[ex.id][1]}
+               for ex in examples]
+        return res[0] if single else res
+
+    def _answer(self, examples: list, squad: SquadConfig, max_seq_length: int) -> tuple[dict, dict, dict]:
+        """({id: answer}, {id: probability}, {id: (start, end) characters}) of ``examples``, the answers
+        widened to whole words."""
+        from .tasks.squad import build_features, postprocess, qa_logits
+
         max_len = min(max_seq_length, self.max_length)
-        single = examples is None
-        if single:
-            if not question or not context:
-                raise UserError("qa needs a question and a context")
-            examples = [Example("q", question, context, [])]
         feats, _ = build_features(self.tok, examples, max_len, min(squad.doc_stride, max_len // 4),
                                   squad.max_query_length, training=False)
         s, e = qa_logits(self.model, feats, self.sp.pad, self.device, self.batch_size)
@@ -208,10 +238,58 @@ class QAPipeline(Pipeline):
             a, b = whole_words(ex.context, *spans.get(ex.id, (-1, -1)))
             if a >= 0:
                 spans[ex.id], answers[ex.id] = (a, b), ex.context[a:b]
-        if not single:
-            return answers
-        start, end = spans.get("q", (-1, -1))
-        return {"answer": answers["q"], "score": scores["q"], "start": start, "end": end}
+        return answers, scores, spans
+
+
+def _qa_inputs(inputs: tuple, question, context) -> tuple[list[tuple[str, str]], bool]:
+    """((question, context) pairs, whether one question was asked) of a question-answering call, each checked:
+    two strings, ``question=`` and ``context=`` (strings, lists, or a list of questions and one context for
+    all, as transformers allows), a ``{"question", "context"}`` dict or a list of them."""
+    if inputs and (question is not None or context is not None):
+        raise UserError("give the question and context as arguments or as question= and context=, not both")
+    if len(inputs) == 2:
+        question, context = inputs
+    elif len(inputs) == 1 and isinstance(inputs[0], (dict, list, tuple)):
+        single = isinstance(inputs[0], dict)
+        items = [inputs[0]] if single else list(inputs[0])
+        for i, item in enumerate(items):
+            where = "the input" if single else f"input[{i}]"
+            if not isinstance(item, dict) or set(item) != {"question", "context"}:
+                raise UserError(f"{where} must be a dict of 'question' and 'context', not {shown(item)}")
+        return [_qa_pair(d["question"], d["context"], "" if single else f"[{i}]") for i, d in enumerate(items)], single
+    elif inputs:
+        raise UserError(f"qa takes a question and a context, question= and context=, or a dict of them or a list "
+                        f"of dicts, not {shown(inputs)}")
+    require_type(question, str | list[str], "question")
+    require_type(context, str | list[str], "context")
+    single = isinstance(question, str)
+    if isinstance(context, str) and not single:
+        context = [context] * len(question)
+    questions, contexts = _paired(question, context, "context")
+    return [_qa_pair(q, c, "" if single else f"[{i}]") for i, (q, c) in enumerate(zip(questions, contexts))], single
+
+
+def _qa_pair(question, context, where: str) -> tuple[str, str]:
+    """(question, context), refused when either is no string or holds no text."""
+    for name, v in (("question", question), ("context", context)):
+        require_type(v, str, f"{name}{where}")
+        if not v.strip():
+            raise UserError(f"{name}{where} is empty" + ("; qa needs a text to find the answer in"
+                                                          if name == "context" else ""))
+    return question, context
+
+
+def _paired(first: str | list[str], second: str | list[str], name: str) -> tuple[list[str], list[str]]:
+    """Two strings, or two lists of one length, as two lists."""
+    if isinstance(first, str):
+        if isinstance(second, str):
+            return [first], [second]
+        expected = "a string, as the first text is one"
+    else:
+        if not isinstance(second, str) and len(second) == len(first):
+            return list(first), list(second)
+        expected = f"a list of {len(first)} strings, one per text"
+    raise UserError(f"{name} must be {expected}, not {type(second).__name__} {shown(second)}")
 
 
 def whole_words(context: str, start: int, end: int) -> tuple[int, int]:
@@ -232,12 +310,14 @@ _PIPELINES = {"fill-mask": FillMaskPipeline, "next-sentence": NextSentencePipeli
 ALIASES = {"text-classification": "classify", "sentiment-analysis": "classify", "question-answering": "qa"}
 
 
-def pipeline(task: str, model: str, device: str = "auto", batch_size: int = 32, progress: bool = False) -> Pipeline:
+@checked(batch_size=1)
+def pipeline(task: str, model: str | os.PathLike, device: str = "auto", batch_size: int = 32,
+             progress: bool = False) -> Pipeline:
     """A ready pipeline: ``pipeline("fill-mask", model="runs/demo/pretrained")("the [MASK] sat")``.  Task names
     are transformers' (``text-classification``, ``question-answering``) or ours (``classify``, ``qa``)."""
     task = ALIASES.get(task, task)
     if task not in _PIPELINES:
-        raise UserError(f"unknown task {task!r}; expected one of {', '.join([*TASKS, *ALIASES])}")
+        raise UserError(f"unknown task {shown(task)}; expected one of {', '.join([*TASKS, *ALIASES])}")
     return _PIPELINES[task](model, device=device, batch_size=batch_size, progress=progress)
 
 

@@ -6,7 +6,8 @@ Output folder layout::
 
     DIR/config.json, model.safetensors, vocab.txt, tokenizer.json, ...   the model (a Hugging Face BERT
                                                                           directory, refreshed at each save)
-    DIR/pretrain_config.json      the resolved configuration of the run
+    DIR/pretrain_config.json      the resolved configuration of the run, and the corpus it trains on (a
+                                  digest of its content: --resume refuses another)
     DIR/metrics.jsonl             one line per logging step ("type": "train") and per evaluation ("eval")
     DIR/metrics.json              the final figures
     DIR/train.log                 the log, with sample fill-mask predictions at each evaluation
@@ -25,6 +26,8 @@ either recipe.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 from typing import Any
@@ -37,12 +40,12 @@ from tokenizers import Tokenizer
 from . import checkpoint as ckpt
 from . import modelcard
 from .batching import to_device
-from .config import PRETRAIN_CONFIG, BertConfig, PretrainConfig
+from .config import PRETRAIN_CONFIG, BertConfig, PretrainConfig, progress_shown
 from .corpus import iter_texts
 from .data import PretrainingData
 from .devices import Dist, init_distributed, resolve_device, setup_backend
 from .engine import Engine, LinearSchedule
-from .errors import UserError
+from .errors import UserError, shown
 from .evaluation import fill_mask_samples
 from .atomic import atomic_write_json
 from .initialization import local_attention_heads_, set_dropout, sinusoidal_positions_
@@ -51,7 +54,7 @@ from .logs import duration, rounded
 from .objectives import OBJECTIVES, PretrainingObjective, objective_class
 from .outputs import MODEL_FILES, register_output
 from .plots import plot_pretraining
-from .settings import warn_if_schedule_changed
+from .settings import CORPUS, saved_corpus, warn_if_schedule_changed
 from .tokenizer import check_vocab_fits, load_tokenizer, save_tokenizer, special_ids, train_vocabulary
 
 log = logging.getLogger("bertforge")
@@ -65,7 +68,8 @@ register_output("pretrain", MODEL_FILES | {CONFIG_FILE, "metrics.jsonl", "metric
 def pretrain(cfg: PretrainConfig, resume: bool = False, overwrite: bool = False) -> dict[str, Any]:
     """Pretrain as ``cfg`` says; return the final metrics (also written to DIR/metrics.json).
 
-    ``resume`` continues the run in ``cfg.out`` from its newest loadable checkpoint; ``overwrite`` replaces
+    ``resume`` continues the run in ``cfg.out`` from its newest loadable checkpoint (on the corpus it was
+    started on; one killed before its first checkpoint starts again from step 0); ``overwrite`` replaces
     an earlier pretraining output there.  Any other existing, non-empty ``cfg.out`` is refused; everything
     that can fail on bad input fails before the output folder is written.
     """
@@ -74,23 +78,27 @@ def pretrain(cfg: PretrainConfig, resume: bool = False, overwrite: bool = False)
     with locked_output(cfg.out, "pretrain", d, overwrite, resume) as replace:
         device = resolve_device(cfg.impl, d)
         setup_backend(device, cfg.impl, d)
-        tok = prepare_tokenizer(cfg, resume, d)
+        # a run killed before its first checkpoint starts again from step 0 (TrainingRun.restore says so)
+        continued = resume and bool(ckpt.list_checkpoints(cfg.out))
+        tok = prepare_tokenizer(cfg, continued, d)
         special_ids(tok)  # a vocabulary without [CLS], [SEP], [MASK]... fails here
-        config = prepare_model_config(cfg, tok, resume)
-        data = PretrainingData(cfg, tok, d, resume)
-        objective = build_objective(cfg, config, resume).to(device)
+        config = prepare_model_config(cfg, tok, continued)
+        data = PretrainingData(cfg, tok, d, continued)
+        corpus = corpus_identity(cfg, data, d, resume)
+        objective = build_objective(cfg, config, continued).to(device)
         torch.manual_seed(cfg.train.seed + d.rank)  # dropout streams differ by rank
         with run_folder(cfg.out, "pretrain", d, replace, resume, in_place=True):
             if d.is_main:
-                if not resume:
+                if not continued:
                     save_tokenizer(tok, cfg.out, model_max_length=config.max_position_embeddings)
                     objective.save_pretrained(cfg.out, tok)
                 else:
                     warn_if_schedule_changed(cfg.out, cfg)
-                atomic_write_json(os.path.join(cfg.out, CONFIG_FILE), cfg.to_dict())
+                atomic_write_json(os.path.join(cfg.out, CONFIG_FILE), {**cfg.to_dict(), CORPUS: corpus})
             d.barrier()
             t = cfg.train
-            schedule = LinearSchedule(t.lr, t.max_steps, t.max_time, t.warmup_steps, t.warmup_ratio)
+            steps = t.max_steps or (data.loader.steps_in_epochs(t.epochs) if t.epochs else None)  # as run_mlm's
+            schedule = LinearSchedule(t.lr, steps, t.max_time, t.warmup_steps, t.warmup_ratio)
             run = Pretraining(cfg, d, Engine(objective, t, cfg.impl, device, d, schedule), data, tok)
             return run.train(resume)
 
@@ -103,8 +111,9 @@ def check_run(cfg: PretrainConfig, resume: bool, overwrite: bool = False) -> Non
         raise UserError(f"{cfg.out} already holds a training run; pass --resume to continue it, --overwrite to "
                         "replace it, or choose another --out")
     m, dc = cfg.model, cfg.data
+    started = os.path.isfile(os.path.join(cfg.out, CONFIG_FILE))  # with its settings: it can start again
     preflight(cfg.out, "pretrain", [*dc.data, *(dc.eval_data or []), dc.tokenizer, m.init, m.model_config],
-              overwrite, resume)
+              overwrite, resume, started=started)
     cfg.validate(resume)
     objective_class(m.objective).check(cfg, resume)
     if m.init and not os.path.isdir(m.init):
@@ -133,13 +142,39 @@ def prepare_tokenizer(cfg: PretrainConfig, resume: bool, d: Dist) -> Tokenizer:
     if d.is_main:
         log.info("training a %s vocabulary of %d tokens on the data", dc.tokenizer_model, dc.vocab_size)
         tok = train_vocabulary(iter_texts(dc.data, dc.text_field, dc.doc_separator), dc.vocab_size,
-                              kind=dc.tokenizer_model, lowercase=dc.lowercase, show_progress=cfg.impl.progress)
+                              kind=dc.tokenizer_model, lowercase=dc.lowercase,
+                              show_progress=progress_shown(cfg.impl.progress))
         size = tok.get_vocab_size(with_added_tokens=True)
         if size < dc.vocab_size:
             log.warning("asked for a vocabulary of %d tokens; the corpus gave %d (too little text or too few "
                         "distinct words): the model is built for %d", dc.vocab_size, size, size)
         text = tok.to_str()
     return Tokenizer.from_str(_broadcast_str(d, text))
+
+
+def corpus_identity(cfg: PretrainConfig, data: PretrainingData, d: Dist, resume: bool) -> dict[str, Any]:
+    """What the run trains on, by content: a digest of its tokenized training corpus (the tokens, and the
+    sentence and document boundaries), whatever the files are called.  On ``resume`` a corpus whose content
+    differs from the run's is refused, before anything of the run is loaded."""
+    found = None
+    if d.is_main:  # the others take rank 0's: one reading of the corpus, and one answer for all
+        c, h = data.corpus, hashlib.sha256()
+        for a in (c.tokens, c.sent_ends, c.doc_ends):
+            a = np.ascontiguousarray(a)
+            h.update(f"{a.dtype.str}{a.shape}".encode())
+            h.update(a)
+        found = json.dumps({"sha256": h.hexdigest(), "documents": c.n_documents, "tokens": c.n_tokens})
+    now = json.loads(_broadcast_str(d, found))
+    saved = saved_corpus(cfg.out) if resume else None
+    if saved is not None and saved.get("sha256") != now["sha256"]:
+        raise UserError(f"--resume continues the run in {cfg.out} on the corpus it was started on, and --data "
+                        f"{shown(cfg.data.data)} now reads as another: {_corpus_said(saved)} -> {_corpus_said(now)}")
+    return now
+
+
+def _corpus_said(c: dict) -> str:
+    n = {k: f"{v:,}" if isinstance(v, int) else shown(v) for k, v in c.items()}
+    return f"{n.get('documents')} documents, {n.get('tokens')} tokens, sha256 {str(c.get('sha256'))[:12]}"
 
 
 def prepare_model_config(cfg: PretrainConfig, tok: Tokenizer, resume: bool) -> BertConfig:
@@ -193,10 +228,12 @@ class Pretraining(TrainingRun):
         if self.d.is_main:
             self.eval_set, self.baseline_token = self.data.eval_set(), self.data.most_frequent_token()
         t, data, model = self.cfg.train, self.data, self.objective.model
-        log.info("pretraining %s (%.1fM parameters, %s) on %d documents (%d tokens), %d held out; batch %d = "
-                 "%d process(es) x %d accumulation x %d", type(model).__name__, model.num_parameters() / 1e6,
-                 self.engine.device, len(data.train_docs), data.corpus.n_tokens, len(data.eval_docs), t.batch_size,
-                 self.d.world, t.grad_accum, data.micro)
+        held = sum(data.eval_corpus.doc_tokens(int(d)) for d in data.eval_docs)
+        trained = data.corpus.n_tokens - (held if data.eval_corpus is data.corpus else 0)
+        log.info("pretraining %s (%.1fM parameters, %s) on %d documents (%d tokens), %d held out for evaluation (%d "
+                 "tokens); batch %d = %d process(es) x %d accumulation x %d", type(model).__name__,
+                 model.num_parameters() / 1e6, self.engine.device, len(data.train_docs), trained, len(data.eval_docs),
+                 held, t.batch_size, self.d.world, t.grad_accum, data.micro)
         self.fit()
         return self._finish()
 

@@ -2,7 +2,8 @@
 
 Pretraining: the recipe's defaults (``--recipe``), then a ``--config`` file, then the explicit settings
 (flags, or keyword arguments of :func:`bertforge.run_pretraining`); on ``--resume`` the run's saved
-``pretrain_config.json`` takes the recipe's place, so that a resumed run keeps its settings.
+``pretrain_config.json`` takes the recipe's place, so that a resumed run keeps its settings: one that changes
+what is trained is refused (:func:`check_resumed_settings`), one that reshapes the schedule is said.
 
 Fine-tuning: the task's defaults, then a ``--config`` file (or a run's own ``finetune_config.json``), then
 the explicit settings; the learning rate, when none is given, follows the model's width
@@ -25,16 +26,20 @@ from .config import (
     PRETRAIN_CONFIG,
     BertConfig,
     FinetuneConfig,
+    ImplConfig,
     PretrainConfig,
     finetune_lr,
+    flag_of,
     parse_duration,
     read_config_file,
     taken_by,
 )
-from .errors import UserError
+from .errors import UserError, shown
 from .files import read_json_object
 
 log = logging.getLogger("bertforge")
+
+CORPUS = "corpus"  # beside the settings in pretrain_config.json: what the run trains on (pretrain.corpus_identity)
 
 
 def progress_default(flag: bool | None) -> dict[str, bool]:
@@ -50,12 +55,9 @@ def pretrain_settings(out: str, data: list[str] | str | None = None, resume: boo
     in ``out``), then the ``config`` file's settings, then ``settings`` (flat names, as the flags)."""
     from_file = read_config_file(config) if config else {}
     recipe = settings.get("recipe", from_file.get("recipe"))
-    saved = _saved_pretraining(out) if resume else None
+    saved = _saved_pretraining(out) if resume else None  # none: pretrain.check_run says there is nothing to resume
     if saved is not None:
         cfg = PretrainConfig.from_dict(saved)
-        if recipe is not None and recipe != cfg.recipe:
-            raise UserError(f"--recipe {recipe}: the run in {out} was started with --recipe {cfg.recipe}, and a "
-                            "resumed run keeps its settings")
     else:  # the recipe's defaults, then the config file's and the explicit settings over them
         cfg = PretrainConfig.for_recipe(recipe if recipe is not None else "budget")
     for flat, where in ((from_file, f"config file {config}"), (settings, "settings")):
@@ -63,15 +65,78 @@ def pretrain_settings(out: str, data: list[str] | str | None = None, resume: boo
     if data is not None:
         cfg.data.data = [data] if isinstance(data, str) else list(data)
     cfg.out = out
+    _as_run(cfg)
+    if saved is not None:
+        check_resumed_settings(out, _as_run(PretrainConfig.from_dict(saved)), cfg)
+    return cfg
+
+
+def _as_run(cfg: PretrainConfig) -> PretrainConfig:
+    """``cfg`` as the run has it: 0 for "only at the end" as None, and no preset when the model comes from
+    ``--init`` or ``--model-config`` (a preset given then does not describe the model)."""
     if cfg.train.eval_every == 0:
         cfg.train.eval_every = None
     if cfg.train.save_every == 0:
         cfg.train.save_every = None
+    if cfg.model.init or cfg.model.model_config:
+        cfg.model.preset = None
     return cfg
+
+
+# What --resume may change: the schedule (said when it changes), and when the run evaluates, logs and saves,
+# and how it runs (a global batch is the same in any number of accumulation steps).  Every other setting decides
+# what is trained, and a resumed run keeps the one it was started with.
+SCHEDULE = ("lr", "max_steps", "max_time", "epochs", "warmup_steps", "warmup_ratio")
+RESUMABLE = (*SCHEDULE, "out", "eval_every", "save_every", "keep_checkpoints", "log_every", "max_eval_instances",
+             "cache_dir", "grad_accum")
+
+
+def check_resumed_settings(out: str, saved: PretrainConfig, cfg: PretrainConfig) -> None:
+    """Refuse, before anything is read, a resumed run whose settings change what is trained, naming each
+    changed setting with the run's value and the new one."""
+    before = saved.flat_fields()
+    changed = []
+    for name, (holder, f) in cfg.flat_fields().items():
+        if name in RESUMABLE or isinstance(holder, ImplConfig):
+            continue
+        was, now = getattr(before[name][0], f.name), getattr(holder, f.name)
+        if _comparable(name, was) != _comparable(name, now):
+            if name == "lowercase":  # set by its flag --cased
+                changed.append(f"--cased {not was} -> {not now}")
+            else:
+                changed.append(f"{flag_of(f)} {_shown(was)} -> {_shown(now)}")
+    if changed:
+        raise UserError(f"--resume continues the run in {out} as it was started, and this changes what it trains: "
+                        f"{', '.join(changed)}; a resumed run may change only its schedule "
+                        "(--max-steps, --max-time, --epochs, --lr, --warmup-steps, --warmup-ratio) and how it runs")
+
+
+def _comparable(name: str, value: Any) -> Any:
+    if name in ("data", "eval_data") and isinstance(value, list):  # ./a.txt is a.txt
+        return [p if p.startswith("hf:") else os.path.normpath(p) for p in value if isinstance(p, str)]
+    return value
+
+
+def _shown(value: Any) -> str:
+    """A setting's value in a message: as a flag takes it (a path without quotes), bounded."""
+    text = shown(value)
+    return text[1:-1] if isinstance(value, str) and text[:1] == text[-1:] and text[:1] in "'\"" else text
 
 
 def _saved_pretraining(out: str) -> dict | None:
     """The settings a pretraining run saved in ``out`` (None when there are none)."""
+    saved = _saved_run(out)
+    return None if saved is None else {k: v for k, v in saved.items() if k != CORPUS}
+
+
+def saved_corpus(out: str) -> dict | None:
+    """What the run saved in ``out`` trains on (:data:`CORPUS`; None when not recorded)."""
+    saved = _saved_run(out)
+    corpus = saved.get(CORPUS) if saved is not None else None
+    return corpus if isinstance(corpus, dict) else None
+
+
+def _saved_run(out: str) -> dict | None:
     path = os.path.join(out, PRETRAIN_CONFIG) if out else ""
     return read_json_object(path, PRETRAIN_CONFIG) if path and os.path.isfile(path) else None
 
@@ -140,9 +205,6 @@ def finetune_file_settings(d: dict[str, Any], path: str) -> dict[str, Any]:
     return {k: v for k, v in flat.items() if k not in other}
 
 
-SCHEDULE = ("lr", "max_steps", "max_time", "warmup_steps", "warmup_ratio", "batch_size")
-
-
 def warn_if_schedule_changed(out: str, cfg: PretrainConfig) -> None:
     """On resume: say so when the settings that shape the learning-rate schedule differ from the saved run's."""
     try:
@@ -150,8 +212,8 @@ def warn_if_schedule_changed(out: str, cfg: PretrainConfig) -> None:
         saved = PretrainConfig.from_dict(found).train if found is not None else cfg.train
     except UserError:
         return
-    changed = [f"--{k.replace('_', '-')} {getattr(saved, k)} -> {getattr(cfg.train, k)}" for k in SCHEDULE
-               if getattr(saved, k) != getattr(cfg.train, k)]
+    changed = [f"--{k.replace('_', '-')} {_shown(getattr(saved, k))} -> {_shown(getattr(cfg.train, k))}"
+               for k in SCHEDULE if getattr(saved, k) != getattr(cfg.train, k)]
     if changed:
         log.warning("resuming with %s: the learning-rate schedule is recomputed from this step on with the new "
                     "values, so the run no longer reproduces an uninterrupted run of either setting",

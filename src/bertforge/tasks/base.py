@@ -9,9 +9,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, ClassVar
 
+import numpy as np
 from tokenizers import Tokenizer
 
 from ..config import BertConfig, FinetuneConfig
+from ..errors import UserError
 
 
 class FinetuneTask:
@@ -40,6 +42,22 @@ class FinetuneTask:
         """Read and check the training and validation files."""
         raise NotImplementedError
 
+    @staticmethod
+    def split_validation(train: list, cfg: FinetuneConfig, read: Callable[[str], list],
+                         key: Callable[[Any], Any] | None = None) -> tuple[list, list]:
+        """(training items, validation items): ``--validation``'s (``read`` from the file), else a
+        ``--validation-split`` part of the training items held out at random by ``--seed`` (the items of one
+        ``key``, such as the questions on one context, on the same side), else none; at most
+        ``--max-eval-samples`` of them."""
+        dc = cfg.data
+        if dc.validation_file:
+            val = read(dc.validation_file)
+        elif dc.validation_split:
+            train, val = held_out(train, dc.validation_split, cfg.train.seed, key)
+        else:
+            val = []
+        return train, val[: dc.max_eval_examples] if dc.max_eval_examples else val
+
     def configure(self, config: BertConfig) -> bool:
         """Adapt the model's config to the task; True when the checkpoint's head must be re-initialised."""
         return False
@@ -55,3 +73,22 @@ class FinetuneTask:
     def write_outputs(self, folder: str, artifacts: Any) -> dict:
         """Write predictions into the output folder; return figures for metrics.json."""
         return {}
+
+
+def held_out(items: list, fraction: float, seed: int, key: Callable[[Any], Any] | None = None) -> tuple[list, list]:
+    """(the rest, the held-out part) of ``items``, each in the file's order: groups of items (by ``key``; each
+    item its own without one) drawn at random until ``fraction`` of the items are held out, one group at
+    least, and one left to train on."""
+    groups: dict[Any, list[int]] = {}
+    for i, item in enumerate(items):
+        groups.setdefault(key(item) if key else i, []).append(i)
+    if len(groups) < 2:
+        raise UserError(f"--validation-split {fraction:g}: the training data holds {len(items)} example(s) "
+                        f"({len(groups)} to draw from): nothing to hold out; give --validation FILE")
+    names = list(groups)
+    held: set[int] = set()
+    for g in np.random.default_rng([seed, 0x5E1D]).permutation(len(names))[:-1]:
+        if held and len(held) >= fraction * len(items):
+            break
+        held.update(groups[names[g]])
+    return [x for i, x in enumerate(items) if i not in held], [x for i, x in enumerate(items) if i in held]

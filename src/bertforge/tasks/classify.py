@@ -15,12 +15,12 @@ from tokenizers import Tokenizer
 
 from ..batching import length_sorted_batches, pad_batch, to_device
 from ..config import BertConfig, ClassifyConfig, FinetuneConfig
-from ..errors import UserError
+from ..errors import UserError, shown
 from ..evaluation import classification_metrics, eval_mode
 from ..corpus import table_rows
 from ..files import json_lines, read_text
 from ..model import BertForSequenceClassification
-from ..loading import load_for_inference, model_dir
+from ..loading import check_max_seq_length, load_for_inference, model_dir
 from ..tokenizer import special_ids
 from .base import FinetuneTask
 
@@ -32,19 +32,19 @@ TEXT_COLUMNS = ("sentence", "text", "sentence1", "question", "premise")
 # ------------------------------------------------------------------------------------------------ reading
 def read_table(path: str) -> list[dict[str, str]]:
     """Rows of a .tsv/.csv (with a header), .jsonl or .parquet file, or of ``hf:NAME[:CONFIG][@SPLIT]`` (a
-    Hugging Face dataset), as dicts of strings."""
+    Hugging Face dataset), as dicts (a null value as ""; :func:`resolve_columns` checks the types)."""
     low = path.lower()
     rows: list[dict[str, str]] = []
     found = table_rows(path)
     if found is not None:
-        rows = [{k: ("" if v is None else str(v)) for k, v in r.items()} for r in found]
+        rows = [{k: ("" if v is None else v) for k, v in r.items()} for r in found]
         if not rows:
             raise UserError(f"{path} has no rows")
         return rows
     text = read_text(path, "data file")
     if low.endswith((".jsonl", ".json")):
         for _, obj in json_lines(text, path):
-            rows.append({k: ("" if v is None else str(v)) for k, v in obj.items()})
+            rows.append({k: ("" if v is None else v) for k, v in obj.items()})
     elif low.endswith((".tsv", ".csv")):
         delim = "\t" if low.endswith(".tsv") else ","
         # GLUE's TSV files are not CSV-quoted: read tab-separated fields literally
@@ -85,6 +85,13 @@ def resolve_columns(rows: list[dict], cfg: ClassifyConfig, path: str,
         absent = [c for c in needed if c not in r]
         if absent:
             raise UserError(f"{path}: record {n} has no {absent[0]!r} field")
+        for c in (text, pair):
+            if c and not isinstance(r[c], str):
+                raise UserError(f"{path}: record {n}: {c!r} must be text, not {type(r[c]).__name__} {shown(r[c])}")
+        if need_label:  # labels are names: "1" in a TSV, 1 in a Parquet file or JSONL
+            if isinstance(r[cfg.label_column], (dict, list)):
+                raise UserError(f"{path}: record {n}: label {shown(r[cfg.label_column])} must be a string or a number")
+            r[cfg.label_column] = str(r[cfg.label_column])
     return text, pair, cfg.label_column
 
 
@@ -150,11 +157,11 @@ class ClassificationTask(FinetuneTask):
     defaults = {}
 
     def read(self, cfg: FinetuneConfig) -> None:
-        self.train_rows = read_table(cfg.data.train_file)
-        self.val_rows = read_table(cfg.data.validation_file)
+        self.train_rows, self.val_rows = self.split_validation(read_table(cfg.data.train_file), cfg, read_table)
         self.text, self.pair, self.label_col = resolve_columns(self.train_rows, self.settings, cfg.data.train_file)
         same_text = dataclasses.replace(self.settings, text_column=self.text)
-        resolve_columns(self.val_rows, same_text, cfg.data.validation_file)
+        if self.val_rows:  # (none: the run is not evaluated)
+            resolve_columns(self.val_rows, same_text, cfg.data.validation_file or cfg.data.train_file)
         if cfg.data.max_train_examples:
             self.train_rows = self.train_rows[: cfg.data.max_train_examples]
         self.labels = label_set([r[self.label_col] for r in self.train_rows])
@@ -201,12 +208,13 @@ class ClassificationTask(FinetuneTask):
                 "validation_examples": len(self.y_val)}
 
 
-def evaluate_classifier_model(path: str, data: str, task: ClassifyConfig, max_seq_length: int = 128,
+def evaluate_classifier_model(path: str, data: str, task: ClassifyConfig, max_seq_length: int | None = None,
                               batch_size: int = 64, device: str = "auto") -> dict:
     """``bertforge evaluate classify``: accuracy, macro-F1 and loss of a saved classifier on a labelled file."""
     config = BertConfig.load(model_dir(path))
     if not config.id2label:
         raise UserError(f"{path} is not a classifier (its config.json has no id2label)")
+    max_seq_length = check_max_seq_length(config, max_seq_length, path, default=128)
     rows = read_table(data)
     text, pair, label_col = resolve_columns(rows, task, data)
     y = _labels_to_ids(rows, label_col, config.label2id, data)

@@ -21,14 +21,14 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from ..batching import length_sorted_batches, pad_batch, to_device
-from ..config import FinetuneConfig, SquadConfig
+from ..config import BertConfig, FinetuneConfig, SquadConfig
 from ..corpus import table_rows
-from ..errors import UserError
+from ..errors import UserError, shown
 from ..evaluation import eval_mode, squad_evaluate
 from ..atomic import atomic_write_text
 from ..files import read_json
 from ..model import BertForQuestionAnswering
-from ..loading import load_for_inference, model_dir
+from ..loading import check_max_seq_length, load_for_inference, model_dir
 from ..tokenizer import special_ids
 from .base import FinetuneTask
 
@@ -43,6 +43,11 @@ class Example:
     answers: list[dict]  # [{"text", "answer_start"}]
 
 
+def _kind(value) -> str:
+    """What a value is, for a message: ``null``, or its type and (bounded) value."""
+    return "null" if value is None else f"{type(value).__name__} {shown(value)}"
+
+
 def squad_from_rows(rows, path: str) -> dict:
     """The SQuAD JSON structure (``{"data": [articles]}``) of flat rows, as Hugging Face's ``squad`` dataset
     and its Parquet files hold them: ``id``, ``title``, ``context``, ``question``, ``answers`` (``{"text":
@@ -53,6 +58,9 @@ def squad_from_rows(rows, path: str) -> dict:
             if key not in r:
                 raise UserError(f"{path}: row {n}: no field {key!r} (SQuAD rows hold id, title, context, question, "
                                 "answers)")
+        for key in ("context", "question"):
+            if not isinstance(r[key], str):
+                raise UserError(f"{path}: row {n}: {key!r} must be text, not {_kind(r[key])}")
         ans = r["answers"]
         if isinstance(ans, dict):  # columnar, as the datasets library stores them
             pairs = zip(ans.get("text") or [], ans.get("answer_start") or [])
@@ -82,6 +90,7 @@ def read_examples(path: str) -> tuple[list[Example], list[dict]]:
     is an error naming the file, the record and the field."""
     d = read_squad_json(path)
     examples = []
+    seen: dict[str, str] = {}  # question id -> where it first appeared: predictions are keyed by id
 
     def need(obj, key: str, kind: type | tuple, where: str, default=None):
         if not isinstance(obj, dict):
@@ -100,6 +109,10 @@ def read_examples(path: str) -> tuple[list[Example], list[dict]]:
             for k, qa in enumerate(need(para, "qas", list, where)):
                 w = f"{where}.qas[{k}]"
                 qid = need(qa, "id", (str, int), w)
+                if str(qid) in seen:
+                    raise UserError(f"{path}: {w}: question id {shown(str(qid))} is also the id of {seen[str(qid)]}; "
+                                    "each question needs its own id")
+                seen[str(qid)] = w
                 w = f"{w} (id {qid})"
                 question = need(qa, "question", str, w)
                 answers = need(qa, "answers", list, w, default=[])
@@ -132,6 +145,9 @@ def build_features(tok: Tokenizer, examples: list[Example], max_seq_length: int,
     sp = special_ids(tok)
     questions = tok.encode_batch([ex.question for ex in examples], add_special_tokens=False)
     q_ids = [e.ids[:max_query_length] for e in questions]
+    cut = sum(len(e.ids) > max_query_length for e in questions)
+    if cut:
+        log.warning("%d question(s) longer than --max-query-length %d tokens were truncated", cut, max_query_length)
     # contexts are tokenized once per paragraph
     uniq = {}
     for ex in examples:
@@ -149,12 +165,10 @@ def build_features(tok: Tokenizer, examples: list[Example], max_seq_length: int,
         c_ids, c_off = ctx_enc[ex.context]
         q = q_ids[ei]
         room = max_seq_length - len(q) - 3
-        if room < 1:
-            raise UserError(f"--max-seq-length {max_seq_length} leaves no room for the context beside a "
-                            f"{len(q)}-token question")
-        if doc_stride >= room:
-            raise UserError(f"--doc-stride {doc_stride} must be smaller than the context room of a window "
-                            f"({room} tokens)")
+        if room < 1 or doc_stride >= room:
+            raise UserError(f"--max-seq-length {max_seq_length} leaves {max(room, 0)} context tokens per window beside "
+                            f"a {len(q)}-token question, and --doc-stride {doc_stride} must be fewer: raise "
+                            "--max-seq-length, or lower --max-query-length or --doc-stride")
         tok_start = tok_end = None
         if span is not None:
             s, e = span
@@ -187,34 +201,54 @@ def postprocess(examples: list[Example], features: list[dict], start_logits: lis
                 end_logits: list[np.ndarray], n_best: int = 20, max_answer_length: int = 30,
                 spans: dict | None = None) -> tuple[dict[str, str], dict[str, float]]:
     """({question id: answer text}, {question id: score}) from per-feature start/end logits; ``spans``, when
-    given, receives {question id: (start, end)} character offsets of each answer in its context."""
+    given, receives {question id: (start, end)} character offsets of each answer in its context.  The score is
+    the answer's probability in its window: P(start) * P(end), each a softmax over the window's context tokens
+    (as transformers' question-answering pipeline scores); 0 and (-1, -1) only for a context without tokens."""
     by_example: dict[int, list[int]] = {}
     for fi, f in enumerate(features):
         by_example.setdefault(f["example"], []).append(fi)
     answers: dict[str, str] = {}
     scores: dict[str, float] = {}
     for ei, ex in enumerate(examples):
-        best_score, best_text, best_span = -np.inf, "", (-1, -1)
+        best_logit, best_score, best_span = -np.inf, 0.0, (-1, -1)
         for fi in by_example.get(ei, []):
-            s_log, e_log, offs = start_logits[fi], end_logits[fi], features[fi]["offsets"]
-            n = len(offs)
-            starts = np.argsort(s_log[:n])[::-1][:n_best]
-            ends = np.argsort(e_log[:n])[::-1][:n_best]
-            for s in starts:
-                if offs[s] is None:
-                    continue
-                for e in ends:
-                    if offs[e] is None or e < s or e - s + 1 > max_answer_length:
-                        continue
-                    sc = float(s_log[s] + e_log[e])
-                    if sc > best_score:
-                        best_span = (offs[s][0], offs[e][1])
-                        best_score, best_text = sc, ex.context[best_span[0] : best_span[1]]
-        answers[ex.id] = best_text
+            offs = features[fi]["offsets"]
+            ctx = np.array([o is not None for o in offs])  # only context tokens can start or end an answer
+            if not ctx.any():
+                continue
+            s_log = np.where(ctx, start_logits[fi][: len(offs)], -np.inf)
+            e_log = np.where(ctx, end_logits[fi][: len(offs)], -np.inf)
+            s, e = _best_pair(s_log, e_log, int(ctx.sum()), n_best, max_answer_length)
+            if s_log[s] + e_log[e] > best_logit:
+                best_logit, best_span = s_log[s] + e_log[e], (offs[s][0], offs[e][1])
+                best_score = float(_softmax(s_log)[s] * _softmax(e_log)[e])
+        answers[ex.id] = ex.context[best_span[0] : best_span[1]] if best_span[0] >= 0 else ""
         scores[ex.id] = best_score
         if spans is not None:
             spans[ex.id] = best_span
     return answers, scores
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    p = np.exp(x - x.max())  # -inf outside the context: probability 0
+    return p / p.sum()
+
+
+def _best_pair(s_log: np.ndarray, e_log: np.ndarray, n_ctx: int, n_best: int, max_len: int) -> tuple[int, int]:
+    """(start, end) token positions with the highest start + end logit among the ``n_best`` best starts and
+    ends (utils_qa's search) that make a span of at most ``max_len`` tokens; when none of those pairs does
+    (the best ends all before the best starts), the best over every such span.  Logits are -inf outside the
+    context, which holds ``n_ctx`` tokens."""
+    k = min(n_best, n_ctx)
+    starts, ends = np.argsort(-s_log, kind="stable")[:k], np.argsort(-e_log, kind="stable")[:k]
+    pairs = [(s_log[s] + e_log[e], s, e) for s in starts for e in ends if s <= e < s + max_len]
+    if pairs:
+        return max(pairs, key=lambda p: p[0])[1:]
+    n = len(s_log)
+    span = s_log[:, None] + e_log[None, :]  # (start, end)
+    gap = np.arange(n)[None, :] - np.arange(n)[:, None]
+    span[(gap < 0) | (gap >= max_len)] = -np.inf
+    return divmod(int(np.argmax(span)), n)
 
 
 def qa_logits(model, features: list[dict], pad_id: int, device,
@@ -251,8 +285,10 @@ class SquadTask(FinetuneTask):
     defaults = {"max_seq_length": 384, "epochs": 2, "batch_size": 16}
 
     def read(self, cfg: FinetuneConfig) -> None:
-        self.train_ex, _ = read_examples(cfg.data.train_file)
-        self.val_ex, self.val_data = read_examples(cfg.data.validation_file)
+        self.train_ex, self.val_ex = self.split_validation(read_examples(cfg.data.train_file)[0], cfg,
+                                                           lambda path: read_examples(path)[0],
+                                                           key=lambda ex: ex.context)
+        self.val_data = squad_from_rows([vars(ex) for ex in self.val_ex], "validation")["data"]  # as evaluated
         if cfg.data.max_train_examples:
             self.train_ex = self.train_ex[: cfg.data.max_train_examples]
 
@@ -282,12 +318,13 @@ class SquadTask(FinetuneTask):
                 "train_windows": self.n_windows}
 
 
-def evaluate_squad_model(path: str, data: str, task: SquadConfig, max_seq_length: int = 384,
+def evaluate_squad_model(path: str, data: str, task: SquadConfig, max_seq_length: int | None = None,
                          batch_size: int = 64, device: str = "auto", predictions_out: str | None = None) -> dict:
     """``bertforge evaluate squad --model``: official EM/F1 of a saved QA model on a SQuAD file."""
-    model_dir(path)
+    config = BertConfig.load(model_dir(path))
+    max_seq_length = check_max_seq_length(config, max_seq_length, path, default=384)
     examples, data_list = read_examples(data)
-    m = load_for_inference(path, BertForQuestionAnswering, device,
+    m = load_for_inference(path, BertForQuestionAnswering, device, config,
                            head=("qa_outputs.weight", f"{path} has no trained question-answering head (qa_outputs)"))
     preds, _ = predict_answers(m.model, m.tokenizer, examples, task, max_seq_length, m.device, batch_size)
     if predictions_out:

@@ -1,0 +1,190 @@
+"""``bertforge pretrain --resume`` keeps the run as it was started: a changed corpus (by content, under the same
+names) or a setting that changes what is trained is refused before anything is loaded, naming both values; the
+schedule may change, and is said; a run killed before its first checkpoint starts again from step 0; a damaged
+checkpoint that the resumed run writes again leaves nothing behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from bertforge.checkpoint import list_checkpoints
+from bertforge.cli import main
+
+TEXTS = ["the cat sat on the mat. it was warm there.", "a dog ran in the park. the sun was up.",
+         "the bird sang a song. it sang all day long.", "a fish swam in the pond. the water was cold."] * 6
+OTHER = ["the mat sat on the cat. it was cold there.", "a park ran in the dog. the sun was down.",
+         "the song sang a bird. it sang all night long.", "a pond swam in the fish. the water was warm."] * 7
+
+
+def _corpus(path: pathlib.Path, texts: list[str]) -> pathlib.Path:
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    return path
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory) -> pathlib.Path:
+    w = tmp_path_factory.mktemp("inputs")
+    _corpus(w / "corpus.jsonl", TEXTS)
+    assert main(["--quiet", "tokenizer", "train", "--input", str(w / "corpus.jsonl"), "--vocab-size", "60",
+                 "--model", "wordlevel", "--min-frequency", "1", "--out", str(w / "tok")]) == 0
+    return w
+
+
+def _args(inputs: pathlib.Path, out, *extra: str, data=None, preset=("--preset", "tiny")) -> list[str]:
+    return ["--quiet", "pretrain", "--data", str(data or inputs / "corpus.jsonl"), "--tokenizer", str(inputs / "tok"),
+            "--out", str(out), *preset, "--max-seq-length", "32", "--batch-size", "4", "--max-steps", "2",
+            "--save-every", "1", "--eval-every", "0", "--max-eval-instances", "4", "--log-every", "1", "--no-progress",
+            *extra]
+
+
+@pytest.fixture(scope="module")
+def run(inputs, tmp_path_factory) -> pathlib.Path:
+    """A finished run of 2 steps, checkpointed at both (refused resumes must leave it as it is)."""
+    out = tmp_path_factory.mktemp("runs") / "run"
+    assert main(_args(inputs, out)) == 0
+    assert [s for s, _ in list_checkpoints(str(out))] == [1, 2]
+    return out
+
+
+def _snapshot(root: pathlib.Path) -> dict:
+    return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) if p.is_file() else "folder"
+            for p in sorted(root.rglob("*"))}
+
+
+def _weights(out) -> dict[str, torch.Tensor]:
+    return load_file(os.path.join(out, "model.safetensors"))
+
+
+def _same_weights(a, b) -> bool:
+    wa, wb = _weights(a), _weights(b)
+    return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def _refused(argv: list[str], capsys) -> str:
+    rc = main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and err[0].startswith("error: "), (rc, err)
+    return err[0]
+
+
+def test_a_corpus_changed_under_the_same_name_is_refused_naming_both(inputs, tmp_path, capsys):
+    corpus = _corpus(tmp_path / "corpus.jsonl", TEXTS)
+    out = tmp_path / "run"
+    assert main(_args(inputs, out, "--max-steps", "1", data=corpus)) == 0
+    saved = json.loads((out / "pretrain_config.json").read_text())["corpus"]
+    _corpus(corpus, OTHER)  # the same file name, another text
+    before = _snapshot(out)
+    err = _refused(["--quiet", "pretrain", "--out", str(out), "--resume", "--max-steps", "2", "--no-progress"], capsys)
+    assert "on the corpus it was started on" in err and f"sha256 {saved['sha256'][:12]} ->" in err, err
+    assert f"{saved['documents']} documents, {saved['tokens']} tokens" in err, err
+    assert _snapshot(out) == before
+    _corpus(corpus, TEXTS)  # the text it was started on: it continues
+    assert main(["--quiet", "pretrain", "--out", str(out), "--resume", "--max-steps", "2", "--no-progress"]) == 0
+    assert json.loads((out / "metrics.json").read_text())["steps"] == 2
+
+
+@pytest.mark.parametrize("extra,said", [
+    (["--preset", "mini"], "--preset tiny -> mini"),
+    (["--max-seq-length", "64"], "--max-seq-length 32 -> 64"),
+    (["--mask-prob", "0.15"], "--mask-prob 0.3 -> 0.15"),
+    (["--whole-word-mask"], "--whole-word-mask False -> True"),
+    (["--objective", "electra"], "--objective mlm -> electra"),
+    (["--recipe", "bert"], "--recipe budget -> bert"),
+    (["--batch-size", "8"], "--batch-size 4 -> 8"),
+    (["--seed", "1"], "--seed 0 -> 1"),
+    (["--preset", "mini", "--max-seq-length", "64", "--nsp"],
+     "--preset tiny -> mini, .*--max-seq-length 32 -> 64, .*--nsp False -> True"),
+], ids=["preset", "seq-length", "masking", "whole-word", "objective", "recipe", "batch", "seed", "several"])
+def test_a_setting_that_changes_what_is_trained_is_refused_naming_both(extra, said, run, tmp_path, capsys):
+    import re
+
+    before = _snapshot(run)
+    err = _refused(["--quiet", "pretrain", "--out", str(run), "--resume", "--no-progress", *extra], capsys)
+    assert re.search(said, err) and "as it was started" in err, err
+    assert _snapshot(run) == before
+    config = tmp_path / "mini.yaml"  # from a config file alike
+    config.write_text("preset: mini\nmax_steps: 2\n")
+    err = _refused(["--quiet", "pretrain", "--out", str(run), "--resume", "--config", str(config)], capsys)
+    assert "--preset tiny -> mini" in err, err
+    assert _snapshot(run) == before
+
+
+def test_a_new_schedule_is_allowed_said_and_recorded(run, tmp_path, capsys):
+    out = tmp_path / "run"
+    shutil.copytree(run, out)
+    argv = ["--quiet", "pretrain", "--out", str(out), "--resume", "--max-steps", "3", "--lr", "5e-4",
+            "--warmup-steps", "1", "--eval-every", "0", "--log-every", "3", "--grad-accum", "2", "--device", "cpu",
+            "--no-progress"]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "--lr 0.001 -> 0.0005" in err and "--max-steps 2 -> 3" in err and "--warmup-steps None -> 1" in err, err
+    saved = json.loads((out / "pretrain_config.json").read_text())
+    assert (saved["train"]["max_steps"], saved["train"]["lr"], saved["train"]["grad_accum"]) == (3, 5e-4, 2)
+    assert saved["corpus"] == json.loads((run / "pretrain_config.json").read_text())["corpus"]
+    assert json.loads((out / "metrics.json").read_text())["steps"] == 3
+
+
+def test_the_saved_settings_name_no_preset_the_model_does_not_have(inputs, run, tmp_path, capsys):
+    config = tmp_path / "mini.yaml"
+    config.write_text("preset: mini\n")
+    for flags in (["--init", str(run)], ["--model-config", str(run / "config.json")], ["--preset", "tiny"]):
+        out = tmp_path / flags[0].strip("-")
+        argv = _args(inputs, out, "--max-steps", "1", "--config", str(config), *flags, preset=())  # the file's, and these
+        assert main(argv) == 0, capsys.readouterr().err
+        saved = json.loads((out / "pretrain_config.json").read_text())
+        assert json.loads((out / "config.json").read_text())["hidden_size"] == 128  # a tiny model
+        assert saved["model"]["preset"] == ("tiny" if flags[0] == "--preset" else None), (flags, saved["model"])
+        assert "mini" not in json.dumps(saved), flags
+    # resumed with the config file again: the same run, whatever the file's preset says
+    out = tmp_path / "init"
+    assert main(["--quiet", "pretrain", "--out", str(out), "--resume", "--config", str(config), "--max-steps", "2",
+                 "--no-progress"]) == 0
+
+
+KILLED_AT_FIRST_SAVE = ("import os, signal, sys\n"
+                        "import bertforge.checkpoint as c\n"
+                        "c.save_checkpoint = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)\n"
+                        "from bertforge.cli import main\n"
+                        "sys.exit(main(sys.argv[1:]))\n")
+
+
+def test_a_run_killed_before_its_first_checkpoint_starts_again_from_step_0(inputs, run, tmp_path, capsys):
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-c", KILLED_AT_FIRST_SAVE, *_args(inputs, out)[1:]],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=300)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
+    assert (out / "pretrain_config.json").is_file() and not list_checkpoints(str(out))
+    assert main(["--quiet", "pretrain", "--out", str(out), "--resume", "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert "starts again from step 0" in err, err
+    assert _same_weights(out, run)  # exactly the uninterrupted run
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r["type"] == "train"] == [1, 2]
+
+
+@pytest.mark.parametrize("damage", ["file", "dangling-link"])
+def test_a_damaged_checkpoint_written_again_on_resume_leaves_nothing_behind(damage, run, tmp_path, capsys):
+    out = tmp_path / "run"
+    shutil.copytree(run, out)
+    newest = out / "checkpoints" / "step-00000002"
+    shutil.rmtree(newest)
+    if damage == "file":
+        newest.write_bytes(b"\0" * 100)
+    else:
+        newest.symlink_to(tmp_path / "gone")
+    assert main(["--quiet", "pretrain", "--out", str(out), "--resume", "--no-progress"]) == 0, capsys.readouterr().err
+    names = os.listdir(out / "checkpoints")
+    assert not [n for n in names if ".old-" in n or ".tmp-" in n], names
+    assert [s for s, _ in list_checkpoints(str(out))] == [1, 2] and newest.is_dir() and not newest.is_symlink()
+    assert [n for n in names if n.startswith(".damaged-step-00000002")]  # kept aside, for inspection
+    assert _same_weights(out, run)
