@@ -38,63 +38,13 @@ for f in manifest.json gutenberg/train.jsonl gutenberg/validation.jsonl sst2/dev
   [ -e "$EXCERPT/$f" ] || { echo "error: $EXCERPT/$f not found; make the excerpt with benchmarks/gpu_prepare.py" >&2; exit 2; }
 done
 if [ -e "$OUT/summary.json" ]; then echo "error: $OUT already holds a check (summary.json); choose an empty folder" >&2; exit 2; fi
-mkdir -p "$OUT/logs" "$OUT/tests" "$OUT/cache" "$OUT/tmp" || { echo "error: cannot create $OUT" >&2; exit 2; }
-EXCERPT=$(cd "$EXCERPT" && pwd)
-OUT=$(cd "$OUT" && pwd)
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-cd "$ROOT" || exit 2
-
-PY=${PYTHON:-python3}
-export PYTHONPATH="$ROOT/src" PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
-export BERTFORGE_CACHE="$OUT/cache" TMPDIR="$OUT/tmp" XDG_CACHE_HOME="$OUT/cache" MPLCONFIGDIR="$OUT/cache/matplotlib"
-export TORCHINDUCTOR_CACHE_DIR="$OUT/cache/inductor" TRITON_CACHE_DIR="$OUT/cache/triton" CUDA_CACHE_PATH="$OUT/cache/nv"
-export HF_HOME="$OUT/cache/huggingface" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=true
-
+# the environment, the stage runner, the summary and the pruning, shared with gpu_seed001.sh
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_stages.sh" || exit 2
 STAGES=(env tests bench_mini bench_base pretrain squad)
 if [ $DRY = 1 ]; then MODE=dry BUDGET=${GPU_CHECK_BUDGET:-120}; else MODE=gpu BUDGET=${GPU_CHECK_BUDGET:-480}; fi
-DEADLINE=$(( $(date +%s) + BUDGET ))
-summary() { "$PY" benchmarks/gpu_summary.py "$@"; }
-summary init "$OUT" --mode "$MODE" --excerpt "$EXCERPT" --budget "$BUDGET" "${STAGES[@]}" || exit 2
+gpu_begin gpu_check GPU_CHECK_BUDGET "$BUDGET" "$MODE" "${STAGES[@]}"
 
-# stage NAME LIMIT COMMAND...: run COMMAND time-boxed to LIMIT seconds (less if the budget is nearly spent),
-# its output in OUT/logs/NAME.log, and record the outcome in the summary.
-stage() {
-  local name=$1 limit=$2
-  shift 2
-  local left=$(( DEADLINE - $(date +%s) - 5 ))
-  if [ "$left" -lt 10 ]; then
-    summary skip "$OUT" "$name" "the run's time budget (GPU_CHECK_BUDGET=${BUDGET}s) was spent"
-    return
-  fi
-  [ "$limit" -gt "$left" ] && limit=$left
-  summary start "$OUT" "$name" "$limit" -- "$@"
-  local t0 t1 rc
-  t0=$(date +%s%N)
-  timeout -k 10 "$limit" "$@" >"$OUT/logs/$name.log" 2>&1
-  rc=$?
-  t1=$(date +%s%N)
-  summary finish "$OUT" "$name" --rc "$rc" --seconds "$(( (t1 - t0) / 1000000 ))e-3"
-}
-
-# prune: delete what is too bulky to bring back (kept with GPU_CHECK_KEEP=1); runs on every exit
-prune() {
-  [ "${GPU_CHECK_KEEP:-0}" = 1 ] && return
-  rm -rf "$OUT/pretrain/checkpoints" "$OUT/cache" "$OUT/tmp" "$OUT/tests/tmp"
-  find "$OUT" -name '*.safetensors' -size +10M -delete 2>/dev/null
-}
-trap prune EXIT
-
-stage env 60 "$PY" benchmarks/gpu_summary.py env "$OUT"
-CUDA=0
-grep -q '"cuda_available": true' "$OUT/env.json" 2>/dev/null && CUDA=1
-
-if [ $DRY = 0 ] && [ $CUDA = 0 ]; then
-  for s in "${STAGES[@]:1}"; do
-    summary skip "$OUT" "$s" "no CUDA GPU: torch.cuda.is_available() is false (see env); use --dry for a CPU run"
-  done
-  summary done "$OUT"
-  exit $?
-fi
+env_stage 60 "${STAGES[@]:1}"
 
 if [ $DRY = 1 ]; then
   DEV=cpu  # one thread: light on a shared machine, and no thread contention with other processes

@@ -240,6 +240,35 @@ def _dropout_figures(att, x, padding, draws: int = 128) -> dict:
             "same_seed_same_output": bool(torch.equal(one, again))}
 
 
+def test_cuda_pretraining_computes_on_real_tokens_only(monkeypatch, report):
+    """The GPU pretraining step (bf16 autocast, variable-length attention on SDPA's fused kernels) on a padded
+    batch: every layer's attention, projections and feed-forward see the real tokens only, the rows-only last
+    layer's query grid excepted; the model's forward (fine-tuning, inference) in every layer.  Counted as
+    tests/ops/test_padding.py counts on the CPU: a padded key mask reaching the kernel would show as B x T."""
+    from .ops.test_padding import TokenCounter, assert_real_tokens_only, pretraining_step_counts, ragged
+
+    torch.manual_seed(0)
+    cfg = BertConfig.preset("mini", vocab_size=1000, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    m = BertForPreTraining(cfg).to(CUDA).train()
+    lengths = torch.randint(32, 129, (16,), generator=torch.Generator().manual_seed(1)).tolist()
+    lengths[0] = 128
+    batch = ragged(pretraining_batch(16, 128, 1000, mask_prob=0.3), lengths)
+    with monkeypatch.context() as mp:
+        counter, real, selected = pretraining_step_counts(m, batch, mp, _bf16())
+    b = {k: v.to(CUDA) for k, v in batch.items()}
+    m2 = BertForPreTraining(cfg).to(CUDA).eval()
+    full = TokenCounter(m2, monkeypatch)
+    with _bf16(), torch.no_grad():
+        m2.bert(b["input_ids"], b["attention_mask"], b["token_type_ids"])
+    report(real_tokens=real, padded_tokens=16 * 128, selected_rows=selected,
+           step_attention={str(k): v for k, v in counter.attention.items()},
+           forward_attention={str(k): v for k, v in full.attention.items()})
+    assert real == sum(lengths) < 16 * 128
+    assert_real_tokens_only(counter, real, selected, cfg.num_hidden_layers, "varlen")
+    for i in range(cfg.num_hidden_layers):
+        assert full.attention[i] == [("varlen", real, real)] and full.ffn[i] == [real], i
+
+
 @pytest.mark.parametrize("padded", [False, True])
 def test_attention_dropout_on_the_flash_kernel(report, padded):
     """Training-mode attention dropout inside SDPA's flash kernel (dense, or variable-length over a padded

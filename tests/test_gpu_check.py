@@ -46,7 +46,9 @@ def _shared_data(root: pathlib.Path) -> pathlib.Path:
         (root / "sst2" / f"{name}.tsv").write_text(
             "sentence\tlabel\n" + "".join(f"{t}\t{int(lbl == 'positive')}\n" for t, lbl in rows))
     _squad(root / "squad" / "train-8k-v1.1.json", 80, seed=3)
+    _squad(root / "squad" / "train-v1.1.json", 100, seed=5)  # gpu_seed001.sh's
     _squad(root / "squad" / "dev-v1.1.json", 40, seed=4)
+    write_story_corpus(root / "gutenberg" / "train-001.jsonl", n_docs=100, seed=6)  # books beyond the first file
     return root
 
 
