@@ -73,6 +73,10 @@ WRONG_CALLS = [
     ("evaluate-squad-data-none", lambda m: bertforge.evaluate_squad(None, model=m["qa"]), "data must be a string"),
     ("evaluate-mlm-data-none", lambda m: bertforge.evaluate_mlm(m["mlm"], None), "data must be"),
     ("evaluate-mlm-batch-1", lambda m: bertforge.evaluate_mlm(m["mlm"], m["data"], batch_size=0), "batch_size must be"),
+    # found by hostile testing (2): a TypeError from os.fspath
+    ("load-tokenizer-none", lambda m: bertforge.load_tokenizer(None), "path must be a string or a path, not None"),
+    ("from-pretrained-none", lambda m: bertforge.BertForMaskedLM.from_pretrained(None), "path must be a string or a path"),
+    ("from-pretrained-int", lambda m: bertforge.BertModel.from_pretrained(3), "path must be a string or a path, not int 3"),
 ]
 
 
@@ -81,6 +85,19 @@ def test_api_entry_points_refuse_wrong_input_with_a_message(name, call, message,
     with pytest.raises(UserError) as e:
         call(models)
     assert re.search(message, str(e.value)), str(e.value)
+
+
+def test_evaluate_squad_takes_paths_as_the_other_entry_points_do(models, tmp_path):
+    """Found by hostile testing (2): ``evaluate_squad(pathlib.Path(...))`` was refused ("data must be a string")."""
+    import json
+    import pathlib
+
+    squad = {"data": [{"title": "t", "paragraphs": [{"context": CONTEXT, "qas": [
+        {"id": "q1", "question": "who?", "answers": [{"text": CONTEXT.split()[0], "answer_start": 0}]}]}]}]}
+    (tmp_path / "s.json").write_text(json.dumps(squad))
+    (tmp_path / "p.json").write_text(json.dumps({"q1": CONTEXT.split()[0]}))
+    got = bertforge.evaluate_squad(pathlib.Path(tmp_path / "s.json"), predictions=pathlib.Path(tmp_path / "p.json"))
+    assert got["exact_match"] == 100.0
 
 
 def test_fill_mask_is_shaped_as_transformers_shapes_it(models):

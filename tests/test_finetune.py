@@ -146,6 +146,45 @@ def test_sigkill_and_resume_end_with_the_weights_of_the_uninterrupted_run(setup,
     assert not (killed / "checkpoints").exists()
 
 
+def test_resume_refuses_data_that_changed_since_the_run_started(setup, tmp_path, capsys):
+    """Found by hostile testing (2): a resumed run read its files again and trained on whatever they now held (a
+    label flipped in --train, a row edited in --validation) without a word; the checkpoint records their content."""
+    data = tmp_path / "t.jsonl"
+    shutil.copy(setup / "t.jsonl", data)
+    out = tmp_path / "killed"
+    args = ["--quiet", "finetune", "classify", "--model", str(setup / "model"), "--train", str(data), "--validation",
+            str(data), "--out", str(out), "--lr", "1e-3", "--no-progress", "--max-seq-length", "16", *RESUMABLE]
+    env = dict(os.environ, BERTFORGE_FAULT="write:6", PYTHONUNBUFFERED="1")  # killed in its second checkpoint
+    proc = subprocess.run([sys.executable, "-m", "bertforge", *args], env=env, capture_output=True)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
+    assert [s for s, _ in list_checkpoints(str(out))] == [3]
+    original = data.read_text()
+    flipped = original.replace('"pos"', '"tmp"', 1).replace('"neg"', '"pos"', 1).replace('"tmp"', '"neg"', 1)
+    for changed in (flipped, original.replace("good fun day", "good fun night")):
+        data.write_text(changed)
+        assert main([*args, "--resume"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert err.startswith("error: ") and "on the data it was started on, and --train" in err, err
+        assert "now holds other examples" in err and "Traceback" not in err
+        assert [s for s, _ in list_checkpoints(str(out))] == [3]
+    data.write_text(original)
+    assert main([*args, "--resume"]) == 0
+
+
+def test_the_recorded_data_content_takes_squad_windows_and_sees_their_targets(tmp_path):
+    """SQuAD's windows hold offsets (None beside the question) and their example's index: the digest is over what
+    is trained on, the tokens and the answer's positions."""
+    from bertforge.config import FinetuneConfig
+    from bertforge.finetune import data_content
+
+    cfg = FinetuneConfig()
+    window = {"input_ids": [2, 5, 3, 7, 3], "token_type_ids": [0, 0, 0, 1, 1], "offsets": [None, None, None, (0, 3), None],
+              "example": 0, "start_positions": 3, "end_positions": 3}
+    moved = {**window, "start_positions": 0, "end_positions": 0}
+    assert data_content([window], cfg) == data_content([{**window, "offsets": [None] * 5}], cfg)
+    assert data_content([window], cfg)["train"] != data_content([moved], cfg)["train"]
+
+
 def test_resume_needs_a_checkpoint(setup, tmp_path, capsys):
     assert main(_args(setup, tmp_path / "none", "--resume")) == 2
     assert "nothing to resume" in capsys.readouterr().err

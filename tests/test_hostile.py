@@ -31,6 +31,7 @@ def world(tmp_path_factory) -> pathlib.Path:
     rows = [{"text": "good movie", "label": "pos"}, {"text": "bad film", "label": "neg"}]
     (w / "cls.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (w / "nolabel.jsonl").write_text(json.dumps(rows[0]) + "\n" + json.dumps({"text": "bad film"}) + "\n")
+    (w / "nulllabel.jsonl").write_text(json.dumps(rows[0]) + "\n" + json.dumps({"text": "bad film", "label": None}) + "\n")
     ctx = "The cat sat on the mat."
     qas = [{"id": "q1", "question": "Where did the cat sit?", "answers": [{"text": "the mat", "answer_start": 15}]}]
     squad = {"data": [{"title": "t", "paragraphs": [{"context": ctx, "qas": qas}]}]}
@@ -154,14 +155,14 @@ CASES = [
     ("evaluate-mlm-text-too-short", ["evaluate", "mlm", "--model", "{w}/model", "--data", "{w}/corpus.txt", "--max-seq-length",
                                      "512"], "fewer than one block of 510"),
     ("weight-decay-huge", [*CLASSIFY, "--weight-decay", "1e23", "--out", "{t}/o"], "--weight-decay must be in \\[0, 1\\]"),
-    # places that cannot be written (issue 36: write failures; a full disk is tests/test_write_failures.py)
+    # places that cannot be written (a full disk: tests/test_write_failures.py)
     ("pretrain-out-parent-file", [*PRETRAIN, "--max-steps", "2", "--out", "{w}/file.txt/o"], "cannot be created: .* is not a folder"),
     ("pretrain-out-grandparent-file", [*PRETRAIN, "--max-steps", "2", "--out", "{w}/file.txt/a/o"], "cannot be created"),
     ("tokenizer-out-parent-file", [*TOKENIZER, "--out", "{w}/file.txt/o"], "cannot be created: .* is not a folder"),
     ("finetune-out-parent-file", [*CLASSIFY, "--out", "{w}/file.txt/o"], "cannot be created: .* is not a folder"),
     ("pretrain-cache-dir-file", [*PRETRAIN, "--max-steps", "2", "--cache-dir", "{w}/file.txt", "--out", "{t}/o"],
      "tokenized-corpus cache .*file.txt is not a folder; choose another with --cache-dir"),
-    # a resumed run keeps what it trains (issue 36: a faithful resume; the corpus's content: tests/test_resume.py)
+    # a resumed run keeps what it trains (by the corpus's content: tests/test_resume.py)
     ("resume-other-preset", ["pretrain", "--out", "{w}/run", "--resume", "--preset", "mini"], "--preset tiny -> mini"),
     ("resume-other-seq-length", ["pretrain", "--out", "{w}/run", "--resume", "--max-seq-length", "64"],
      "--max-seq-length 32 -> 64"),
@@ -169,6 +170,8 @@ CASES = [
      "--objective mlm -> electra"),
     ("resume-other-data", ["pretrain", "--out", "{w}/run", "--resume", "--data", "{w}/corpus.txt"],
      "--data \\[.*corpus.jsonl'\\] -> \\[.*corpus.txt'\\]"),
+    ("resume-a-finished-run", ["pretrain", "--out", "{w}/run", "--resume", "--max-steps", "1", "--lr", "0.5"],
+     "is at step 1 already; --resume trains on to a larger --max-steps"),
     ("resume-other-tokenizer", ["pretrain", "--out", "{w}/run", "--resume", "--tokenizer", "{w}/tok"],
      "--tokenizer .*model -> .*tok; "),
     # readers check what they get (more in test_api.py, whose inputs this world lacks)
@@ -180,13 +183,16 @@ CASES = [
      "data 'hf:@train': expected hf:NAME"),
     ("evaluate-squad-beyond-positions", ["evaluate", "squad", "--data", "{w}/squad.json", "--model", "{w}/model",
                                          "--max-seq-length", "1024"], "--max-seq-length 1024 exceeds the 512 positions"),
-    # run lengths and validation data as a transformers user gives them (issue 36, item 8)
+    # run lengths and validation data as a transformers user gives them
     ("pretrain-epochs-0", [*PRETRAIN, "--epochs", "0", "--out", "{t}/o"], "--epochs must be positive"),
     ("pretrain-no-length", [*PRETRAIN, "--out", "{t}/o"], "give --max-steps, --max-time or --epochs"),
     ("finetune-validation-and-split", [*CLASSIFY, "--validation-split", "0.2", "--out", "{t}/o"], "not both"),
     ("finetune-validation-split-1", [*CLASSIFY[:6], "--validation-split", "1", "--out", "{t}/o"],
      "--validation-split must be in \\(0, 1\\)"),
     ("finetune-max-eval-samples-0", [*CLASSIFY, "--max_eval_samples", "0", "--out", "{t}/o"], "must be positive"),
+    # found by hostile testing (2)
+    ("classify-null-label", [*CLASSIFY[:4], "--train", "{w}/nulllabel.jsonl", "--validation", "{w}/cls.jsonl",
+                             "--out", "{t}/o"], "nulllabel.jsonl: record 2: the 'label' field is empty"),
 ]
 
 

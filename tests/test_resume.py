@@ -85,7 +85,7 @@ def test_a_corpus_changed_under_the_same_name_is_refused_naming_both(inputs, tmp
     _corpus(corpus, OTHER)  # the same file name, another text
     before = _snapshot(out)
     err = _refused(["--quiet", "pretrain", "--out", str(out), "--resume", "--max-steps", "2", "--no-progress"], capsys)
-    assert "on the corpus it was started on" in err and f"sha256 {saved['sha256'][:12]} ->" in err, err
+    assert "on the corpus it was started on" in err and f"digest {saved['digest'][:12]} ->" in err, err
     assert f"{saved['documents']} documents, {saved['tokens']} tokens" in err, err
     assert _snapshot(out) == before
     _corpus(corpus, TEXTS)  # the text it was started on: it continues
@@ -188,3 +188,53 @@ def test_a_damaged_checkpoint_written_again_on_resume_leaves_nothing_behind(dama
     assert [s for s, _ in list_checkpoints(str(out))] == [1, 2] and newest.is_dir() and not newest.is_symlink()
     assert [n for n in names if n.startswith(".damaged-step-00000002")]  # kept aside, for inspection
     assert _same_weights(out, run)
+
+
+def test_a_restarted_run_keeps_the_vocabulary_it_had_trained(inputs, tmp_path, capsys, monkeypatch):
+    """A run that trained its own vocabulary and was killed before its first checkpoint starts again with that
+    vocabulary (read from its folder), not with one trained again."""
+    import bertforge.pretrain as pretrain_mod
+
+    out = tmp_path / "run"
+    args = [a for a in _args(inputs, out)[1:] if a != str(inputs / "tok")]
+    args.remove("--tokenizer")
+    proc = subprocess.run([sys.executable, "-c", KILLED_AT_FIRST_SAVE, *args, "--vocab-size", "50"],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=300)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
+    vocab = (out / "vocab.txt").read_text()
+
+    def trained_again(*a, **k):
+        raise AssertionError("the vocabulary was trained again")
+
+    monkeypatch.setattr(pretrain_mod, "train_vocabulary", trained_again)
+    assert main(["--quiet", "pretrain", "--out", str(out), "--resume", "--no-progress"]) == 0, capsys.readouterr().err
+    assert (out / "vocab.txt").read_text() == vocab
+
+
+def test_a_fine_tuning_resume_without_a_checkpoint_that_loads_is_refused(tmp_path, capsys):
+    """Fine-tuning builds its model from the checkpoint: with none that loads whole (its only one a link, set
+    aside), it is refused, never trained on from random weights."""
+    from .helpers import tiny_model_dir
+
+    rows = [{"text": t, "label": "pos" if i % 2 else "neg"} for i, t in enumerate(TEXTS[:8])]
+    data = _corpus(tmp_path / "cls.jsonl", [])
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    model, out = tiny_model_dir(tmp_path / "model", TEXTS, vocab_size=60, kind="wordlevel"), tmp_path / "ft"
+    argv = ["--quiet", "finetune", "classify", "--model", model, "--train", str(data), "--validation", str(data),
+            "--out", str(out), "--max-seq-length", "32", "--batch-size", "4", "--epochs", "1", "--save-every", "1",
+            "--no-progress"]
+    import bertforge.finetune as finetune_mod
+
+    def stopped(*a, **k):
+        raise KeyboardInterrupt  # the run stops at its end, after its checkpoints
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(finetune_mod, "finish", stopped)
+        assert main(argv) == 130  # (Ctrl-C outside the training loop)
+    (step, path), = list_checkpoints(str(out))[-1:]
+    shutil.move(path, tmp_path / "elsewhere")  # a link to a whole checkpoint: listed, but not the run's own
+    os.symlink(tmp_path / "elsewhere", path)
+    capsys.readouterr()
+    assert main([*argv, "--resume"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: ") and "nothing to resume" in err[-1], err  # (after the set-aside's warning)

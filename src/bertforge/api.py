@@ -65,7 +65,7 @@ def run_finetuning(task: str, model: str = "", train: str = "", validation: str 
     """``bertforge finetune classify|squad``: settings by their flag names (``epochs``, ``lr``,
     ``batch_size``, ``max_seq_length``, ``text_column``, ``doc_stride``, ...) over a YAML/JSON ``config``
     file if given (or a run's ``finetune_config.json``), the task's own defaults for the rest; ``resume``
-    continues a run checkpointed by ``save_every``.  Returns the best evaluation's metrics (also in
+    continues an interrupted run from its newest checkpoint.  Returns the best evaluation's metrics (also in
     ``out/metrics.json``)."""
     from .finetune import finetune
     from .settings import finetune_settings
@@ -91,9 +91,10 @@ def evaluate_classifier(model: str | os.PathLike, data: str | os.PathLike, max_s
 
 
 @checked(batch_size=1)
-def evaluate_squad(data: str, predictions: str | None = None, model: str | os.PathLike | None = None,
-                   max_seq_length: int | None = None, batch_size: int = 64, device: str = "auto",
-                   write_predictions: str | None = None, overwrite: bool = False, **settings: Any) -> dict:
+def evaluate_squad(data: str | os.PathLike, predictions: str | os.PathLike | None = None,
+                   model: str | os.PathLike | None = None, max_seq_length: int | None = None, batch_size: int = 64,
+                   device: str = "auto", write_predictions: str | os.PathLike | None = None, overwrite: bool = False,
+                   **settings: Any) -> dict:
     """``bertforge evaluate squad``: official SQuAD v1.1 exact match and F1 of a predictions file, or of a
     fine-tuned question-answering model's predictions (``max_seq_length`` by default 384, or the model's
     positions when it has fewer)."""
@@ -103,6 +104,8 @@ def evaluate_squad(data: str, predictions: str | None = None, model: str | os.Pa
 
     if bool(predictions) == bool(model):
         raise UserError("give --predictions FILE or --model DIR (one of them)")
+    data = os.fspath(data)
+    predictions, write_predictions = (os.fspath(p) if p else p for p in (predictions, write_predictions))
     if predictions:
         return squad.evaluate_predictions_file(data, predictions)
     if write_predictions:

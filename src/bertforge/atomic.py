@@ -21,6 +21,10 @@ from .errors import UserError, shown
 WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS})
 
 
+# How torch.save's writer reports a write that failed, without its cause.
+TORCH_SAVE_FAILED = ("unexpected pos", "PytorchStreamWriter failed", "file write failed")
+
+
 def write_error(path: str, e: OSError | int) -> UserError:
     """The one message of a failed write: the output it was for (not a temporary name) and the cause."""
     cause = os.strerror(e) if isinstance(e, int) else (e.strerror or str(e))
@@ -46,6 +50,8 @@ def write_failure(e: BaseException, folder: str | None = None) -> int | None:
     if m:
         return int(m.group(1)) if int(m.group(1)) in WRITE_ERRNOS else None
     if not isinstance(e, RuntimeError) or folder is None or not os.path.isdir(folder):
+        return None
+    if not any(sign in str(e) for sign in TORCH_SAVE_FAILED):  # another error: not to be taken for a write's
         return None
     import resource
 
@@ -172,6 +178,39 @@ def atomic_dir(path: str, replace: bool = True) -> Iterator[str]:
         if code is not None:
             raise write_error(given, code) from None
         raise
+
+
+def lock_file(path: str, wait: bool = False) -> int | None:
+    """Open ``path`` (made if missing) and take its exclusive advisory lock; return the descriptor, or None when
+    another process holds it and not ``wait``.  The lock is on the file that is at ``path`` now: one that its
+    holder removed meanwhile (:func:`unlock_file`) is let go and the new one locked, so two processes never
+    both hold it.  The operating system releases the lock of a process that ends, however it ends."""
+    import fcntl
+
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            if os.path.samestat(os.fstat(fd), os.stat(path)):
+                return fd
+        except OSError as e:
+            os.close(fd)
+            if isinstance(e, FileNotFoundError):  # removed by its holder since it was opened
+                continue
+            if not wait and e.errno in (errno.EAGAIN, errno.EACCES):
+                return None
+            raise
+        os.close(fd)
+
+
+def unlock_file(path: str, fd: int) -> None:
+    """Remove the lock file ``path`` while still holding it (no lock file is left behind), then let it go."""
+    import fcntl
+
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    os.close(fd)
 
 
 def remove_path(p: str) -> None:

@@ -30,7 +30,7 @@ from safetensors.torch import load_file, save_file
 
 from .atomic import atomic_dir, fault_point, follow_umask, fsync
 from .config import BertConfig
-from .errors import UserError
+from .errors import UserError, require_type
 
 log = logging.getLogger("bertforge")
 
@@ -153,7 +153,7 @@ def load_pretrained(cls, path, config: BertConfig | None = None, reinit_head: bo
     UserError naming them (with ``reinit_head``, head weights of the wrong shape are re-initialised instead,
     e.g. a classifier fine-tuned again on a different label set).
     """
-    path = os.fspath(path)
+    path = os.fspath(require_type(path, (str, os.PathLike), "path"))
     if not os.path.isdir(path):
         raise UserError(f"model directory not found: {path}")
     config = config or BertConfig.load(path)

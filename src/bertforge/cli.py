@@ -18,6 +18,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from .config import progress_shown
 from .errors import TrainingError, UserError
 
 log = logging.getLogger("bertforge")
@@ -195,7 +196,7 @@ def cmd_tokenizer_train(a: argparse.Namespace) -> int:
     from .api import train_tokenizer
 
     train_tokenizer(a.input, a.out, a.vocab_size, a.model, bool(a.cased), a.min_frequency, a.text_field or "text",
-                    a.doc_separator or "file", a.overwrite, progress=sys.stderr.isatty())
+                    a.doc_separator or "file", a.overwrite, progress=progress_shown(None))
     return 0
 
 
@@ -407,8 +408,7 @@ def _emit(a: argparse.Namespace, results: Any, table) -> None:
 def cmd_predict(a: argparse.Namespace) -> int:
     from .predict import pipeline
 
-    progress = sys.stderr.isatty()
-    p = pipeline(a.task, a.model, device=a.device, batch_size=a.batch_size, progress=progress)
+    p = pipeline(a.task, a.model, device=a.device, batch_size=a.batch_size, progress=progress_shown(None))
     if a.task == "fill-mask":
         texts = _texts(a)
         res = p.per_mask(texts, top_k=a.top_k)  # one list per [MASK], whatever their number
@@ -563,8 +563,7 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_demo(a: argparse.Namespace) -> int:
     from .demo import run_demo, summary_lines
 
-    progress = a.progress if a.progress is not None else sys.stderr.isatty()
-    summary = run_demo(a.out, quick=a.quick, wordpiece=a.wordpiece, progress=progress, seed=a.seed)
+    summary = run_demo(a.out, quick=a.quick, wordpiece=a.wordpiece, progress=progress_shown(a.progress), seed=a.seed)
     for line in summary_lines(summary, a.out):
         print(line)
     return 0

@@ -276,7 +276,8 @@ class TrainConfig:
     epochs: int | None = setting(None, "passes over the training data (--max-steps, when given, decides instead)",
                                  check="positive")
     eval_every: int | None = setting(500, "evaluate every N steps (0 = only at the end)", check="non-negative")
-    save_every: int | None = setting(1000, "checkpoint every N steps (0 = only at the end)", check="non-negative")
+    save_every: int | None = setting(1000, "checkpoint every N steps (pretraining: 0 = only at the end; fine-tuning: "
+                                             "by default every 15 minutes of the run, 0 = none)", check="non-negative")
     keep_checkpoints: int = setting(2, "how many checkpoints to keep (0 = all)", check="non-negative")
     log_every: int = setting(10, "log training metrics every N steps", check="positive")
     seed: int = setting(0, "random seed", check="non-negative")

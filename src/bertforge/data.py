@@ -43,7 +43,7 @@ import torch
 from tokenizers import Tokenizer
 from tqdm import tqdm
 
-from .atomic import path_shown, write_failure
+from .atomic import lock_file, path_shown, unlock_file, write_failure
 from .corpus import input_signature, iter_documents
 from .config import progress_shown
 from .errors import UserError
@@ -230,6 +230,10 @@ def _open_cached(folder: str, move_damaged: bool) -> TokenizedCorpus | None:
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:  # whatever a damaged entry raises
         problem = " ".join(str(e).split())[:200]
     if move_damaged:
+        cache_dir, name = os.path.split(folder)
+        for entry in os.listdir(cache_dir):  # one damaged copy kept, the newest: each is the corpus's size
+            if entry.startswith(f".{name}.damaged-"):
+                shutil.rmtree(os.path.join(cache_dir, entry), ignore_errors=True)
         with _cache_writes(os.path.dirname(folder), creating=True):
             aside = tempfile.mkdtemp(prefix=f".{os.path.basename(folder)}.damaged-", dir=os.path.dirname(folder))
             os.rmdir(aside)
@@ -257,30 +261,16 @@ def _cache_writes(cache_dir: str, creating: bool = False) -> Iterator[None]:
 def _entry_lock(cache_dir: str, folder: str) -> Iterator[None]:
     """Hold the lock of cache entry ``folder`` (a file beside it, removed at the end); a process building the
     same entry is waited for.  The operating system releases the lock of a killed process."""
-    import fcntl
-
     path = os.path.join(cache_dir, f".{os.path.basename(folder)}.lock")
-    while True:
-        with _cache_writes(cache_dir, creating=True):
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
+    with _cache_writes(cache_dir, creating=True):
+        fd = lock_file(path)
+        if fd is None:
             log.info("waiting for another process tokenizing into %s", folder)
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        try:
-            if os.path.exists(path) and os.path.samestat(os.fstat(fd), os.stat(path)):
-                break
-        except BaseException:
-            os.close(fd)
-            raise
-        os.close(fd)  # the lock file was removed by the process that held it: lock the new one
+            fd = lock_file(path, wait=True)
     try:
         yield
     finally:
-        with contextlib.suppress(OSError):
-            os.unlink(path)
-        os.close(fd)
+        unlock_file(path, fd)
 
 
 @dataclass

@@ -35,7 +35,7 @@ from .batching import EpochBatches, plan_steps, to_device
 from .config import BertConfig, FinetuneConfig, validate_fields
 from .devices import Dist, init_distributed, resolve_device, setup_backend
 from .engine import Engine, LinearSchedule
-from .errors import TrainingError, UserError
+from .errors import TrainingError, UserError, shown
 from .atomic import atomic_write_json
 from .lifecycle import TrainingRun, finish, locked_output, preflight, run_folder
 from .loading import pretrained_length
@@ -70,8 +70,9 @@ def finetune(task: FinetuneTask, cfg: FinetuneConfig, overwrite: bool = False, r
     """Fine-tune ``cfg.model`` on ``task``; return the best evaluation's metrics (also in OUT/metrics.json).
 
     An existing, non-empty ``cfg.out`` is refused, unless ``overwrite`` and it is an earlier fine-tuning
-    output of bertforge's; or ``resume``, which continues the run that ``--save-every`` checkpointed there
-    from its newest checkpoint that loads (with the same settings, checked first).
+    output of bertforge's; or ``resume``, which continues the run checkpointed there (by default every
+    :data:`SAVE_INTERVAL` seconds, and when it was interrupted) from its newest checkpoint that loads (with
+    the same settings, checked first).
     """
     if cfg.model and isinstance(cfg.model, str) and not os.path.isdir(cfg.model):  # (the rest: in validate)
         raise UserError(f"model directory not found: {cfg.model}")
@@ -175,6 +176,35 @@ def fingerprint(cfg: FinetuneConfig, task: FinetuneTask) -> dict:
             "precision": cfg.impl.precision}
 
 
+# a feature's inputs and targets
+TRAINED_ON = ("input_ids", "token_type_ids", "labels", "start_positions", "end_positions")
+
+
+def data_content(features: list[dict], cfg: FinetuneConfig) -> dict[str, str | None]:
+    """What a run trains and validates on, by content, whatever the files are called: a digest of the encoded
+    training examples (their tokens and targets) and of the validation file's bytes (None for a dataset that
+    is no file).  A resumed run whose data changed since it started is refused (:meth:`FineTuning.check_state`)."""
+    import array
+    import hashlib
+
+    h = hashlib.sha256()
+    for f in features:
+        for k in TRAINED_ON:  # (not a window's offsets, which only map answers back to the text)
+            if k in f:
+                v = f[k]
+                h.update(k.encode() + array.array("q", v if isinstance(v, list) else [int(v)]).tobytes())
+    val = cfg.data.validation_file
+    if val and os.path.isfile(val):
+        v = hashlib.sha256()
+        with open(val, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                v.update(block)
+        val = v.hexdigest()
+    else:
+        val = None
+    return {"train": h.hexdigest(), "validation": val}
+
+
 def differences(saved: dict, now: dict, prefix: str = "") -> list[str]:
     out = []
     for k in sorted(set(saved) | set(now)):
@@ -240,6 +270,7 @@ class FineTuning(TrainingRun):
         self.best: EpochResult | None = None
         self.best_weights: dict[str, torch.Tensor] | None = None
         self.settings = fingerprint(cfg, task)
+        self.content = data_content(features, cfg)
 
     def train(self, resume: bool) -> tuple[EpochResult | None, list[EpochResult], float]:
         """(best evaluation, every evaluation, seconds of training across resumptions); the model holds the
@@ -302,7 +333,7 @@ class FineTuning(TrainingRun):
     # ---- checkpoints
     def run_state(self) -> tuple[dict, dict | None]:
         b = self.best
-        state = {**self.batches.state_dict(), "settings": self.settings,
+        state = {**self.batches.state_dict(), "settings": self.settings, "content": self.content,
                  "history": [[h.epoch, h.step, h.metrics] for h in self.history],
                  "best": None if b is None else [b.epoch, b.step, b.metrics]}
         return state, None if b is None else {"best": self.best_weights}
@@ -313,6 +344,14 @@ class FineTuning(TrainingRun):
             more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
             raise UserError(f"--resume continues the run in {self.out} with its own settings; this command changes "
                             + "; ".join(changed[:3]) + more)
+        saved = state.get("content")  # (None: a checkpoint from before data was recorded)
+        if isinstance(saved, dict):
+            changed = [f"--{what} {shown(getattr(self.cfg.data, what + '_file'))}" for what in ("train", "validation")
+                       if saved.get(what) != self.content[what]]
+            if changed:
+                files = " and ".join(changed)
+                raise UserError(f"--resume continues the run in {self.out} on the data it was started on, and {files} "
+                                "now holds other examples (the file changed since); restore it, or start a new run")
 
     def load_run_state(self, state: dict, path: str) -> None:
         self.batches.load_state_dict(state)

@@ -237,6 +237,8 @@ class TrainingRun:
     desc = "training"
     required: tuple[str, ...] = ()
     checkpoints = True  # whether the run writes checkpoints (where an interrupted run saves one)
+    restarts = False  # whether --resume without a checkpoint starts again from step 0 (the model is built
+    # afresh from the run's settings), rather than being refused
     save_interval: float | None = None  # seconds of the run between checkpoints, when not by save_every steps
 
     def __init__(self, out: str, d: Dist, engine: Engine, t: TrainConfig, progress: bool | None, tensorboard: bool,
@@ -382,12 +384,14 @@ class TrainingRun:
     def restore(self) -> None:
         """Continue from the newest checkpoint that loads whole; rank 0 chooses it (damaged newer ones are moved
         aside, with a warning) and the other processes load the same.  A run killed before its first checkpoint
-        starts again from step 0, and says so."""
+        starts again from step 0 (when it :attr:`restarts`), and says so."""
         model, path, refused = self.engine.objective.model, None, None
         if self.d.is_main:
             ckpt.set_aside_incomplete(self.out)
         self.d.barrier()
         if not ckpt.list_checkpoints(self.out):
+            if not self.restarts:
+                raise UserError(f"nothing to resume in {self.out}: no checkpoint there loads whole")
             self.metrics.truncate_after(0)  # what it logged before it was killed
             log.warning("no checkpoint in %s: the run was stopped before its first one, so it starts again "
                         "from step 0", os.path.join(self.out, ckpt.CHECKPOINTS))

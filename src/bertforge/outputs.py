@@ -4,12 +4,11 @@ a lock keeps a second run out; what an interrupted write left beside it is put r
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
 
-from .atomic import creating, missing_folders, path_shown, remove_folders
+from .atomic import creating, lock_file, missing_folders, path_shown, remove_folders, unlock_file
 from .errors import UserError
 
 # Every command that writes a folder writes this marker into it: it is how ``--overwrite`` recognises a folder
@@ -153,33 +152,22 @@ class OutputLock:
     def __enter__(self):
         if not self.enabled:
             return self
-        import fcntl
-
         self.made = missing_folders(os.path.dirname(self.file))  # removed again when nothing is written
         try:
             with creating(self.path):
                 os.makedirs(os.path.dirname(self.file), exist_ok=True)
-                self.fd = os.open(self.file, os.O_RDWR | os.O_CREAT, 0o644)
+                self.fd = lock_file(self.file)
         except UserError:
             remove_folders(self.made)
             raise
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(self.fd)
-            self.fd = None
+        if self.fd is None:
             raise UserError(f"another bertforge run is writing {self.path}; wait for it to end, or choose another "
-                            "--out") from None
+                            "--out")
         return self
 
     def __exit__(self, *exc):
         if self.fd is not None:
-            import fcntl
-
-            with contextlib.suppress(OSError):  # removed while still held: no lock file is left behind
-                os.unlink(self.file)
-            fcntl.flock(self.fd, fcntl.LOCK_UN)
-            os.close(self.fd)
+            unlock_file(self.file, self.fd)
             self.fd = None
             if not os.path.lexists(self.path):  # a run that wrote nothing leaves no folders it made for it
                 remove_folders(self.made)

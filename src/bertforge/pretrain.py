@@ -78,9 +78,16 @@ def pretrain(cfg: PretrainConfig, resume: bool = False, overwrite: bool = False)
     with locked_output(cfg.out, "pretrain", d, overwrite, resume) as replace:
         device = resolve_device(cfg.impl, d)
         setup_backend(device, cfg.impl, d)
-        # a run killed before its first checkpoint starts again from step 0 (TrainingRun.restore says so)
+        if resume and d.is_main:  # decided on the checkpoints that load whole
+            ckpt.set_aside_incomplete(cfg.out)
+        d.barrier()
+        # a run killed before its first checkpoint starts again from step 0 (TrainingRun.restore says so), with
+        # the vocabulary it had trained (a vocabulary trained again may break its ties another way)
         continued = resume and bool(ckpt.list_checkpoints(cfg.out))
-        tok = prepare_tokenizer(cfg, continued, d)
+        if continued and cfg.train.max_steps and ckpt.list_checkpoints(cfg.out)[-1][0] >= cfg.train.max_steps:
+            raise UserError(f"the run in {cfg.out} is at step {ckpt.list_checkpoints(cfg.out)[-1][0]} already; "
+                            f"--resume trains on to a larger --max-steps (not {cfg.train.max_steps})")
+        tok = prepare_tokenizer(cfg, resume and os.path.isfile(os.path.join(cfg.out, "tokenizer.json")), d)
         special_ids(tok)  # a vocabulary without [CLS], [SEP], [MASK]... fails here
         config = prepare_model_config(cfg, tok, continued)
         data = PretrainingData(cfg, tok, d, continued)
@@ -153,20 +160,19 @@ def prepare_tokenizer(cfg: PretrainConfig, resume: bool, d: Dist) -> Tokenizer:
 
 
 def corpus_identity(cfg: PretrainConfig, data: PretrainingData, d: Dist, resume: bool) -> dict[str, Any]:
-    """What the run trains on, by content: a digest of its tokenized training corpus (the tokens, and the
-    sentence and document boundaries), whatever the files are called.  On ``resume`` a corpus whose content
-    differs from the run's is refused, before anything of the run is loaded."""
+    """What the run trains on, by content, whatever the files are called: a digest of the tokenized corpus's
+    checksums (the cache's, of its tokens and its sentence and document boundaries, checked when it was
+    opened: no second reading of the corpus) and of its counts.  On ``resume`` a corpus whose content differs
+    from the run's is refused, before anything of the run is loaded."""
     found = None
-    if d.is_main:  # the others take rank 0's: one reading of the corpus, and one answer for all
-        c, h = data.corpus, hashlib.sha256()
-        for a in (c.tokens, c.sent_ends, c.doc_ends):
-            a = np.ascontiguousarray(a)
-            h.update(f"{a.dtype.str}{a.shape}".encode())
-            h.update(a)
-        found = json.dumps({"sha256": h.hexdigest(), "documents": c.n_documents, "tokens": c.n_tokens})
+    if d.is_main:  # the others take rank 0's: one answer for all
+        c = data.corpus
+        counts = {"documents": int(c.n_documents), "tokens": int(c.n_tokens), "sentences": len(c.sent_ends)}
+        blob = json.dumps({"crc32": c.meta["crc32"], **counts}, sort_keys=True)
+        found = json.dumps({"digest": hashlib.sha256(blob.encode()).hexdigest(), **counts})
     now = json.loads(_broadcast_str(d, found))
     saved = saved_corpus(cfg.out) if resume else None
-    if saved is not None and saved.get("sha256") != now["sha256"]:
+    if saved is not None and saved.get("digest") != now["digest"]:
         raise UserError(f"--resume continues the run in {cfg.out} on the corpus it was started on, and --data "
                         f"{shown(cfg.data.data)} now reads as another: {_corpus_said(saved)} -> {_corpus_said(now)}")
     return now
@@ -174,7 +180,7 @@ def corpus_identity(cfg: PretrainConfig, data: PretrainingData, d: Dist, resume:
 
 def _corpus_said(c: dict) -> str:
     n = {k: f"{v:,}" if isinstance(v, int) else shown(v) for k, v in c.items()}
-    return f"{n.get('documents')} documents, {n.get('tokens')} tokens, sha256 {str(c.get('sha256'))[:12]}"
+    return f"{n.get('documents')} documents, {n.get('tokens')} tokens, digest {str(c.get('digest'))[:12]}"
 
 
 def prepare_model_config(cfg: PretrainConfig, tok: Tokenizer, resume: bool) -> BertConfig:
@@ -214,6 +220,7 @@ class Pretraining(TrainingRun):
 
     desc = "pretraining"
     required = ("loader",)
+    restarts = True  # the model is built from the run's settings as a new run builds it
 
     def __init__(self, cfg: PretrainConfig, d: Dist, engine: Engine, data: PretrainingData, tok: Tokenizer):
         super().__init__(cfg.out, d, engine, cfg.train, cfg.impl.progress, cfg.impl.report_to == "tensorboard",

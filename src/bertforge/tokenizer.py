@@ -32,7 +32,7 @@ from tokenizers import (
 from tokenizers.models import WordLevel, WordPiece
 
 from .atomic import atomic_dir
-from .errors import UserError
+from .errors import UserError, require_type
 from .files import read_json_object, read_text
 from .outputs import (MODEL_FILES, OutputLock, check_inputs_outside, check_output, recover_beside, register_output,
                       write_marker)
@@ -228,7 +228,7 @@ def _read_vocab_txt(path: str) -> list[str]:
 
 def load_tokenizer(path: str) -> Tokenizer:
     """A ready BERT tokenizer from a model/tokenizer directory, a ``tokenizer.json`` or a ``vocab.txt``."""
-    path = os.fspath(path)
+    path = os.fspath(require_type(path, (str, os.PathLike), "path"))
     if not os.path.exists(path):
         raise UserError(f"tokenizer not found: {path}")
     folder = path if os.path.isdir(path) else os.path.dirname(path)

@@ -92,6 +92,8 @@ def resolve_columns(rows: list[dict], cfg: ClassifyConfig, path: str,
             if isinstance(r[cfg.label_column], (dict, list)):
                 raise UserError(f"{path}: record {n}: label {shown(r[cfg.label_column])} must be a string or a number")
             r[cfg.label_column] = str(r[cfg.label_column])
+            if not r[cfg.label_column].strip():  # a null or blank label is a row without one, not a class ""
+                raise UserError(f"{path}: record {n}: the {cfg.label_column!r} field is empty")
     return text, pair, cfg.label_column
 
 
