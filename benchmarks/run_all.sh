@@ -87,7 +87,7 @@ for s in $steps; do
         --out "$OUT/budget-$LONG-sst2$sfx" --overwrite --epochs "$E" --batch-size 32 --seed 0 --no-progress ;;  # lr: the default by width
     budget-tapt)  # issue 14: the long run's model, pretrained on further on SQuAD's training contexts (no questions)
       $PY benchmarks/squad_contexts.py "$DATA/squad/train-v1.1.json" "$OUT/squad-train-contexts.jsonl"
-      $BF pretrain --init "$OUT/budget-$LONG" --data "$OUT/squad-train-contexts.jsonl" --out "$OUT/budget-$LONG-tapt" \
+      $BF pretrain --init "$OUT/budget-$LONG" --recipe budget --data "$OUT/squad-train-contexts.jsonl" --out "$OUT/budget-$LONG-tapt" \
         --overwrite --max-steps "${TAPT_STEPS:-500}" --max-seq-length 256 --batch-size 16 --eval-every 0 --save-every 0 \
         --no-progress ;;
     equal-mlm|equal-electra)  # issue 15: mini, the budget recipe, masked LM or ELECTRA, the same wall-clock budget

@@ -74,8 +74,9 @@ def test_help_shows_each_default_from_its_one_definition(capsys):
 
     assert main(["pretrain", "--help"]) == 0
     out = " ".join(capsys.readouterr().out.split())
-    lr, bert_lr = RECIPES["budget"]["lr"], RECIPES["bert"]["lr"]
-    assert f"peak learning rate (default: {lr}) [--recipe bert: {bert_lr}]" in out and "(default: mini)" in out
+    lr, bert_lr, continue_lr = RECIPES["budget"]["lr"], RECIPES["bert"]["lr"], RECIPES["continue"]["lr"]
+    assert (f"peak learning rate (default: {lr}) [--recipe bert: {bert_lr}; --recipe continue: {continue_lr}]" in out
+            and "(default: mini)" in out)
     assert main(["finetune", "squad", "--help"]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "(default: 384)" in out and "--doc-stride" in out

@@ -193,6 +193,20 @@ CASES = [
     # found by hostile testing (2)
     ("classify-null-label", [*CLASSIFY[:4], "--train", "{w}/nulllabel.jsonl", "--validation", "{w}/cls.jsonl",
                              "--out", "{t}/o"], "nulllabel.jsonl: record 2: the 'label' field is empty"),
+    # the continued-pretraining recipe (issue 38): of a trained model only, and part of what a resumed run keeps
+    ("recipe-continue-without-init", [*PRETRAIN, "--max-steps", "2", "--recipe", "continue", "--out", "{t}/o"],
+     "--recipe continue continues pretraining a trained model: give --init MODEL"),
+    ("resume-other-recipe", ["pretrain", "--out", "{w}/run", "--resume", "--recipe", "continue"],
+     "--recipe budget -> continue"),
+    # vocabulary extension (issue 38): of --init's WordPiece vocabulary, by a positive number, kept on resume
+    ("add-vocab-without-init", [*PRETRAIN, "--max-steps", "1", "--add-vocab", "5", "--out", "{t}/o"],
+     "--add-vocab extends the vocabulary of the model that --init names; pass --init MODEL"),
+    ("add-vocab-0", ["pretrain", "--data", "{w}/corpus.jsonl", "--init", "{w}/model", "--add-vocab", "0",
+                     "--max-steps", "1", "--out", "{t}/o"], "--add-vocab must be positive, not 0"),
+    ("add-vocab-word-level", ["pretrain", "--data", "{w}/corpus.jsonl", "--init", "{w}/model", "--add-vocab", "5",
+                              "--max-steps", "1", "--no-progress", "--out", "{t}/o"],
+     "--add-vocab extends a WordPiece vocabulary; the tokenizer of .*model' is word-level"),
+    ("resume-add-vocab", ["pretrain", "--out", "{w}/run", "--resume", "--add-vocab", "5"], "--add-vocab None -> 5"),
 ]
 
 

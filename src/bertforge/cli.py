@@ -210,9 +210,13 @@ def _add_pretrain_args(p: argparse.ArgumentParser) -> None:
                    help="replace an earlier pretraining output that bertforge wrote in --out")
     p.add_argument("--cased", dest="cased", action="store_true", default=None,
                    help="a cased vocabulary (trained tokenizer)")
-    bert = {k: "--recipe bert: " + ("the model's" if v is None else shown(v))
-            for k, v in RECIPES["bert"].items() if v != RECIPES["budget"][k]}
-    p.set_defaults(setting_flags=add_setting_flags(p, PretrainConfig(), notes=bert))
+    notes: dict[str, list[str]] = {}  # each other recipe's value where it is not the default's (budget's)
+    for name, values in RECIPES.items():
+        for k, v in values.items():
+            if v != RECIPES["budget"][k]:
+                notes.setdefault(k, []).append(f"--recipe {name}: " + ("the model's" if v is None else shown(v)))
+    p.set_defaults(setting_flags=add_setting_flags(p, PretrainConfig(), notes={k: "; ".join(v) for k, v in
+                                                                               notes.items()}))
 
 
 PRETRAIN_PRINTED = ("mlm_accuracy", "mlm_accuracy_masked", "nsp_accuracy", "mlm_loss", "nsp_loss", "steps",

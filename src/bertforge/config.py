@@ -399,7 +399,11 @@ class PretrainModelConfig:
     preset: str | None = setting("mini", "model size: " + ", ".join(PRESETS) + " (a model from --init or "
                                  "--model-config has its own; the run records none)")
     model_config: str | None = setting(None, "a BERT config.json to build the model from")
-    init: str | None = setting(None, "continue from a BERT directory (ours or a transformers checkpoint)")
+    init: str | None = setting(None, "continue from a BERT directory (ours or a transformers checkpoint), by "
+                                     "--recipe continue unless another is given")
+    add_vocab: int | None = setting(None, "with --init: add up to N words and subwords of --data that its vocabulary "
+                                          "lacks (the most used first), each starting as the mean of the pieces "
+                                          "it was split into", check="positive")
     objective: str = setting("mlm", "mlm (masked LM, with --nsp also next sentence prediction) or electra (ELECTRA's "
                                     "replaced-token detection: a small generator fills the masks, the model finds "
                                     "the replaced tokens)", choices=OBJECTIVES)
@@ -424,19 +428,29 @@ class PretrainModelConfig:
         if self.attention_init == "local" and self.position_init != "sinusoidal" and not self.init:
             raise UserError("--attention-init local (the budget recipe's) reads the positions' sines and cosines: "
                             "with --position-init normal, pass --attention-init normal too")
+        if self.add_vocab is not None and not self.init:
+            raise UserError("--add-vocab extends the vocabulary of the model that --init names; pass --init MODEL")
 
 
 # ------------------------------------------------------------------------------------------------ recipes
 # The pretraining settings that decide what a compute budget buys, by recipe (flat names, as the flags).
 # "budget" (the default) is chosen for the best model per hour of a small machine (benchmarks/README.md,
 # "The budget recipe"); "bert" is BERT's (Devlin et al., 2019), as bertforge ran it before 0.3.  Explicit
-# flags and config-file keys win over the recipe; the resolved values are saved with the run.
+# flags and config-file keys win over the recipe; the resolved values are saved with the run.  "continue" (the
+# default with --init) goes on from a trained model: masked LM only at BERT's 15%, the model's own dropout (what it
+# was trained with), BERT's Adam beta2 and clipping, none of the budget recipe's starting values (they would
+# overwrite trained weights), and a short warmup: the weights have no random start to leave, only Adam's moments
+# start anew.  Its lr is the middle of the screen 3e-5, 1e-4, 3e-4 that the domain-adaptation benchmark runs
+# (`--try lr-screen`, benchmarks/README.md, "Domain adaptation"), to be replaced by the screen's winner.
 RECIPES: dict[str, dict[str, Any]] = {
     "budget": dict(lr=1e-3, warmup_ratio=0.06, adam_beta2=0.98, max_grad_norm=0.5, dropout=0.0, nsp=False,
                    mask_prob=0.3, position_init="sinusoidal", attention_init="local"),
     "bert": dict(lr=1e-4, warmup_ratio=0.06, adam_beta2=0.999, max_grad_norm=1.0, dropout=None, nsp=True,
                  mask_prob=0.15, position_init="normal", attention_init="normal"),
+    "continue": dict(lr=1e-4, warmup_ratio=0.02, adam_beta2=0.999, max_grad_norm=1.0, dropout=None, nsp=False,
+                     mask_prob=0.15, position_init="normal", attention_init="normal"),
 }
+RECIPE_WITH_INIT = "continue"  # the default recipe of a run that starts from a trained model (--init)
 
 
 def recipe_section(name: str, section: type) -> dict[str, Any]:
@@ -458,8 +472,12 @@ class PretrainConfig(Sections):
     out: str = setting("", "output directory (a Hugging Face BERT directory, with metrics and checkpoints)")
     recipe: str = setting("budget", "the defaults of the settings that decide what a budget buys: budget (for the "
                                     "best model per hour: masked LM only, 30% masked, lr 1e-3, dropout off, heads "
-                                    "that start on the neighbouring tokens, ...) or bert "
-                                    "(BERT's: NSP, lr 1e-4, dropout 0.1, ...); explicit flags win",
+                                    "that start on the neighbouring tokens, ...), bert "
+                                    "(BERT's: NSP, lr 1e-4, dropout 0.1, ...) or continue (continued pretraining of "
+                                    "--init's model: masked LM only, 15% masked, the model's own dropout, warmup 2%, "
+                                    "beta2 0.999, lr 1e-4: the middle of a screen of 3e-5, 1e-4 and 3e-4 that "
+                                    "benchmarks/domain_adaptation.py is to measure); explicit flags win (default: "
+                                    "continue with --init, else budget)",
                           choices=tuple(RECIPES))
     model: PretrainModelConfig = field(default_factory=lambda: _budget(PretrainModelConfig))
     data: PretrainDataConfig = field(default_factory=lambda: _budget(PretrainDataConfig))
@@ -483,6 +501,9 @@ class PretrainConfig(Sections):
         """Every check of values alone (no file system), before anything is read or written."""
         if not self.data.data and not resume:
             raise UserError("--data is required")
+        if self.recipe == RECIPE_WITH_INIT and not self.model.init:
+            raise UserError(f"--recipe {RECIPE_WITH_INIT} continues pretraining a trained model: give --init MODEL (a "
+                            "BERT directory), or --recipe budget or bert for a new one")
         for sec in (self.model, self.data, self.train):
             sec.validate()
         validate_fields(self.impl)

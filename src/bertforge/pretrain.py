@@ -21,7 +21,10 @@ keeps the model's, for fine-tuning), peak learning rate 1e-3, Adam beta2 0.98, c
 model's starting values (:mod:`bertforge.initialization`): sinusoidal positions and first-layer heads that
 look at the neighbouring tokens, where BERT starts every weight at random and leaves the most-frequent-token
 plateau only after thousands of steps.  ``--recipe bert`` restores BERT's; the architecture is BERT's under
-either recipe.
+every recipe.  A run from a trained model (``--init``) defaults to ``--recipe continue``: masked LM only, 15%
+masked, the model's own dropout, a short warmup (2% of the run), Adam beta2 0.999, peak lr 1e-4 (the middle
+of the screen 3e-5, 1e-4, 3e-4 that benchmarks/domain_adaptation.py is to run), and none of the new-model
+starting values; a masked-LM head the model lacks starts tied to its word embeddings (the log says so).
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ import torch.distributed as dist
 from tokenizers import Tokenizer
 
 from . import checkpoint as ckpt
-from . import modelcard
+from . import modelcard, vocabulary
 from .batching import to_device
 from .config import PRETRAIN_CONFIG, BertConfig, PretrainConfig, progress_shown
 from .corpus import iter_texts
@@ -52,9 +55,10 @@ from .initialization import local_attention_heads_, set_dropout, sinusoidal_posi
 from .lifecycle import TrainingRun, finish, locked_output, preflight, run_folder
 from .logs import duration, rounded
 from .objectives import OBJECTIVES, PretrainingObjective, objective_class
+from .objectives.mlm import new_head_said
 from .outputs import MODEL_FILES, register_output
 from .plots import plot_pretraining
-from .settings import CORPUS, saved_corpus, warn_if_schedule_changed
+from .settings import CORPUS, recipe_said, saved_corpus, warn_if_schedule_changed
 from .tokenizer import check_vocab_fits, load_tokenizer, save_tokenizer, special_ids, train_vocabulary
 
 log = logging.getLogger("bertforge")
@@ -92,7 +96,7 @@ def pretrain(cfg: PretrainConfig, resume: bool = False, overwrite: bool = False)
         config = prepare_model_config(cfg, tok, continued)
         data = PretrainingData(cfg, tok, d, continued)
         corpus = corpus_identity(cfg, data, d, resume)
-        objective = build_objective(cfg, config, continued).to(device)
+        objective = build_objective(cfg, config, continued, tok).to(device)
         torch.manual_seed(cfg.train.seed + d.rank)  # dropout streams differ by rank
         with run_folder(cfg.out, "pretrain", d, replace, resume, in_place=True):
             if d.is_main:
@@ -141,10 +145,9 @@ def prepare_tokenizer(cfg: PretrainConfig, resume: bool, d: Dist) -> Tokenizer:
     dc = cfg.data
     if resume:
         return load_tokenizer(cfg.out)
-    if dc.tokenizer:
-        return load_tokenizer(dc.tokenizer)
-    if cfg.model.init:
-        return load_tokenizer(cfg.model.init)
+    if dc.tokenizer or cfg.model.init:
+        tok = load_tokenizer(dc.tokenizer or cfg.model.init)
+        return extended_tokenizer(cfg, tok, d) if cfg.model.add_vocab else tok
     text = None
     if d.is_main:
         log.info("training a %s vocabulary of %d tokens on the data", dc.tokenizer_model, dc.vocab_size)
@@ -156,6 +159,21 @@ def prepare_tokenizer(cfg: PretrainConfig, resume: bool, d: Dist) -> Tokenizer:
             log.warning("asked for a vocabulary of %d tokens; the corpus gave %d (too little text or too few "
                         "distinct words): the model is built for %d", dc.vocab_size, size, size)
         text = tok.to_str()
+    return Tokenizer.from_str(_broadcast_str(d, text))
+
+
+def extended_tokenizer(cfg: PretrainConfig, tok: Tokenizer, d: Dist) -> Tokenizer:
+    """``--add-vocab N``: ``tok``, the tokenizer of --init's model, with up to N words and subwords of the data
+    appended to its vocabulary (:mod:`bertforge.vocabulary`); build_objective grows the model to match."""
+    mc, dc = cfg.model, cfg.data
+    vocabulary.check_extensible(tok, f"the tokenizer of {shown(dc.tokenizer or mc.init)}")
+    check_vocab_fits(tok, BertConfig.load(mc.init).vocab_size, "--tokenizer and the model")
+    text = None
+    if d.is_main:  # Pretraining.train says what was added, in train.log
+        log.info("looking in the data for up to %d words and subwords that the vocabulary lacks", mc.add_vocab)
+        new = vocabulary.new_tokens(tok, iter_texts(dc.data, dc.text_field, dc.doc_separator), mc.add_vocab,
+                                    show_progress=progress_shown(cfg.impl.progress))
+        text = vocabulary.extend_tokenizer(tok, new).to_str()
     return Tokenizer.from_str(_broadcast_str(d, text))
 
 
@@ -193,6 +211,8 @@ def prepare_model_config(cfg: PretrainConfig, tok: Tokenizer, resume: bool) -> B
         config = BertConfig.load(mc.model_config)
     else:
         config = BertConfig.preset(mc.preset, vocab_size=tok.get_vocab_size(with_added_tokens=True))
+    if mc.add_vocab and not resume:  # --init's model, grown to the extended vocabulary by build_objective
+        config.vocab_size = tok.get_vocab_size(with_added_tokens=True)
     check_vocab_fits(tok, config.vocab_size, "--tokenizer and the model")
     if cfg.data.max_seq_length > config.max_position_embeddings:
         raise UserError(f"--max-seq-length {cfg.data.max_seq_length} exceeds the model's max_position_embeddings "
@@ -200,11 +220,16 @@ def prepare_model_config(cfg: PretrainConfig, tok: Tokenizer, resume: bool) -> B
     return config
 
 
-def build_objective(cfg: PretrainConfig, config: BertConfig, resume: bool) -> PretrainingObjective:
-    """The run's objective around its model: a new one starts from the recipe's starting values."""
+def build_objective(cfg: PretrainConfig, config: BertConfig, resume: bool,
+                    tok: Tokenizer | None = None) -> PretrainingObjective:
+    """The run's objective around its model: a new one starts from the recipe's starting values; with
+    ``--add-vocab``, --init's model grown to ``tok``'s vocabulary."""
     mc = cfg.model
     torch.manual_seed(cfg.train.seed)
-    objective = objective_class(mc.objective).build(cfg, config, resume)
+    grow = bool(mc.add_vocab) and not resume and tok is not None
+    objective = objective_class(mc.objective).build(cfg, BertConfig.load(mc.init) if grow else config, resume)
+    if grow:
+        vocabulary.extend_model(objective.model, tok)
     if mc.position_init == "sinusoidal" and not mc.init and not resume:
         sinusoidal_positions_(objective.model)
         if mc.attention_init == "local":
@@ -241,6 +266,12 @@ class Pretraining(TrainingRun):
                  "tokens); batch %d = %d process(es) x %d accumulation x %d", type(model).__name__,
                  model.num_parameters() / 1e6, self.engine.device, len(data.train_docs), trained, len(data.eval_docs),
                  held, t.batch_size, self.d.world, t.grad_accum, data.micro)
+        for said in (recipe_said(self.cfg, model.config), new_head_said(model, self.cfg.model.init)):
+            if said:  # in train.log, which opens only now
+                log.info("%s", said)
+        if self.cfg.model.add_vocab and self.d.is_main:  # in train.log, which opens only now
+            before = BertConfig.load(self.cfg.model.init).vocab_size
+            log.info("%s", vocabulary.describe(self.tok, before, self.cfg.model.add_vocab))
         self.fit()
         return self._finish()
 

@@ -1,6 +1,7 @@
 """Where a run's settings come from, decided in one place for the command line and the Python API.
 
-Pretraining: the recipe's defaults (``--recipe``), then a ``--config`` file, then the explicit settings
+Pretraining: the recipe's defaults (``--recipe``; without one, ``continue`` for a run from ``--init``'s trained
+model, ``budget`` for a new one), then a ``--config`` file, then the explicit settings
 (flags, or keyword arguments of :func:`bertforge.run_pretraining`); on ``--resume`` the run's saved
 ``pretrain_config.json`` takes the recipe's place, so that a resumed run keeps its settings: one that changes
 what is trained is refused (:func:`check_resumed_settings`), one that reshapes the schedule is said.
@@ -24,6 +25,8 @@ from typing import Any
 
 from .config import (
     PRETRAIN_CONFIG,
+    RECIPE_WITH_INIT,
+    RECIPES,
     BertConfig,
     FinetuneConfig,
     ImplConfig,
@@ -53,15 +56,15 @@ def pretrain_settings(out: str, data: list[str] | str | None = None, resume: boo
                       **settings: Any) -> PretrainConfig:
     """The configuration of ``bertforge pretrain``: the recipe's defaults (or, on ``resume``, the run saved
     in ``out``), then the ``config`` file's settings, then ``settings`` (flat names, as the flags)."""
-    from_file = read_config_file(config) if config else {}
-    recipe = settings.get("recipe", from_file.get("recipe"))
+    from_file = _pretrain_values(read_config_file(config)) if config else {}
+    settings = _pretrain_values(settings)
     saved = _saved_pretraining(out) if resume else None  # none: pretrain.check_run says there is nothing to resume
     if saved is not None:
         cfg = PretrainConfig.from_dict(saved)
     else:  # the recipe's defaults, then the config file's and the explicit settings over them
-        cfg = PretrainConfig.for_recipe(recipe if recipe is not None else "budget")
+        cfg = PretrainConfig.for_recipe(default_recipe({**from_file, **settings}))
     for flat, where in ((from_file, f"config file {config}"), (settings, "settings")):
-        cfg.update_flat(_pretrain_values(flat), where=where)
+        cfg.update_flat(flat, where=where)
     if data is not None:
         cfg.data.data = [data] if isinstance(data, str) else list(data)
     cfg.out = out
@@ -69,6 +72,32 @@ def pretrain_settings(out: str, data: list[str] | str | None = None, resume: boo
     if saved is not None:
         check_resumed_settings(out, _as_run(PretrainConfig.from_dict(saved)), cfg)
     return cfg
+
+
+def default_recipe(given: dict[str, Any]) -> Any:
+    """The recipe whose defaults the run starts from, by the flat settings ``given`` (a config file's, then the
+    explicit ones over them): the one named, else the continued-pretraining recipe for a run that starts from a
+    trained model (``init``), else the budget recipe."""
+    if given.get("recipe") is not None:
+        return given["recipe"]
+    return RECIPE_WITH_INIT if given.get("init") else "budget"
+
+
+def recipe_said(cfg: PretrainConfig, config: BertConfig) -> str:
+    """The run's recipe and the values it trains with, for the log: each setting the recipe decides, marked
+    where a flag or a config file changed the recipe's value; ``config``, the model's, says what "the model's
+    dropout" is."""
+    own = config.hidden_dropout_prob, config.attention_probs_dropout_prob
+    models = f"the model's ({own[0]:g}{'' if own[0] == own[1] else f', attention {own[1]:g}'})"
+    index, parts = cfg.flat_fields(), []
+    for name, value in RECIPES.get(cfg.recipe, {}).items():
+        holder, f = index[name]
+        now = getattr(holder, f.name)
+        part = f"{name} {models if now is None else _shown(now)}"
+        if now != value:
+            part += " (the recipe's: " + ("the model's" if value is None else _shown(value)) + ")"
+        parts.append(part)
+    return f"the {cfg.recipe} recipe: {', '.join(parts)}"
 
 
 def _as_run(cfg: PretrainConfig) -> PretrainConfig:

@@ -1,5 +1,6 @@
 """Masked language modelling, BERT's objective: 80/10/10 masking (:class:`bertforge.data.Masker`), with next
-sentence prediction when the run asks for it (``--nsp``, the ``bert`` recipe's).
+sentence prediction when the run asks for it (``--nsp``, the ``bert`` recipe's).  A model from ``--init``
+without a masked-LM head gets a new one tied to its word embeddings (:func:`new_head_said`).
 
 The training step runs the model's fast path (:func:`bertforge.ops.rows.pretraining_losses`): the last
 encoder layer and the vocabulary projection only where the loss looks (the masked tokens, and [CLS] for
@@ -8,6 +9,7 @@ NSP); the loss equals the dense computation."""
 from __future__ import annotations
 
 import torch
+import torch.nn as nn
 
 from .. import checkpoint as ckpt
 from ..config import BertConfig, PretrainConfig
@@ -64,3 +66,21 @@ class MaskedLM(PretrainingObjective):
         nsp = self.cfg.data.nsp
         what = "masked language modelling" + (" and next sentence prediction" if nsp else "")
         return what, "BertForPreTraining" if nsp else "BertForMaskedLM"
+
+
+def new_head_said(model: nn.Module, path: str | None) -> str | None:
+    """What the log says of a masked-LM head that the directory ``path`` the model was loaded from lacked (a bare
+    ``BertModel``, such as a sentence-embedding checkpoint); None when it had one, or the model was not loaded.
+
+    Such a head starts as a new BERT's (:meth:`~bertforge.model.BertPreTrainedModel.init_weights`, then
+    :func:`~bertforge.checkpoint.load_pretrained` ties it again after loading): its decoder is the word
+    embeddings themselves, so that it predicts with what the model already knows of each word from the first
+    step, and only its transform (dense at BERT's normal initialisation, LayerNorm at one and zero) and the output
+    bias (zero) are new."""
+    new = getattr(model, "loading_info", {}).get("newly_initialized", [])
+    if path is None or not any(k.startswith("cls.predictions.") for k in new):
+        return None
+    std = model.config.initializer_range
+    return (f"{path} has no masked-LM head: a new one starts with its decoder tied to the word embeddings, its "
+            f"transform at BERT's initialisation (dense weights normal with std {std:g}, LayerNorm weights 1, "
+            f"biases 0) and its output bias at 0")

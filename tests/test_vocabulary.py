@@ -1,0 +1,112 @@
+"""``pretrain --init MODEL --add-vocab N``: the data's words and subwords appended to the model's vocabulary
+(every old id kept), new rows starting as the mean of their old pieces', and the output a BERT directory that
+transformers loads with the larger vocabulary; a resumed run keeps it."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from bertforge import BertConfig
+from bertforge.cli import main
+from bertforge.model import BertForMaskedLM
+from bertforge.tokenizer import load_tokenizer, vocab_tokens
+from bertforge.vocabulary import extend_tokenizer, new_tokens, old_pieces
+
+DOMAIN = ["The zorblaxian fleet met the zorblaxian envoys near Qwertonia.",
+          "Qwertonia trades with every zorblaxian colony; Qwertonia is rich.",
+          "A zorblaxian ship landed on a zorblaxian moon. The envoys of Qwertonia spoke with the crew."]
+TEXTS = DOMAIN + ["the cat sat on the mat. it was warm there.", "a dog ran in the park. the sun was up."] * 2
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory, minilm_dir) -> pathlib.Path:
+    """A small domain corpus, and a tiny BERT with bert-base-uncased's vocabulary (all-MiniLM-L6-v2's tokenizer)
+    and a masked-LM head whose output bias is not zero, so that the new rows' bias shows its rule."""
+    w = tmp_path_factory.mktemp("vocab")
+    (w / "corpus.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS * 6))
+    tok = load_tokenizer(minilm_dir)
+    torch.manual_seed(0)
+    model = BertForMaskedLM(BertConfig.preset("tiny", vocab_size=tok.get_vocab_size(), max_position_embeddings=64))
+    with torch.no_grad():
+        model.cls.predictions.bias.normal_()
+    model.save_pretrained(str(w / "model"), tokenizer=tok)
+    return w
+
+
+def _pretrain(w: pathlib.Path, out: pathlib.Path, *flags: str) -> list[str]:
+    # lr 1e-12: a training step that moves no weight by a float32 step, so the saved rows are the starting ones
+    return ["--quiet", "pretrain", "--data", str(w / "corpus.jsonl"), "--init", str(w / "model"), "--out", str(out),
+            "--max-seq-length", "32", "--batch-size", "4", "--eval-every", "0", "--max-eval-instances", "4",
+            "--lr", "1e-12", "--no-progress", *flags]
+
+
+def test_added_vocabulary_loads_in_transformers_with_old_ids_and_mean_rows(inputs, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    out = tmp_path / "run"
+    assert main(_pretrain(inputs, out, "--add-vocab", "3", "--max-steps", "1")) == 0
+    old_tok, before = load_tokenizer(str(inputs / "model")), load_file(str(inputs / "model" / "model.safetensors"))
+    old_n = old_tok.get_vocab_size()
+    tok = transformers.AutoTokenizer.from_pretrained(str(out))
+    assert len(tok) == old_n + 3
+    vocab = tok.get_vocab()
+    assert all(vocab[t] == i for t, i in old_tok.get_vocab().items())  # every old id unchanged
+    assert tok.tokenize("Zorblaxian QWERTONIA") == ["zorblaxian", "qwertonia"]  # one piece each, lower-cased
+    assert (out / "vocab.txt").read_text().split("\n")[old_n:old_n + 2] == ["zorblaxian", "qwertonia"]
+    model = transformers.BertForMaskedLM.from_pretrained(str(out))
+    assert model.config.vocab_size == json.loads((out / "config.json").read_text())["vocab_size"] == old_n + 3
+    words = model.bert.embeddings.word_embeddings.weight.detach()
+    assert model.get_output_embeddings().weight.data_ptr() == words.data_ptr()  # the decoder stays tied
+    bias = model.cls.predictions.bias.detach()
+    assert torch.allclose(words[:old_n], before["bert.embeddings.word_embeddings.weight"], atol=1e-6)
+    assert torch.allclose(bias[:old_n], before["cls.predictions.bias"], atol=1e-6)
+    pieces = old_tok.encode("zorblaxian", add_special_tokens=False).ids
+    assert len(pieces) > 1
+    new = vocab["zorblaxian"]
+    assert torch.allclose(words[new], before["bert.embeddings.word_embeddings.weight"][pieces].mean(0), atol=1e-6)
+    assert torch.allclose(bias[new], before["cls.predictions.bias"][pieces].mean(0), atol=1e-6)
+    ids = tok("the zorblaxian fleet", return_tensors="pt")
+    assert model(**ids).logits.shape[-1] == old_n + 3
+    assert json.loads((out / "pretrain_config.json").read_text())["model"]["add_vocab"] == 3
+    assert "added 3 tokens to the vocabulary (30522 -> 30525)" in (out / "train.log").read_text()
+
+
+def test_resume_keeps_the_extended_vocabulary(inputs, tmp_path):
+    out = tmp_path / "run"
+    assert main(_pretrain(inputs, out, "--add-vocab", "2", "--max-steps", "1", "--save-every", "1")) == 0
+    files = {n: (out / n).read_bytes() for n in ("vocab.txt", "tokenizer.json")}
+    assert main(["--quiet", "pretrain", "--out", str(out), "--resume", "--max-steps", "2", "--no-progress"]) == 0
+    assert {n: (out / n).read_bytes() for n in files} == files
+    assert load_file(str(out / "model.safetensors"))["bert.embeddings.word_embeddings.weight"].shape[0] == 30524
+    # a run stopped before its first checkpoint starts again from --init's model, grown to the run's vocabulary
+    shutil.rmtree(out / "checkpoints")
+    assert main(["--quiet", "pretrain", "--out", str(out), "--resume", "--max-steps", "1", "--no-progress"]) == 0
+    assert {n: (out / n).read_bytes() for n in files} == files
+    assert json.loads((out / "config.json").read_text())["vocab_size"] == 30524
+
+
+def test_continuation_entries_are_usable_and_start_from_continuation_pieces(minilm_dir):
+    old = load_tokenizer(minilm_dir)
+    n = old.get_vocab_size()
+    tok = extend_tokenizer(old, ["##laxian"])
+    assert vocab_tokens(tok)[n:] == ["##laxian"]
+    assert tok.encode("Zorlaxian", add_special_tokens=False).tokens == ["z", "##or", "##laxian"]
+    assert tok.encode("laxian", add_special_tokens=False).tokens[0] != "##laxian"  # no word starts with it
+    # "laxian" continues a word: its pieces are ## pieces ("lax" as a word of its own would be another token)
+    assert [old.id_to_token(i) for i in old_pieces(old, ["##laxian", "laxian"])[0]] == ["##la", "##xia", "##n"]
+    assert [old.id_to_token(i) for i in old_pieces(old, ["laxian"])[0]] == ["lax", "##ian"]
+    assert old_pieces(tok, ["##laxian"], n) == old_pieces(old, ["##laxian"])  # the new entry is no old piece
+
+
+def test_candidates_are_the_most_used_pieces_the_vocabulary_lacks(minilm_dir):
+    old = load_tokenizer(minilm_dir)
+    texts = DOMAIN * 3 + ["a blorp."] * 3 + ["one glimzat."]  # glimzat: used once, not a candidate
+    found = new_tokens(old, texts, 10)
+    assert found[:2] == ["zorblaxian", "qwertonia"] and "blorp" in found and "glimzat" not in found
+    assert not set(found) & set(old.get_vocab())
+    assert new_tokens(old, texts, 1) == ["zorblaxian"]
