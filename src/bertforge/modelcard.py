@@ -106,8 +106,9 @@ def _value(v: Any) -> str:
 
 def render(title: str, summary: str, pipeline_tag: str, metrics: dict[str, Any], settings: dict[str, Any],
            data: list[str], base_model: str | None = None, license: str | None = None,  # noqa: A002
-           load: str = "AutoModel") -> str:
-    """The card's text; ``base_model`` is the directory the model started from (see :func:`hub_id`)."""
+           load: str = "AutoModel", command: list[str] | None = None) -> str:
+    """The card's text; ``base_model`` is the directory the model started from (see :func:`hub_id`);
+    ``command``, the command line that made it (default: this process's)."""
     front = ["---", "library_name: transformers", f"pipeline_tag: {pipeline_tag}", "tags:", "- bert", "- bertforge"]
     if license:
         front.append(f"license: {license}")
@@ -121,8 +122,8 @@ def render(title: str, summary: str, pipeline_tag: str, metrics: dict[str, Any],
                   + (f" (license: {license}, carried over)." if license else "."), ""]
     lines += ["## Training data", ""] + [f"- `{shown_path(d)}`" for d in data if d] + [""]
     lines += ["## How it was made", ""]
-    if COMMAND:
-        lines += ["```bash", shown_command(COMMAND), "```", ""]
+    if command or COMMAND:
+        lines += ["```bash", shown_command(command or COMMAND), "```", ""]
     else:
         lines += ["Through bertforge's Python API, with the settings below.", ""]
     shown = {k: v for k, v in settings.items() if v not in (None, "", [])}

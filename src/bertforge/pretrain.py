@@ -6,8 +6,8 @@ Output folder layout::
 
     DIR/config.json, model.safetensors, vocab.txt, tokenizer.json, ...   the model (a Hugging Face BERT
                                                                           directory, refreshed at each save)
-    DIR/pretrain_config.json      the resolved configuration of the run, and the corpus it trains on (a
-                                  digest of its content: --resume refuses another)
+    DIR/pretrain_config.json      the resolved configuration of the run, the corpus it trains on (a digest
+                                  of its content: --resume refuses another) and the command that started it
     DIR/metrics.jsonl             one line per logging step ("type": "train") and per evaluation ("eval")
     DIR/metrics.json              the final figures
     DIR/train.log                 the log, with sample fill-mask predictions at each evaluation
@@ -58,7 +58,7 @@ from .objectives import OBJECTIVES, PretrainingObjective, objective_class
 from .objectives.mlm import new_head_said
 from .outputs import MODEL_FILES, register_output
 from .plots import plot_pretraining
-from .settings import CORPUS, recipe_said, saved_corpus, warn_if_schedule_changed
+from .settings import COMMAND, CORPUS, recipe_said, saved_command, saved_corpus, warn_if_schedule_changed
 from .tokenizer import check_vocab_fits, load_tokenizer, save_tokenizer, special_ids, train_vocabulary
 
 log = logging.getLogger("bertforge")
@@ -105,7 +105,9 @@ def pretrain(cfg: PretrainConfig, resume: bool = False, overwrite: bool = False)
                     objective.save_pretrained(cfg.out, tok)
                 else:
                     warn_if_schedule_changed(cfg.out, cfg)
-                atomic_write_json(os.path.join(cfg.out, CONFIG_FILE), {**cfg.to_dict(), CORPUS: corpus})
+                started_by = saved_command(cfg.out) if resume else modelcard.COMMAND  # (not the --resume's)
+                atomic_write_json(os.path.join(cfg.out, CONFIG_FILE),
+                                  {**cfg.to_dict(), CORPUS: corpus, COMMAND: started_by})
             d.barrier()
             t = cfg.train
             steps = t.max_steps or (data.loader.steps_in_epochs(t.epochs) if t.epochs else None)  # as run_mlm's
@@ -363,4 +365,5 @@ class Pretraining(TrainingRun):
                 "disc_accuracy_replaced", "disc_accuracy_original", "tokens_per_second")
         return modelcard.render(f"bertforge BERT ({cfg.out.rstrip('/').split('/')[-1]})", summary,
                                 self.objective.pipeline_tag, {k: final[k] for k in keys if k in final}, settings,
-                                list(dc.data), mc.init, modelcard.base_license(mc.init), load=load)
+                                list(dc.data), mc.init, modelcard.base_license(mc.init), load=load,
+                                command=saved_command(cfg.out))

@@ -43,6 +43,7 @@ from .files import read_json_object
 log = logging.getLogger("bertforge")
 
 CORPUS = "corpus"  # beside the settings in pretrain_config.json: what the run trains on (pretrain.corpus_identity)
+COMMAND = "command"  # and the command line that started the run (its model card's, when it is resumed)
 
 
 def progress_default(flag: bool | None) -> dict[str, bool]:
@@ -155,7 +156,7 @@ def _shown(value: Any) -> str:
 def _saved_pretraining(out: str) -> dict | None:
     """The settings a pretraining run saved in ``out`` (None when there are none)."""
     saved = _saved_run(out)
-    return None if saved is None else {k: v for k, v in saved.items() if k != CORPUS}
+    return None if saved is None else {k: v for k, v in saved.items() if k not in (CORPUS, COMMAND)}
 
 
 def saved_corpus(out: str) -> dict | None:
@@ -163,6 +164,13 @@ def saved_corpus(out: str) -> dict | None:
     saved = _saved_run(out)
     corpus = saved.get(CORPUS) if saved is not None else None
     return corpus if isinstance(corpus, dict) else None
+
+
+def saved_command(out: str) -> list[str] | None:
+    """The command line that started the run saved in ``out`` (:data:`COMMAND`; None when not recorded)."""
+    saved = _saved_run(out)
+    command = saved.get(COMMAND) if saved is not None else None
+    return command if isinstance(command, list) and all(isinstance(a, str) for a in command) else None
 
 
 def _saved_run(out: str) -> dict | None:
