@@ -129,7 +129,7 @@ def test_sigkill_and_resume_end_with_the_weights_of_the_uninterrupted_run(setup,
     assert [s for s, _ in list_checkpoints(str(killed))] == [6]  # fine-tuning keeps the newest alone
     assert main(_args(setup, killed, *RESUMABLE, model="dropout-model")) == 2  # a new run there: refused
     assert "already exists" in capsys.readouterr().err
-    assert main(_args(setup, killed, *RESUMABLE, "--lr", "2e-3", "--resume", model="dropout-model")) == 2
+    assert main(_args(setup, killed, *RESUMABLE, "--weight-decay", "0.5", "--resume", model="dropout-model")) == 2
     assert "--resume continues the run" in capsys.readouterr().err  # other settings than the checkpoint's: refused
     for other in (["--freeze-embeddings"], []):  # ... before anything is loaded: the checkpoints stay as they are
         other_model = "model" if not other else "dropout-model"

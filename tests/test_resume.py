@@ -213,19 +213,19 @@ def test_a_restarted_run_keeps_the_vocabulary_it_had_trained(inputs, tmp_path, c
     assert (out / "vocab.txt").read_text() == vocab
 
 
-def test_a_fine_tuning_resume_without_a_checkpoint_that_loads_is_refused(tmp_path, capsys):
-    """Fine-tuning builds its model from the checkpoint: with none that loads whole (its only one a link, set
-    aside), it is refused, never trained on from random weights."""
+def _interrupted_fine_tune(tmp_path) -> tuple[list[str], pathlib.Path]:
+    """(the command, its output) of a fine-tuning run stopped at its end, after its checkpoints."""
+    import bertforge.finetune as finetune_mod
+
     from .helpers import tiny_model_dir
 
     rows = [{"text": t, "label": "pos" if i % 2 else "neg"} for i, t in enumerate(TEXTS[:8])]
-    data = _corpus(tmp_path / "cls.jsonl", [])
+    data = tmp_path / "cls.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     model, out = tiny_model_dir(tmp_path / "model", TEXTS, vocab_size=60, kind="wordlevel"), tmp_path / "ft"
     argv = ["--quiet", "finetune", "classify", "--model", model, "--train", str(data), "--validation", str(data),
             "--out", str(out), "--max-seq-length", "32", "--batch-size", "4", "--epochs", "1", "--save-every", "1",
             "--no-progress"]
-    import bertforge.finetune as finetune_mod
 
     def stopped(*a, **k):
         raise KeyboardInterrupt  # the run stops at its end, after its checkpoints
@@ -233,6 +233,14 @@ def test_a_fine_tuning_resume_without_a_checkpoint_that_loads_is_refused(tmp_pat
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(finetune_mod, "finish", stopped)
         assert main(argv) == 130  # (Ctrl-C outside the training loop)
+    assert list_checkpoints(str(out))
+    return argv, out
+
+
+def test_a_fine_tuning_resume_without_a_checkpoint_that_loads_is_refused(tmp_path, capsys):
+    """Fine-tuning builds its model from the checkpoint: with none that loads whole (its only one a link, set
+    aside), it is refused, never trained on from random weights."""
+    argv, out = _interrupted_fine_tune(tmp_path)
     (step, path), = list_checkpoints(str(out))[-1:]
     shutil.move(path, tmp_path / "elsewhere")  # a link to a whole checkpoint: listed, but not the run's own
     os.symlink(tmp_path / "elsewhere", path)
@@ -240,3 +248,16 @@ def test_a_fine_tuning_resume_without_a_checkpoint_that_loads_is_refused(tmp_pat
     assert main([*argv, "--resume"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("error: ") and "nothing to resume" in err[-1], err  # (after the set-aside's warning)
+
+
+def test_a_fine_tuning_resume_may_change_the_schedule_and_says_so(tmp_path, capsys):
+    """As in pretraining: the schedule (epochs, learning rate...) may change on --resume, and the log says so;
+    another setting is refused, naming both values."""
+    argv, out = _interrupted_fine_tune(tmp_path)
+    capsys.readouterr()
+    assert main([*argv, "--resume", "--weight-decay", "0.5"]) == 2
+    assert "this command changes --weight-decay 0.01 -> 0.5" in capsys.readouterr().err
+    assert main([*argv, "--resume", "--epochs", "2", "--lr", "1e-3"]) == 0
+    err = capsys.readouterr().err
+    assert "resuming with --epochs 1 -> 2, --lr" in err, err
+    assert json.loads((out / "metrics.json").read_text())["epochs"][-1]["epoch"] == 2

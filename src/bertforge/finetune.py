@@ -38,6 +38,7 @@ from .engine import Engine, LinearSchedule
 from .errors import TrainingError, UserError, shown
 from .atomic import atomic_write_json
 from .lifecycle import TrainingRun, finish, locked_output, preflight, run_folder
+from .settings import SCHEDULE
 from .loading import pretrained_length
 from .ops.dropout import batch_keys
 from .outputs import MODEL_FILES, register_output
@@ -205,15 +206,20 @@ def data_content(features: list[dict], cfg: FinetuneConfig) -> dict[str, str | N
     return {"train": h.hexdigest(), "validation": val}
 
 
-def differences(saved: dict, now: dict, prefix: str = "") -> list[str]:
+def differences(saved: dict, now: dict, prefix: str = "") -> list[tuple[str, Any, Any]]:
+    """(dotted name, saved value, value now) of each setting that differs."""
     out = []
     for k in sorted(set(saved) | set(now)):
         a, b = saved.get(k), now.get(k)
         if isinstance(a, dict) and isinstance(b, dict):
             out += differences(a, b, f"{prefix}{k}.")
         elif a != b:
-            out.append(f"{prefix}{k} {b!r} (the checkpoint's: {a!r})")
+            out.append((f"{prefix}{k}", a, b))
     return out
+
+
+def _said(changes: list[tuple[str, Any, Any]]) -> str:
+    return ", ".join(f"--{name.split('.')[-1].replace('_', '-')} {shown(a)} -> {shown(b)}" for name, a, b in changes)
 
 
 class TaskLoss(torch.nn.Module):
@@ -340,10 +346,15 @@ class FineTuning(TrainingRun):
 
     def check_state(self, state: dict) -> None:
         changed = differences(state["settings"], self.settings)
-        if changed:
-            more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
+        schedule = [c for c in changed if c[0].startswith("train.") and c[0].split(".")[-1] in SCHEDULE]
+        refused = [c for c in changed if c not in schedule]
+        if refused:  # (the schedule alone may change, as in pretraining)
             raise UserError(f"--resume continues the run in {self.out} with its own settings; this command changes "
-                            + "; ".join(changed[:3]) + more)
+                            f"{_said(refused)}")
+        if schedule:
+            log.warning("resuming with %s: the learning-rate schedule is recomputed from this step on with the new "
+                        "values, so the run no longer reproduces an uninterrupted run of either setting",
+                        _said(schedule))
         saved = state.get("content")  # (None: a checkpoint from before data was recorded)
         if isinstance(saved, dict):
             changed = [f"--{what} {shown(getattr(self.cfg.data, what + '_file'))}" for what in ("train", "validation")
