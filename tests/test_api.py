@@ -183,3 +183,18 @@ def test_readers_refuse_what_they_cannot_read(name, argv, message, models, tmp_p
     assert rc == 2 and len(err) == 1 and err[0].startswith("error: "), (rc, err)
     assert re.search(message, err[0]), err[0]
     assert snapshot(d, tmp_path) == before
+
+
+def test_the_training_entry_points_take_paths(tmp_path):
+    """``pathlib.Path`` (any ``os.PathLike``) wherever a path goes, as transformers users write them."""
+    d = tmp_path
+    (d / "c.txt").write_text("the cat sat on the mat. a dog ran in the park.\n\n" * 30)
+    assert bertforge.train_tokenizer(d / "c.txt", d / "tok", vocab_size=40, model="wordlevel", min_frequency=1)
+    m = bertforge.run_pretraining(d / "pt", data=d / "c.txt", tokenizer=d / "tok", preset="tiny", max_seq_length=32,
+                                  batch_size=4, max_steps=1, eval_every=0, max_eval_instances=4)
+    assert m["steps"] == 1
+    rows = [{"text": "good movie", "label": "pos"}, {"text": "bad film", "label": "neg"}] * 4
+    (d / "cls.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    m = bertforge.run_finetuning("classify", d / "pt", d / "cls.jsonl", d / "cls.jsonl", d / "ft", epochs=1,
+                                 max_seq_length=16)
+    assert (d / "ft" / "model.safetensors").is_file() and "accuracy" in m

@@ -23,7 +23,7 @@ from .predict import pipeline
 
 
 @checked(vocab_size=1, min_frequency=0)
-def train_tokenizer(inputs: list[str] | str, out: str, vocab_size: int, model: str = "wordpiece", cased: bool = False,
+def train_tokenizer(inputs: list[str | os.PathLike] | str | os.PathLike, out: str | os.PathLike, vocab_size: int, model: str = "wordpiece", cased: bool = False,
                     min_frequency: int = 2, text_field: str = "text", doc_separator: str = "file",
                     overwrite: bool = False, progress: bool = False) -> dict:
     """``bertforge tokenizer train``: a WordPiece or word-level vocabulary trained on ``inputs``, written to
@@ -33,7 +33,7 @@ def train_tokenizer(inputs: list[str] | str, out: str, vocab_size: int, model: s
     from .config import DOC_SEPARATORS, TOKENIZER_MODELS
     from .tokenizer import train_to_folder
 
-    inputs = [inputs] if isinstance(inputs, str) else list(inputs)
+    inputs, out = _paths(inputs, listed=True), os.fspath(out)
     if model not in TOKENIZER_MODELS or doc_separator not in DOC_SEPARATORS:
         raise UserError(f"model must be one of {TOKENIZER_MODELS} and doc_separator one of {DOC_SEPARATORS}")
     tok = train_to_folder(inputs, out, vocab_size, model, not cased, min_frequency, text_field, doc_separator,
@@ -48,20 +48,23 @@ def train_tokenizer(inputs: list[str] | str, out: str, vocab_size: int, model: s
 
 
 @checked
-def run_pretraining(out: str, data: list[str] | str | None = None, resume: bool = False, overwrite: bool = False,
-                    config: str | None = None, **settings: Any) -> dict:
+def run_pretraining(out: str | os.PathLike, data: list[str | os.PathLike] | str | os.PathLike | None = None,
+                    resume: bool = False, overwrite: bool = False, config: str | os.PathLike | None = None,
+                    **settings: Any) -> dict:
     """``bertforge pretrain``: settings by their flag names (``preset``, ``tokenizer``, ``max_steps``,
     ``max_time="30m"``, ``batch_size``, ``lr``, ...), over a YAML/JSON ``config`` file if given, over the
     saved configuration on ``resume``.  Returns the final metrics (also in ``out/metrics.json``)."""
     from .pretrain import pretrain
     from .settings import pretrain_settings
 
+    out, data, config, settings = _paths(out), _paths(data, listed=True), _paths(config), _paths(settings)
     return pretrain(pretrain_settings(out, data, resume, config, **settings), resume=resume, overwrite=overwrite)
 
 
 @checked
-def run_finetuning(task: str, model: str = "", train: str = "", validation: str = "", out: str = "",
-                   overwrite: bool = False, resume: bool = False, config: str | None = None, **settings: Any) -> dict:
+def run_finetuning(task: str, model: str | os.PathLike = "", train: str | os.PathLike = "",
+                   validation: str | os.PathLike = "", out: str | os.PathLike = "", overwrite: bool = False,
+                   resume: bool = False, config: str | os.PathLike | None = None, **settings: Any) -> dict:
     """``bertforge finetune classify|squad``: settings by their flag names (``epochs``, ``lr``,
     ``batch_size``, ``max_seq_length``, ``text_column``, ``doc_stride``, ...) over a YAML/JSON ``config``
     file if given (or a run's ``finetune_config.json``), the task's own defaults for the rest; ``resume``
@@ -71,7 +74,8 @@ def run_finetuning(task: str, model: str = "", train: str = "", validation: str 
     from .settings import finetune_settings
     from .tasks import TASKS
 
-    cfg, task_settings = finetune_settings(task, model, train, validation, out, config, **settings)
+    model, train, validation, out, config = (_paths(p) for p in (model, train, validation, out, config))
+    cfg, task_settings = finetune_settings(task, model, train, validation, out, config, **_paths(settings))
     return finetune(TASKS[task](task_settings), cfg, overwrite=overwrite, resume=resume)
 
 
@@ -145,3 +149,14 @@ def evaluate_mlm(model: str | os.PathLike, data: list[str] | str, max_seq_length
 
 __all__ = ["evaluate_classifier", "evaluate_mlm", "evaluate_squad", "pipeline", "run_finetuning", "run_pretraining",
            "train_tokenizer"]
+
+
+def _paths(value: Any, listed: bool = False) -> Any:
+    """Paths as strings, as the settings hold them: ``value`` itself, each item of a list, each value of a dict
+    (``pathlib.Path`` or any ``os.PathLike``); with ``listed``, one path becomes a list of one."""
+    if isinstance(value, dict):
+        return {k: _paths(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_paths(v) for v in value]
+    value = os.fspath(value) if isinstance(value, os.PathLike) else value
+    return [value] if listed and isinstance(value, str) else value
