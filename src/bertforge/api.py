@@ -23,9 +23,9 @@ from .predict import pipeline
 
 
 @checked(vocab_size=1, min_frequency=0)
-def train_tokenizer(inputs: list[str | os.PathLike] | str | os.PathLike, out: str | os.PathLike, vocab_size: int, model: str = "wordpiece", cased: bool = False,
-                    min_frequency: int = 2, text_field: str = "text", doc_separator: str = "file",
-                    overwrite: bool = False, progress: bool = False) -> dict:
+def train_tokenizer(inputs: list[str | os.PathLike] | str | os.PathLike, out: str | os.PathLike, vocab_size: int,
+                    model: str = "wordpiece", cased: bool = False, min_frequency: int = 2, text_field: str = "text",
+                    doc_separator: str = "file", overwrite: bool = False, progress: bool = False) -> dict:
     """``bertforge tokenizer train``: a WordPiece or word-level vocabulary trained on ``inputs``, written to
     ``out`` (a folder transformers' ``AutoTokenizer`` loads).  Returns its size and kind."""
     import logging
