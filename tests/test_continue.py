@@ -144,3 +144,19 @@ def test_a_missing_masked_lm_head_starts_tied_at_berts_initialisation_and_the_lo
         ln = head.transform.LayerNorm
         assert bool((ln.weight == 1).all()) and not ln.bias.any()
         assert "decoder tied to the word embeddings" in new_head_said(model, path)
+
+
+def test_the_log_says_that_a_new_models_starting_values_are_not_used_with_init(inputs, tmp_path):
+    # --init with --recipe budget (or --position-init sinusoidal) said "position_init sinusoidal" as if the run had
+    # started from sines: a model from --init starts from its own weights
+    from bertforge.settings import recipe_said
+
+    init, data, out = str(inputs / "headed"), str(inputs / "corpus.jsonl"), str(tmp_path / "o")
+    config = BertConfig.load(init)
+    said = recipe_said(pretrain_settings(out, data, init=init, recipe="budget"), config)
+    assert "position_init sinusoidal (not used: --init's model starts from its own weights)" in said, said
+    assert "attention_init local (not used: --init's model starts from its own weights)" in said, said
+    said = recipe_said(pretrain_settings(out, data, init=init, position_init="sinusoidal"), config)
+    assert "position_init sinusoidal (the recipe's: normal; not used: --init's model" in said, said
+    assert "not used" not in recipe_said(pretrain_settings(out, data, init=init), config)
+    assert "not used" not in recipe_said(pretrain_settings(out, data), config)  # a new model starts from them

@@ -207,6 +207,13 @@ CASES = [
                               "--max-steps", "1", "--no-progress", "--out", "{t}/o"],
      "--add-vocab extends a WordPiece vocabulary; the tokenizer of .*model' is word-level"),
     ("resume-add-vocab", ["pretrain", "--out", "{w}/run", "--resume", "--add-vocab", "5"], "--add-vocab None -> 5"),
+    # continued pretraining and --add-vocab: found by hostile testing
+    ("init-and-model-config", ["pretrain", "--data", "{w}/corpus.jsonl", "--init", "{w}/model", "--model-config",
+                               "{w}/run/config.json", "--max-steps", "1", "--out", "{t}/o"],
+     "--model-config '.*run/config.json' describes a new model, and --init '.*model' has its own; give one of them"),
+    ("init-whose-tokenizer-is-smaller", ["pretrain", "--data", "{w}/corpus.jsonl", "--init", "{w}/mismatch", "--max-steps", "1",
+                                         "--no-progress", "--out", "{t}/o"],
+     "--init '.*mismatch': its tokenizer and its model: the tokenizer has 12 tokens .* do not belong together"),
 ]
 
 

@@ -16,7 +16,7 @@ from bertforge import BertConfig
 from bertforge.cli import main
 from bertforge.model import BertForMaskedLM
 from bertforge.tokenizer import load_tokenizer, vocab_tokens
-from bertforge.vocabulary import extend_tokenizer, new_tokens, old_pieces
+from bertforge.vocabulary import check_extensible, extend_tokenizer, new_tokens, old_pieces
 
 DOMAIN = ["The zorblaxian fleet met the zorblaxian envoys near Qwertonia.",
           "Qwertonia trades with every zorblaxian colony; Qwertonia is rich.",
@@ -110,3 +110,44 @@ def test_candidates_are_the_most_used_pieces_the_vocabulary_lacks(minilm_dir):
     assert found[:2] == ["zorblaxian", "qwertonia"] and "blorp" in found and "glimzat" not in found
     assert not set(found) & set(old.get_vocab())
     assert new_tokens(old, texts, 1) == ["zorblaxian"]
+
+
+def test_a_number_beyond_any_corpus_gives_what_the_data_holds(minilm_dir):
+    # the trainer reserves room for its whole target: --add-vocab 10**12 aborted the process, 10**20 overflowed
+    old = load_tokenizer(minilm_dir)
+    texts = DOMAIN * 3
+    assert new_tokens(old, texts, 10**12) == new_tokens(old, texts, 10**20) == new_tokens(old, texts, 100)
+
+
+def test_ids_without_a_token_are_refused_or_said(minilm_dir, tmp_path, caplog):
+    # an id without a token (or a token past the model's rows) was taken as one more token: --add-vocab then gave
+    # an old id to a new token, and a run without it trained on ids beyond the embedding matrix
+    from bertforge.errors import UserError
+
+    (tmp_path / "gap").mkdir()
+    state = json.loads(pathlib.Path(minilm_dir, "tokenizer.json").read_text())
+    vocab = state["model"]["vocab"]
+    del vocab[next(t for t, i in vocab.items() if i == 7)]
+    vocab["zorblaxian"] = len(vocab) + 1
+    (tmp_path / "gap" / "tokenizer.json").write_text(json.dumps(state))
+    with pytest.raises(UserError, match="ids are not 0 to 30521, one token each \\(no token has id 7"):
+        load_tokenizer(str(tmp_path / "gap"))
+    (tmp_path / "dup").mkdir()
+    lines = pathlib.Path(minilm_dir, "vocab.txt").read_text().split("\n")
+    lines[5] = "the"
+    (tmp_path / "dup" / "vocab.txt").write_text("\n".join(lines))
+    tok = load_tokenizer(str(tmp_path / "dup"))  # read as transformers reads it, and said
+    assert "lists 'the' twice (lines 6 and 1997): id 5 has no token" in caplog.text
+    with pytest.raises(UserError, match="an id without a token"):  # but never extended over the hole
+        check_extensible(tok, "its tokenizer")
+
+
+def test_a_config_files_whole_number_written_as_a_float_is_an_integer(tmp_path):
+    # "add_vocab: 2.0" passed validation as an integer and then reached the trainer as a float (a traceback)
+    from bertforge.settings import pretrain_settings
+
+    (tmp_path / "run.yaml").write_text("init: model\nadd_vocab: 2.0\nmax_steps: 3.0\n")
+    cfg = pretrain_settings(str(tmp_path / "o"), ["corpus.txt"], config=str(tmp_path / "run.yaml"))
+    cfg.validate()
+    assert (cfg.model.add_vocab, cfg.train.max_steps) == (2, 3)
+    assert type(cfg.model.add_vocab) is int and type(cfg.train.max_steps) is int

@@ -234,6 +234,9 @@ def validate_fields(obj: Any) -> None:
                 raise UserError(f"{flag_of(f)} must be {kind}, not {shown(v)}")
             if not math.isfinite(v):
                 raise UserError(f"{flag_of(f)} must be a finite number, not {shown(v)}")
+            if base == "int" and isinstance(v, float):  # a config file's 2.0: the 2 that the code after takes
+                v = int(v)
+                setattr(obj, f.name, v)
             check = f.metadata.get("check")
             if check and not CHECKS[check][0](v):
                 raise UserError(f"{flag_of(f)} must be {CHECKS[check][1]}, not {shown(v)}")
@@ -430,6 +433,9 @@ class PretrainModelConfig:
                             "with --position-init normal, pass --attention-init normal too")
         if self.add_vocab is not None and not self.init:
             raise UserError("--add-vocab extends the vocabulary of the model that --init names; pass --init MODEL")
+        if self.init and self.model_config:  # a new model's architecture: --init's is its own config.json
+            raise UserError(f"--model-config {shown(self.model_config)} describes a new model, and --init "
+                            f"{shown(self.init)} has its own; give one of them")
 
 
 # ------------------------------------------------------------------------------------------------ recipes

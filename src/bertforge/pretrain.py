@@ -169,7 +169,7 @@ def extended_tokenizer(cfg: PretrainConfig, tok: Tokenizer, d: Dist) -> Tokenize
     appended to its vocabulary (:mod:`bertforge.vocabulary`); build_objective grows the model to match."""
     mc, dc = cfg.model, cfg.data
     vocabulary.check_extensible(tok, f"the tokenizer of {shown(dc.tokenizer or mc.init)}")
-    check_vocab_fits(tok, BertConfig.load(mc.init).vocab_size, "--tokenizer and the model")
+    check_vocab_fits(tok, BertConfig.load(mc.init).vocab_size, _vocab_pair(cfg))
     text = None
     if d.is_main:  # Pretraining.train says what was added, in train.log
         log.info("looking in the data for up to %d words and subwords that the vocabulary lacks", mc.add_vocab)
@@ -215,11 +215,18 @@ def prepare_model_config(cfg: PretrainConfig, tok: Tokenizer, resume: bool) -> B
         config = BertConfig.preset(mc.preset, vocab_size=tok.get_vocab_size(with_added_tokens=True))
     if mc.add_vocab and not resume:  # --init's model, grown to the extended vocabulary by build_objective
         config.vocab_size = tok.get_vocab_size(with_added_tokens=True)
-    check_vocab_fits(tok, config.vocab_size, "--tokenizer and the model")
+    check_vocab_fits(tok, config.vocab_size, "--tokenizer and the model" if resume else _vocab_pair(cfg))
     if cfg.data.max_seq_length > config.max_position_embeddings:
         raise UserError(f"--max-seq-length {cfg.data.max_seq_length} exceeds the model's max_position_embeddings "
                         f"{config.max_position_embeddings}")
     return config
+
+
+def _vocab_pair(cfg: PretrainConfig) -> str:
+    """Whose tokenizer and model an error about their vocabularies names: --init's own when no --tokenizer is given."""
+    if cfg.model.init and not cfg.data.tokenizer:
+        return f"--init {shown(cfg.model.init)}: its tokenizer and its model"
+    return "--tokenizer and the model"
 
 
 def build_objective(cfg: PretrainConfig, config: BertConfig, resume: bool,

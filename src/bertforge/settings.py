@@ -84,6 +84,9 @@ def default_recipe(given: dict[str, Any]) -> Any:
     return RECIPE_WITH_INIT if given.get("init") else "budget"
 
 
+NEW_MODEL_ONLY = ("position_init", "attention_init")  # a new model's starting values: none applies to --init's
+
+
 def recipe_said(cfg: PretrainConfig, config: BertConfig) -> str:
     """The run's recipe and the values it trains with, for the log: each setting the recipe decides, marked
     where a flag or a config file changed the recipe's value; ``config``, the model's, says what "the model's
@@ -94,10 +97,10 @@ def recipe_said(cfg: PretrainConfig, config: BertConfig) -> str:
     for name, value in RECIPES.get(cfg.recipe, {}).items():
         holder, f = index[name]
         now = getattr(holder, f.name)
-        part = f"{name} {models if now is None else _shown(now)}"
-        if now != value:
-            part += " (the recipe's: " + ("the model's" if value is None else _shown(value)) + ")"
-        parts.append(part)
+        notes = [] if now == value else ["the recipe's: " + ("the model's" if value is None else _shown(value))]
+        if name in NEW_MODEL_ONLY and cfg.model.init and now != "normal":
+            notes.append("not used: --init's model starts from its own weights")
+        parts.append(f"{name} {models if now is None else _shown(now)}" + (f" ({'; '.join(notes)})" if notes else ""))
     return f"the {cfg.recipe} recipe: {', '.join(parts)}"
 
 

@@ -16,6 +16,7 @@ bert-base-uncased has them at 0, 100-103.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -32,7 +33,7 @@ from tokenizers import (
 from tokenizers.models import WordLevel, WordPiece
 
 from .atomic import atomic_dir
-from .errors import UserError, require_type
+from .errors import UserError, require_type, shown
 from .files import read_json_object, read_text
 from .outputs import (MODEL_FILES, OutputLock, check_inputs_outside, check_output, recover_beside, register_output,
                       write_marker)
@@ -256,7 +257,29 @@ def load_tokenizer(path: str) -> Tokenizer:
     else:
         raise UserError(f"no tokenizer in {path}: expected tokenizer.json or vocab.txt")
     special_ids(tok)  # fail early on a vocabulary without BERT's special tokens
+    _check_ids(tok, tok_json if tok_json and os.path.isfile(tok_json) else vocab_txt)
     return tok
+
+
+def _check_ids(tok: Tokenizer, path: str) -> None:
+    """A BERT vocabulary's ids are 0 ... n-1, one token each (vocab.txt's lines): an id without a token, or a token
+    beyond the n rows of the model, would be an embedding row that no token or no row has."""
+    ids = sorted(tok.get_vocab(with_added_tokens=True).values())
+    if ids == list(range(len(ids))):
+        return
+    if path.endswith(".txt"):  # from_vocab kept a repeated line's last id, as transformers' tokenizers do
+        lines = _read_vocab_txt(path)
+        first: dict[str, int] = {}
+        for i, t in enumerate(lines, 1):
+            if t in first:  # (some published vocabularies repeat a line: read as transformers reads them)
+                logging.getLogger("bertforge").warning(
+                    "%s lists %s twice (lines %d and %d): id %d has no token, as in transformers", path, shown(t),
+                    first[t], i, first[t] - 1)
+                return
+            first[t] = i
+    gap = next(i for i, j in enumerate(ids) if i != j)
+    raise UserError(f"{path}: the vocabulary's ids are not 0 to {len(ids) - 1}, one token each (no token has id {gap}, "
+                    f"the largest is {ids[-1]})")
 
 
 def encode_batch(tok: Tokenizer, texts: list[str], add_special_tokens: bool = False) -> list[list[int]]:

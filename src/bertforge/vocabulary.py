@@ -47,6 +47,10 @@ def check_extensible(tok: Tokenizer, where: str) -> None:
     """Only a WordPiece vocabulary with ``##`` continuations is extended."""
     if model_kind(tok) != "wordpiece":
         raise UserError(f"--add-vocab extends a WordPiece vocabulary; {where} is word-level")
+    ids = sorted(tok.get_vocab(with_added_tokens=True).values())
+    if ids != list(range(len(ids))):  # new entries take the ids after the old: each old id must have its token
+        raise UserError(f"--add-vocab extends a vocabulary whose ids are 0 to n-1, one token each; {where} has "
+                        "an id without a token (a line repeated in its vocab.txt?)")
     prefix = json.loads(tok.to_str())["model"].get("continuing_subword_prefix")
     if prefix != PREFIX:
         raise UserError(f"--add-vocab extends a WordPiece vocabulary with ## continuations; {where} marks them "
@@ -59,7 +63,10 @@ def new_tokens(tok: Tokenizer, texts: Iterable[str], n: int, show_progress: bool
     trained = Tokenizer(WordPiece(unk_token=UNK, continuing_subword_prefix=PREFIX, max_input_chars_per_word=100))
     trained.normalizer, trained.pre_tokenizer = tok.normalizer, tok.pre_tokenizer
     size = tok.get_vocab_size(with_added_tokens=True)
-    trainer = trainers.WordPieceTrainer(vocab_size=size + n, min_frequency=MIN_USES, special_tokens=SPECIAL_TOKENS,
+    # no more than SAMPLE_CHARS // MIN_USES entries can be used MIN_USES times in the sample: a larger n asks the
+    # trainer for nothing more, and it reserves room for the whole target (10**12 aborts the process)
+    target = size + min(n, SAMPLE_CHARS // MIN_USES)
+    trainer = trainers.WordPieceTrainer(vocab_size=target, min_frequency=MIN_USES, special_tokens=SPECIAL_TOKENS,
                                         continuing_subword_prefix=PREFIX, limit_alphabet=1000,
                                         show_progress=show_progress)
     trained.train_from_iterator(_keeping_sample(texts, sample), trainer=trainer)
