@@ -261,3 +261,18 @@ def test_a_fine_tuning_resume_may_change_the_schedule_and_says_so(tmp_path, caps
     err = capsys.readouterr().err
     assert "resuming with --epochs 1 -> 2, --lr" in err, err
     assert json.loads((out / "metrics.json").read_text())["epochs"][-1]["epoch"] == 2
+
+
+def test_a_run_from_init_resumes_without_its_base_model(tmp_path, capsys):
+    """A checkpoint holds all that a resumed run needs: the --init folder may have moved since."""
+    from .helpers import tiny_model_dir
+
+    base = tiny_model_dir(tmp_path / "base", TEXTS, vocab_size=60)
+    data, out = _corpus(tmp_path / "c.jsonl", TEXTS), tmp_path / "run"
+    assert main(["--quiet", "pretrain", "--init", base, "--data", str(data), "--out", str(out), "--max-seq-length",
+                 "32", "--batch-size", "4", "--max-steps", "2", "--save-every", "1", "--eval-every", "0",
+                 "--max-eval-instances", "4", "--no-progress"]) == 0
+    shutil.move(base, tmp_path / "moved")
+    assert main(["--quiet", "pretrain", "--out", str(out), "--resume", "--max-steps", "3", "--no-progress"]) == 0, \
+        capsys.readouterr().err
+    assert json.loads((out / "metrics.json").read_text())["steps"] == 3
