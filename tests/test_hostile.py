@@ -214,6 +214,8 @@ CASES = [
     ("init-whose-tokenizer-is-smaller", ["pretrain", "--data", "{w}/corpus.jsonl", "--init", "{w}/mismatch", "--max-steps", "1",
                                          "--no-progress", "--out", "{t}/o"],
      "--init '.*mismatch': its tokenizer and its model: the tokenizer has 12 tokens .* do not belong together"),
+    ("init-without-weights", ["pretrain", "--data", "{w}/corpus.jsonl", "--init", "{w}/tok", "--max-steps", "1",
+                              "--no-progress", "--out", "{t}/o"], "no model.safetensors in .*tok$"),
 ]
 
 

@@ -117,6 +117,15 @@ def read_state_dict(path: str) -> dict[str, torch.Tensor]:
             return sd
     except (SafetensorError, OSError, ValueError, KeyError) as e:
         raise UserError(f"cannot read weights in {path}: {e}") from None
+    require_weights(path)
+    raise UserError(f"no model.safetensors in {path}")
+
+
+def require_weights(path: str) -> None:
+    """Raise UserError unless the model directory ``path`` holds safetensors weights (checked before a run
+    reads its data, so that a folder without them fails at once)."""
+    if os.path.isfile(os.path.join(path, WEIGHTS_NAME)) or os.path.isfile(os.path.join(path, WEIGHTS_INDEX_NAME)):
+        return
     if any(os.path.isfile(os.path.join(path, n)) for n in ("pytorch_model.bin", "tf_model.h5", "flax_model.msgpack")):
         raise UserError(
             f"{path} has no model.safetensors; bertforge reads safetensors only (pickled weights can run code). "

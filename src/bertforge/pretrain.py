@@ -129,8 +129,10 @@ def check_run(cfg: PretrainConfig, resume: bool, overwrite: bool = False) -> Non
               overwrite, resume, started=started)
     cfg.validate(resume)
     objective_class(m.objective).check(cfg, resume)
-    if m.init and not os.path.isdir(m.init) and not (resume and ckpt.list_checkpoints(cfg.out)):
-        raise UserError(f"--init directory not found: {m.init}")  # (a checkpoint holds all a resumed run needs)
+    if m.init and not (resume and ckpt.list_checkpoints(cfg.out)):  # (a checkpoint holds all a resumed run needs)
+        if not os.path.isdir(m.init):
+            raise UserError(f"--init directory not found: {m.init}")
+        ckpt.require_weights(m.init)  # before the data is read
 
 
 # ------------------------------------------------------------------------------------------------ set-up
