@@ -161,12 +161,12 @@ def test_whole_word_masking(gutenberg):
 
 def test_cache_is_reused_and_keyed(small_text_corpus, story_tokenizer, tmp_path, monkeypatch):
     c1 = build_corpus([str(small_text_corpus)], story_tokenizer, cache_dir=str(tmp_path))
-    import bertforge.data as data
+    import bertforge.prepared as prepared
 
     def boom(*a, **k):
         raise AssertionError("tokenized again")
 
-    monkeypatch.setattr(data, "iter_documents", boom)
+    monkeypatch.setattr(prepared, "read_part", boom)
     c2 = build_corpus([str(small_text_corpus)], story_tokenizer, cache_dir=str(tmp_path))
     assert c2.folder == c1.folder and np.array_equal(c1.tokens, c2.tokens)
     other = train_vocabulary(iter_texts([str(small_text_corpus)]), 200, kind="wordlevel")
@@ -209,22 +209,22 @@ def test_cache_sees_a_file_rewritten_with_its_size_and_time_kept(tmp_path, story
 
 
 def _damage_truncated(folder):
-    p = folder / "tokens.bin"
+    p = folder / "shards" / "00000" / "tokens.bin"
     p.write_bytes(p.read_bytes()[:-6])
 
 
 def _damage_garbage(folder):
-    p = folder / "tokens.bin"
+    p = folder / "shards" / "00000" / "tokens.bin"
     p.write_bytes(bytes(len(p.read_bytes())))  # zeros of the right size, as a crash can leave a file
 
 
 def _damage_sentence_ends(folder):
-    p = folder / "sent_ends.bin"
+    p = folder / "shards" / "00000" / "sent_ends.bin"
     p.write_bytes(np.random.default_rng(0).integers(0, 9, len(p.read_bytes()), dtype=np.uint8).tobytes())
 
 
 def _damage_meta(folder):
-    p = folder / "meta.json"
+    p = folder / "manifest.json"
     p.write_text(p.read_text()[:40])
 
 
@@ -247,40 +247,45 @@ def test_a_damaged_cache_entry_is_moved_aside_and_built_again(damage, small_text
 
 
 def test_what_a_killed_build_left_is_removed(small_text_corpus, tmp_path):
-    """A build killed midway (SIGKILL: no clean-up ran) leaves a temporary folder; the next build removes it."""
+    """A build killed midway (SIGKILL: no clean-up ran) leaves an unfinished entry with a half-written shard; the
+    next build finishes it and removes what the killed one was writing."""
     import subprocess
     import sys
 
     cache = tmp_path / "c"
     script = (
         "import os, signal, sys\n"
-        "import bertforge.data as data\n"
+        "import bertforge.data as data, bertforge.prepared as prepared\n"
         "from bertforge.corpus import iter_texts\n"
         "from bertforge.tokenizer import train_vocabulary\n"
         "path, cache = sys.argv[1:]\n"
         "tok = train_vocabulary(iter_texts([path]), 600, kind='wordlevel')  # the same in both processes\n"
-        "real = data.iter_documents\n"
+        "real = prepared.read_part\n"
         "def killed(*a, **k):\n"
         "    for i, doc in enumerate(real(*a, **k)):\n"
         "        if i == 50:\n"
         "            os.kill(os.getpid(), signal.SIGKILL)\n"
         "        yield doc\n"
         "if os.environ.get('KILL'):\n"
-        "    data.iter_documents = killed\n"
-        "data.build_corpus([path], tok, cache_dir=cache, batch_sentences=16)\n"
+        "    prepared.read_part = killed\n"
+        "    prepared.BATCH_SENTENCES = 16\n"
+        "data.build_corpus([path], tok, cache_dir=cache, workers=1)\n"
     )
     run = [sys.executable, "-c", script, str(small_text_corpus), str(cache)]
     killed = subprocess.run(run, env={**os.environ, "KILL": "1"}, capture_output=True, timeout=120)
-    assert killed.returncode == -9 and [p.name for p in cache.iterdir() if "tmp-" in p.name]  # half-written
+    entry = next(p for p in cache.iterdir() if p.name.startswith("corpus-"))
+    assert killed.returncode == -9 and not (entry / "manifest.json").exists()
+    assert [p.name for p in (entry / "shards").iterdir() if ".tmp-" in p.name]  # half-written
     assert subprocess.run(run, capture_output=True, timeout=120).returncode == 0
-    assert not [p.name for p in cache.iterdir() if p.name.startswith(".")]  # no temporary folder, no lock
-    assert len(list(cache.iterdir())) == 1
+    assert not [p.name for p in cache.iterdir() if p.name.startswith(".")]  # no lock left
+    assert not [p.name for p in (entry / "shards").iterdir() if p.name.startswith(".")]
+    assert len(list(cache.iterdir())) == 1 and (entry / "manifest.json").exists()
 
 
 def test_a_cache_that_cannot_be_written_is_one_error(tmp_path, story_tokenizer, monkeypatch):
     import errno
 
-    import bertforge.data as data
+    import bertforge.prepared as prepared
 
     paths = _texts(tmp_path, "a.txt", "Tom went to the park. He saw a dog.\n")
     (tmp_path / "file").write_text("not a folder\n")
@@ -290,7 +295,7 @@ def test_a_cache_that_cannot_be_written_is_one_error(tmp_path, story_tokenizer, 
     def disk_full(self, data):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(data._Summed, "write", disk_full)
+    monkeypatch.setattr(prepared._Summed, "write", disk_full)
     with pytest.raises(UserError, match="cannot write the tokenized-corpus cache .*: No space left on device"):
         build_corpus(paths, story_tokenizer, cache_dir=str(tmp_path / "c"))
     assert os.listdir(tmp_path / "c") == []  # nothing half-written, no lock

@@ -1,8 +1,8 @@
 """bertforge: pretrain BERT from scratch and fine-tune it, in PyTorch.
 
-The Python API mirrors the commands (:mod:`bertforge.api`): :func:`train_tokenizer`, :func:`run_pretraining`,
-:func:`run_finetuning`, :func:`evaluate_classifier`, :func:`evaluate_squad` and :func:`pipeline`; the model
-classes load and save Hugging Face BERT directories (``from_pretrained`` / ``save_pretrained``).
+The Python API mirrors the commands (:mod:`bertforge.api`): :func:`train_tokenizer`, :func:`prepare`,
+:func:`run_pretraining`, :func:`run_finetuning`, :func:`evaluate_classifier`, :func:`evaluate_squad` and
+:func:`pipeline`; the model classes load and save Hugging Face BERT directories (``from_pretrained`` / ``save_pretrained``).
 """
 
 from .api import (
@@ -10,6 +10,7 @@ from .api import (
     evaluate_mlm,
     evaluate_squad,
     pipeline,
+    prepare,
     run_finetuning,
     run_pretraining,
     train_tokenizer,
@@ -39,6 +40,7 @@ __all__ = [
     "load_tokenizer",
     "pipeline",
     "train_tokenizer",
+    "prepare",
     "run_pretraining",
     "run_finetuning",
     "evaluate_classifier",

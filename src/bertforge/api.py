@@ -47,6 +47,30 @@ def train_tokenizer(inputs: list[str | os.PathLike] | str | os.PathLike, out: st
     return {"vocab_size": size, "model": model, "out": out}
 
 
+@checked(workers=1)
+def prepare(data: list[str | os.PathLike] | str | os.PathLike, tokenizer: str | os.PathLike, out: str | os.PathLike,
+            workers: int | None = None, text_field: str = "text", doc_separator: str = "file", dedup: bool = False,
+            overwrite: bool = False, progress: bool | None = None) -> dict:
+    """``bertforge prepare``: ``data`` read, split into sentences and tokenized by ``workers`` processes (default:
+    the cores this process may use) into token shards in ``out``, which ``run_pretraining(data=out)`` trains from
+    with no tokenization; run again, it finishes what a killed run left.  Returns the manifest's totals."""
+    from .config import DOC_SEPARATORS, progress_shown
+    from .outputs import check_inputs_outside, check_output
+    from .prepared import Reading, prepare_corpus
+    from .tokenizer import load_tokenizer
+
+    data, out, tokenizer = _paths(data, listed=True), os.fspath(out), os.fspath(tokenizer)
+    if doc_separator not in DOC_SEPARATORS:
+        raise UserError(f"doc_separator must be one of {DOC_SEPARATORS}")
+    check_output(out, "prepared", resume=True)
+    check_inputs_outside(out, data)
+    corpus = prepare_corpus(data, load_tokenizer(tokenizer), out, Reading(text_field, doc_separator, dedup=dedup),
+                            workers, progress_shown(progress), overwrite)
+    m = corpus.meta
+    return {"out": out, "documents": m["documents"], "sentences": m["sentences"], "tokens": m["tokens"],
+            "shards": len(m["shards"]), "duplicates": m["duplicates"]}
+
+
 @checked
 def run_pretraining(out: str | os.PathLike, data: list[str | os.PathLike] | str | os.PathLike | None = None,
                     resume: bool = False, overwrite: bool = False, config: str | os.PathLike | None = None,
@@ -147,8 +171,8 @@ def evaluate_mlm(model: str | os.PathLike, data: list[str] | str, max_seq_length
             "seed": seed}
 
 
-__all__ = ["evaluate_classifier", "evaluate_mlm", "evaluate_squad", "pipeline", "run_finetuning", "run_pretraining",
-           "train_tokenizer"]
+__all__ = ["evaluate_classifier", "evaluate_mlm", "evaluate_squad", "pipeline", "prepare", "run_finetuning",
+           "run_pretraining", "train_tokenizer"]
 
 
 def _paths(value: Any, listed: bool = False) -> Any:

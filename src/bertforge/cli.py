@@ -200,6 +200,38 @@ def cmd_tokenizer_train(a: argparse.Namespace) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------------------------------ prepare
+def cmd_prepare(a: argparse.Namespace) -> int:
+    from .api import prepare
+
+    found = prepare(a.data, a.tokenizer, a.out, a.workers, a.text_field or "text", a.doc_separator or "file",
+                    a.dedup, a.overwrite, progress=False if a.no_progress else None)
+    dup = found["duplicates"]
+    print(f"{found['out']}: {found['documents']:,} documents, {found['sentences']:,} sentences, "
+          f"{found['tokens']:,} tokens in {found['shards']} shards; exact duplicates: {dup['documents']:,} documents, "
+          f"{dup['paragraphs']:,} paragraphs ({'dropped' if dup['dropped'] else 'kept: --dedup drops them'})")
+    return 0
+
+
+def _add_prepare_parser(sub) -> None:
+    from .config import PretrainDataConfig
+
+    pp = sub.add_parser("prepare", help="tokenize a corpus once into shards that pretraining runs reuse")
+    pp.add_argument("--data", nargs="+", required=True, metavar="PATH",
+                    help="the corpus: .txt/.jsonl/.gz/.parquet files, directories, globs, hf:NAME")
+    pp.add_argument("--tokenizer", required=True, help="tokenizer or model directory, or vocab.txt")
+    pp.add_argument("--out", required=True, help="the prepared folder (run again: finishes what a killed run left)")
+    pp.add_argument("--workers", type=positive_int, help="processes that read and tokenize (default: the cores "
+                                                         "this process may use)")
+    pp.add_argument("--dedup", action="store_true", help="drop exact duplicate documents, then paragraphs (always "
+                                                         "counted in the manifest)")
+    pp.add_argument("--overwrite", action="store_true", help="replace a folder prepared from other inputs or "
+                                                             "settings")
+    pp.add_argument("--no-progress", action="store_true", help="log lines instead of a progress bar")
+    add_setting_flags(pp, PretrainDataConfig(), only=("text_field", "doc_separator"))
+    pp.set_defaults(func=cmd_prepare)
+
+
 # ------------------------------------------------------------------------------------------------ pretrain
 def _add_pretrain_args(p: argparse.ArgumentParser) -> None:
     from .config import RECIPES, PretrainConfig
@@ -517,6 +549,8 @@ def build_parser() -> argparse.ArgumentParser:
     tt.add_argument("--min-frequency", type=non_negative_int, default=2)
     add_setting_flags(tt, PretrainDataConfig(), only=("text_field", "doc_separator"))
     tt.set_defaults(func=cmd_tokenizer_train)
+
+    _add_prepare_parser(sub)
 
     pt = sub.add_parser("pretrain", help="pretrain BERT with masked LM (+ next sentence prediction)")
     _add_pretrain_args(pt)

@@ -24,6 +24,7 @@ as "Mr." or "e.g." and single-letter initials.
 from __future__ import annotations
 
 import glob
+import json
 import os
 import re
 from collections.abc import Iterator
@@ -51,15 +52,21 @@ _SPACES = re.compile(r"\s+")
 
 def split_sentences(text: str) -> list[str]:
     """Split prose (hard-wrapped or not) into sentences; paragraphs never share a sentence."""
-    out: list[str] = []
+    return [s for para in paragraphs(text) for s in split_paragraph(para)]
+
+
+def paragraphs(text: str) -> list[str]:
+    """The paragraphs of prose (blank lines between them), each on one line with its spaces collapsed."""
+    out = []
     for para in _PARAGRAPHS.split(text.replace("\r\n", "\n").replace("\r", "\n")):
         para = _SPACES.sub(" ", para).strip()
         if para:
-            out.extend(_split_paragraph(para))
+            out.append(para)
     return out
 
 
-def _split_paragraph(p: str) -> list[str]:
+def split_paragraph(p: str) -> list[str]:
+    """The sentences of one paragraph of :func:`paragraphs`."""
     sents: list[str] = []
     start = 0
     for m in _BOUNDARY.finditer(p):
@@ -265,3 +272,176 @@ def input_signature(paths: list[str]) -> list[tuple[str, int, int, int, int]]:
             st = os.stat(f)
             sig.append((os.path.abspath(f), st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns))
     return sig
+
+
+# ------------------------------------------------------------------------------------------------ streamed reading
+# What `bertforge prepare` reads: a part of one input (a byte range of a plain file cut at a line boundary, or a
+# whole file), streamed in blocks, as a flat sequence of paragraphs with END after each document.  It yields
+# exactly the documents and sentences of :func:`file_documents`; memory holds one block and one paragraph (one
+# line of JSONL, one row of a table), however long a document is.
+END = None
+READ_BYTES = 1 << 20  # a worker holds one block: its memory stays the same whatever the part size
+_SEPARATOR_LINE = re.compile(r"[ \t]*")  # a blank line: between two paragraphs, or documents (blank-line)
+
+
+def sentences_of(doc_separator: str, path: str):
+    """How a paragraph of :func:`read_part` splits into sentences: a line of Google's format is one sentence."""
+    if doc_separator == "blank-line" and _is_text_file(path):
+        return lambda p: [p]
+    return split_paragraph
+
+
+def _is_text_file(path: str) -> bool:
+    base = path[:-3] if path.endswith(".gz") else path
+    return not (path.startswith("hf:") or path.endswith(".parquet") or base.endswith((".jsonl", ".json")))
+
+
+def line_based(path: str, doc_separator: str) -> bool:
+    """Whether a file can be cut into parts at line boundaries (a document never spans a line break)."""
+    if path.startswith("hf:") or path.endswith((".parquet", ".gz")):
+        return False
+    return not _is_text_file(path) or doc_separator in ("line", "blank-line")
+
+
+def read_part(path: str, start: int = 0, end: int | None = None, text_field: str = "text",
+              doc_separator: str = "file", seen=None) -> Iterator[str | None]:
+    """The paragraphs of bytes ``[start, end)`` of ``path`` (the whole input when ``end`` is None), END after
+    each document.  ``seen(data)`` is called with every block of bytes read, in order (a checksum, progress)."""
+    if path.startswith("hf:") or path.endswith(".parquet"):
+        texts = _hf_texts(path, text_field) if path.startswith("hf:") else _parquet_texts(path, text_field)
+        yield from _documents_of(texts)
+        return
+    require_file(path, "data file")
+    lines = _lines(path, start, end, seen)
+    if not _is_text_file(path):
+        yield from _documents_of(_jsonl_part_texts(lines, path, start, text_field))
+    elif doc_separator == "line":
+        yield from _documents_of(t for line in lines for t in line.splitlines() if t.strip())
+    elif doc_separator == "blank-line":
+        yield from _google_documents(lines)
+    elif doc_separator == "file":
+        yield from _file_document(lines)
+    else:
+        raise UserError(f"unknown doc separator {doc_separator!r}; expected file, blank-line or line")
+
+
+def _documents_of(texts: Iterator[str]) -> Iterator[str | None]:
+    for text in texts:
+        paras = paragraphs(text)
+        if paras:
+            yield from paras
+            yield END
+
+
+def _lines(path: str, start: int, end: int | None, seen) -> Iterator[str]:
+    """The lines (each with its line feed) of bytes ``[start, end)``, decoded as UTF-8 block by block; a byte-order
+    mark at the file's start is dropped; invalid UTF-8 names its byte offset and line in the file."""
+    import gzip
+
+    opener = gzip.open if path.endswith(".gz") else open
+    offset, newlines, carry = start, 0, b""
+    try:
+        with opener(path, "rb") as f:
+            if start:
+                f.seek(start)
+            while True:
+                size = READ_BYTES if end is None else min(READ_BYTES, end - offset)
+                block = f.read(size) if size > 0 else b""
+                if seen and block:
+                    seen(block)
+                data = carry + block
+                cut = len(data) if not block else data.rfind(b"\n") + 1
+                if cut:
+                    text = _decoded(data[:cut], path, offset - len(carry), newlines, start)
+                    parts = text.split("\n")  # on line feeds only, as the whole-file readers split
+                    yield from (p + "\n" for p in parts[:-1])
+                    if parts[-1]:
+                        yield parts[-1]
+                    newlines += data.count(b"\n", 0, cut)
+                carry = data[cut:]
+                offset += len(block)
+                if not block:
+                    return
+    except (OSError, EOFError) as e:
+        raise UserError(f"cannot read {path}: {e}") from None
+
+
+def _decoded(data: bytes, path: str, at: int, newlines: int, start: int) -> str:
+    try:
+        return data.decode("utf-8-sig" if at == 0 else "utf-8")
+    except UnicodeDecodeError as e:
+        line = newlines + data.count(b"\n", 0, e.start) + 1 + (_newlines_before(path, start) if start else 0)
+        raise UserError(f"{path}: invalid UTF-8 at byte {at + e.start} (line {line}); convert the file to UTF-8 "
+                        "first") from None
+
+
+def _newlines_before(path: str, start: int) -> int:
+    """The line breaks in the first ``start`` bytes of a plain file (to name a line in an error)."""
+    n, done = 0, 0
+    with open(path, "rb") as f:
+        while done < start:
+            block = f.read(min(READ_BYTES, start - done))
+            if not block:
+                break
+            n, done = n + block.count(b"\n"), done + len(block)
+    return n
+
+
+def _jsonl_part_texts(lines: Iterator[str], path: str, start: int, field: str) -> Iterator[str]:
+    before = None
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+            problem = None if isinstance(obj, dict) else "expected a JSON object"
+        except json.JSONDecodeError as e:
+            problem = f"not valid JSON ({e.msg})"
+        if problem is None and field not in obj:
+            problem = f"no field {field!r}"
+        elif problem is None and not isinstance(obj[field], str):
+            problem = f"field {field!r} is not a string"
+        if problem:
+            before = _newlines_before(path, start) if start else 0
+            raise UserError(f"{path}:{before + n}: {problem}")
+        yield obj[field]
+
+
+def _google_documents(lines: Iterator[str]) -> Iterator[str | None]:
+    """Google BERT's format: one sentence a line, a blank line between documents."""
+    open_doc = False
+    for n, line in enumerate(lines):
+        line = line.replace("\r\n", "\n")
+        body = line[:-1] if line.endswith("\n") else line
+        if n and _SEPARATOR_LINE.fullmatch(body):
+            if open_doc:
+                yield END
+            open_doc = False
+        elif body.strip():
+            yield body.strip()
+            open_doc = True
+    if open_doc:
+        yield END
+
+
+def _file_document(lines: Iterator[str]) -> Iterator[str | None]:
+    """A text file as one document of paragraphs (a blank line between them)."""
+    para: list[str] = []
+    any_para = False
+    for line in lines:
+        pieces = line.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+        for piece in pieces[:-1] if line.endswith(("\n", "\r")) else pieces:
+            if _SEPARATOR_LINE.fullmatch(piece):
+                text = _SPACES.sub(" ", "\n".join(para)).strip()
+                para = []
+                if text:
+                    yield text
+                    any_para = True
+            else:
+                para.append(piece)
+    text = _SPACES.sub(" ", "\n".join(para)).strip()
+    if text:
+        yield text
+        any_para = True
+    if any_para:
+        yield END

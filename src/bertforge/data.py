@@ -1,8 +1,8 @@
 """From a tokenized corpus to BERT pretraining batches, as Google's ``create_pretraining_data.py`` builds them.
 
-Pipeline: documents of sentences (:mod:`bertforge.corpus`) -> :class:`TokenizedCorpus`, a cache of token ids
-with sentence and document boundaries in memory-mapped arrays -> instances (segment A, segment B, IsNext)
-drawn afresh each epoch -> masked batches.
+Pipeline: documents of sentences (:mod:`bertforge.corpus`) -> a prepared corpus (:mod:`bertforge.prepared`:
+token ids with sentence and document boundaries in memory-mapped shards, made by ``bertforge prepare`` or in
+the cache) -> instances (segment A, segment B, IsNext) drawn afresh each epoch -> masked batches.
 
 Everything random is a pure function of ``(seed, epoch, index)``: the instances of an epoch, their order,
 and each instance's masks.  So a loader restored to any position continues with exactly the batches an
@@ -19,7 +19,9 @@ Departures from Google's ``create_pretraining_data.py`` (the model's are listed 
   ``dupe_factor`` static copies.
 * A "random token" replacement is drawn from the non-special tokens (Google draws from the whole
   vocabulary, [CLS] and [PAD] included).
-* Sentences longer than 256 tokens are cut into pieces of 256 tokens when the corpus is cached.
+* Sentences longer than 256 tokens are cut into pieces of 256 tokens when the corpus is prepared.
+* When no evaluation text is given, the held-out documents are those the prepared corpus records (drawn by a
+  fixed rule), the same for every run and seed.
 """
 
 from __future__ import annotations
@@ -34,25 +36,25 @@ import os
 import random
 import shutil
 import tempfile
-import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
 from tokenizers import Tokenizer
-from tqdm import tqdm
 
-from .atomic import lock_file, path_shown, unlock_file, write_failure
-from .corpus import input_signature, iter_documents
+from .atomic import path_shown, write_failure
 from .config import progress_shown
+from .corpus import input_signature
 from .errors import UserError
+from .prepared import VERSION as PREPARED_VERSION
+from .prepared import Reading, TokenizedCorpus, is_prepared, open_prepared, prepare_corpus, tokenizer_fingerprint
+from .prepared import seed_int as _seed_int
+from .prepared import split_documents
 from .tokenizer import SpecialIds, special_ids, vocab_tokens
 
 log = logging.getLogger("bertforge")
 
-CACHE_VERSION = 2  # 2: checksums of the arrays in meta.json
-MAX_SENTENCE_TOKENS = 256
 
 
 def cut_into_documents(corpus: TokenizedCorpus, parts: int) -> TokenizedCorpus:
@@ -63,7 +65,7 @@ def cut_into_documents(corpus: TokenizedCorpus, parts: int) -> TokenizedCorpus:
     ends = np.union1d(cuts, np.asarray(corpus.doc_ends, dtype=np.int64))
     ends = ends[ends > 0]
     cut = copy.copy(corpus)
-    cut.doc_ends, cut.meta = ends, {**corpus.meta, "n_documents": int(len(ends))}
+    cut.doc_ends, cut.meta = ends, {**corpus.meta, "documents": int(len(ends)), "held_out": {}}
     return cut
 
 
@@ -72,156 +74,52 @@ def default_cache_dir() -> str:
 
 
 # ------------------------------------------------------------------------------------------------ cache
-ARRAYS = ("tokens.bin", "sent_ends.bin", "doc_ends.bin")  # a cache entry's arrays, besides its meta.json
-
-
-def _crc32(path: str, chunk: int = 1 << 24) -> int:
-    crc = 0
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            crc = zlib.crc32(block, crc)
-    return crc
-
-
-class TokenizedCorpus:
-    """Token ids of a corpus with sentence and document boundaries, memory-mapped from a cache folder.
-
-    ``tokens[sent_starts[s]:sent_ends[s]]`` is sentence ``s``; document ``d`` is sentences
-    ``doc_starts[d]:doc_ends[d]``.
-    """
-
-    def __init__(self, folder: str):
-        self.folder = folder
-        with open(os.path.join(folder, "meta.json"), encoding="utf-8") as f:
-            self.meta = json.load(f)
-        m = self.meta
-        self.tokens = np.memmap(os.path.join(folder, "tokens.bin"), dtype=m["dtype"], mode="r",
-                                shape=(m["n_tokens"],))
-        self.sent_ends = np.memmap(os.path.join(folder, "sent_ends.bin"), dtype=np.int64, mode="r",
-                                   shape=(m["n_sentences"],))
-        self.doc_ends = np.memmap(os.path.join(folder, "doc_ends.bin"), dtype=np.int64, mode="r",
-                                  shape=(m["n_documents"],))
-
-    def check(self) -> None:
-        """Raise ValueError unless the entry is whole: this version's, each array of its size and checksum,
-        the boundaries ending where the arrays do (a truncated file, garbage of the right size, a broken or
-        foreign meta.json)."""
-        m = self.meta
-        if m.get("version") != CACHE_VERSION or m.get("dtype") not in ("uint16", "uint32"):
-            raise ValueError(f"meta.json is not a version {CACHE_VERSION} cache entry's")
-        sizes = (self.tokens.nbytes, self.sent_ends.nbytes, self.doc_ends.nbytes)
-        for name, size in zip(ARRAYS, sizes):
-            path = os.path.join(self.folder, name)
-            if os.path.getsize(path) != size:
-                raise ValueError(f"{name} holds {os.path.getsize(path)} bytes, not {size}")
-            if _crc32(path) != m["crc32"][name]:
-                raise ValueError(f"{name} does not match its checksum")
-        n = len(self.sent_ends)
-        if not (n and self.sent_ends[-1] == m["n_tokens"] and self.doc_ends[-1] == n and self.n_documents):
-            raise ValueError("the sentence and document boundaries do not end with the arrays")
-
-    @property
-    def n_documents(self) -> int:
-        return int(self.meta["n_documents"])
-
-    @property
-    def n_tokens(self) -> int:
-        return int(self.meta["n_tokens"])
-
-    def doc_range(self, d: int) -> tuple[int, int]:
-        """Sentence indices [s0, s1) of document d."""
-        return (int(self.doc_ends[d - 1]) if d else 0), int(self.doc_ends[d])
-
-    def sent_start(self, s: int) -> int:
-        return int(self.sent_ends[s - 1]) if s else 0
-
-    def doc_tokens(self, d: int) -> int:
-        s0, s1 = self.doc_range(d)
-        return int(self.sent_ends[s1 - 1]) - self.sent_start(s0)
-
-    def document_text(self, d: int, tok: Tokenizer) -> str:
-        s0, s1 = self.doc_range(d)
-        return tok.decode(self.tokens[self.sent_start(s0) : int(self.sent_ends[s1 - 1])].tolist())
-
-
-def cache_key(paths: list[str], tok: Tokenizer, text_field: str, doc_separator: str) -> str:
-    blob = json.dumps(
-        {
-            "version": CACHE_VERSION,
-            "inputs": input_signature(paths),
-            "tokenizer": hashlib.sha256(tok.to_str().encode()).hexdigest(),
-            "text_field": text_field,
-            "doc_separator": doc_separator,
-            "max_sentence_tokens": MAX_SENTENCE_TOKENS,
-        },
-        sort_keys=True,
-    )
+def cache_key(paths: list[str], tok: Tokenizer, reading: Reading) -> str:
+    blob = json.dumps({"version": PREPARED_VERSION, "inputs": input_signature(paths),
+                       "tokenizer": tokenizer_fingerprint(tok), "reading": asdict(reading)}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
-def build_corpus(
-    paths: list[str],
-    tok: Tokenizer,
-    cache_dir: str | None = None,
-    text_field: str = "text",
-    doc_separator: str = "file",
-    progress: bool = False,
-    batch_sentences: int = 8192,
-) -> TokenizedCorpus:
-    """Tokenize ``paths`` once into the cache (keyed by inputs and tokenizer); later calls reuse it.
-
-    Memory stays bounded: sentences are tokenized in batches (in parallel on all cores) and appended to the
-    cache files as they come.  The cache is written to a temporary folder and renamed into place when whole,
-    under a lock per entry (a second process building the same corpus waits, then reuses it; what a killed
-    build left is removed).  An entry is checked before use; a damaged one is moved aside and built again.
-    """
+def build_corpus(paths: list[str], tok: Tokenizer, cache_dir: str | None = None, text_field: str = "text",
+                 doc_separator: str = "file", progress: bool = False, workers: int | None = None) -> TokenizedCorpus:
+    """The corpus of ``paths`` as token shards: a folder ``bertforge prepare`` wrote (prepared with ``tok``),
+    else prepared once into the cache (:mod:`bertforge.prepared`, keyed by the inputs, the tokenizer and the
+    reader settings) and reused.  Any number of processes may ask at once: one prepares, the others wait for
+    it on a lock file (no collective, so no process group's timeout), then read what it wrote.  A damaged
+    entry of the cache is moved aside and prepared again."""
+    if any(is_prepared(p) for p in paths):
+        return _given_prepared(paths, tok)
     cache_dir = cache_dir or default_cache_dir()
-    key = cache_key(paths, tok, text_field, doc_separator)
-    folder = os.path.join(cache_dir, "corpus-" + key)
-    corpus = _open_cached(folder, move_damaged=False)
-    if corpus is None:
-        if os.path.lexists(cache_dir) and not os.path.isdir(cache_dir):
-            raise UserError(f"the tokenized-corpus cache {path_shown(cache_dir)} is not a folder; "
-                            "choose another with --cache-dir or BERTFORGE_CACHE")
-        with _cache_writes(cache_dir, creating=True):
-            os.makedirs(cache_dir, exist_ok=True)
-        with _entry_lock(cache_dir, folder):
-            corpus = _open_cached(folder, move_damaged=True)  # built meanwhile by another process?
-            if corpus is None:
-                with _cache_writes(cache_dir):
-                    _build(folder, paths, tok, text_field, doc_separator, progress, batch_sentences)
-                return TokenizedCorpus(folder)
-    log.info("tokenized corpus from cache %s", folder)
+    reading = Reading(text_field, doc_separator)
+    folder = os.path.join(cache_dir, "corpus-" + cache_key(paths, tok, reading))
+    corpus = _open_cached(folder)
+    if corpus is not None:
+        log.info("tokenized corpus from cache %s", folder)
+        return corpus
+    if os.path.lexists(cache_dir) and not os.path.isdir(cache_dir):
+        raise UserError(f"the tokenized-corpus cache {path_shown(cache_dir)} is not a folder; "
+                        "choose another with --cache-dir or BERTFORGE_CACHE")
+    with _cache_writes(cache_dir):
+        return prepare_corpus(paths, tok, folder, reading, workers, progress,
+                              wait_message="waiting for another process tokenizing into %s")
+
+
+def _given_prepared(paths: list[str], tok: Tokenizer) -> TokenizedCorpus:
+    if len(paths) > 1:
+        raise UserError(f"a prepared corpus is given alone: {', '.join(paths)} mixes one with other data; prepare "
+                        "them together (bertforge prepare --data ...)")
+    corpus = open_prepared(paths[0])
+    if corpus.meta["tokenizer"] != tokenizer_fingerprint(tok):
+        raise UserError(f"{paths[0]} was prepared with another tokenizer than this run's; leave --tokenizer out "
+                        "(a prepared corpus brings its own), or prepare the corpus again with this one")
+    log.info("prepared corpus %s", paths[0])
     return corpus
 
 
-def _build(folder: str, paths: list[str], tok: Tokenizer, text_field: str, doc_separator: str, progress: bool,
-           batch_sentences: int) -> None:
-    """The cache entry ``folder``, written aside and renamed into place when whole; call under its lock."""
-    cache_dir, name = os.path.split(folder)
-    for entry in os.listdir(cache_dir):  # under the lock, a build of this entry in progress is a killed one's
-        if entry.startswith(f".{name}.tmp-"):
-            log.warning("removed %s, left by an interrupted tokenization", os.path.join(cache_dir, entry))
-            shutil.rmtree(os.path.join(cache_dir, entry), ignore_errors=True)
-    tmp = tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=cache_dir)
-    vocab_size = tok.get_vocab_size(with_added_tokens=True)
-    dtype = np.uint16 if vocab_size <= 65536 else np.uint32
-    try:
-        n = _tokenize_into(tmp, paths, tok, dtype, text_field, doc_separator, progress, batch_sentences)
-        if n.documents == 0 or n.tokens == 0:
-            raise UserError(f"the corpus is empty: no text in {', '.join(paths)}")
-        _write_meta(tmp, n, dtype, vocab_size, paths)
-        os.rename(tmp, folder)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    log.info("tokenized %d documents, %d sentences, %d tokens into %s", n.documents, n.sentences, n.tokens, folder)
-
-
-def _open_cached(folder: str, move_damaged: bool) -> TokenizedCorpus | None:
-    """The cache entry ``folder`` when it is whole; None when it is missing or damaged (then, with
-    ``move_damaged``, moved aside with a warning, to be built again)."""
-    if not os.path.lexists(folder):
+def _open_cached(folder: str) -> TokenizedCorpus | None:
+    """The cache entry ``folder`` when it is finished and whole; None when it is missing or unfinished (to be
+    prepared, or finished, under its lock); a damaged one is moved aside with a warning, to be prepared again."""
+    if not os.path.isfile(os.path.join(folder, "manifest.json")):
         return None
     try:
         corpus = TokenizedCorpus(folder)
@@ -229,17 +127,17 @@ def _open_cached(folder: str, move_damaged: bool) -> TokenizedCorpus | None:
         return corpus
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:  # whatever a damaged entry raises
         problem = " ".join(str(e).split())[:200]
-    if move_damaged:
-        cache_dir, name = os.path.split(folder)
-        for entry in os.listdir(cache_dir):  # one damaged copy kept, the newest: each is the corpus's size
-            if entry.startswith(f".{name}.damaged-"):
-                shutil.rmtree(os.path.join(cache_dir, entry), ignore_errors=True)
-        with _cache_writes(os.path.dirname(folder), creating=True):
-            aside = tempfile.mkdtemp(prefix=f".{os.path.basename(folder)}.damaged-", dir=os.path.dirname(folder))
-            os.rmdir(aside)
+    cache_dir, name = os.path.split(folder)
+    for entry in os.listdir(cache_dir):  # one damaged copy kept, the newest: each is the corpus's size
+        if entry.startswith(f".{name}.damaged-"):
+            shutil.rmtree(os.path.join(cache_dir, entry), ignore_errors=True)
+    with _cache_writes(cache_dir, creating=True):
+        aside = tempfile.mkdtemp(prefix=f".{name}.damaged-", dir=cache_dir)
+        os.rmdir(aside)
+        with contextlib.suppress(FileNotFoundError):  # (moved aside by another process meanwhile)
             os.rename(folder, aside)
-        log.warning("the tokenized corpus in %s is damaged (%s): moved aside to %s, tokenizing again", folder,
-                    problem, aside)
+    log.warning("the tokenized corpus in %s is damaged (%s): moved aside to %s, tokenizing again", folder, problem,
+                aside)
     return None
 
 
@@ -257,119 +155,6 @@ def _cache_writes(cache_dir: str, creating: bool = False) -> Iterator[None]:
                         "another with --cache-dir or BERTFORGE_CACHE") from None
 
 
-@contextlib.contextmanager
-def _entry_lock(cache_dir: str, folder: str) -> Iterator[None]:
-    """Hold the lock of cache entry ``folder`` (a file beside it, removed at the end); a process building the
-    same entry is waited for.  The operating system releases the lock of a killed process."""
-    path = os.path.join(cache_dir, f".{os.path.basename(folder)}.lock")
-    with _cache_writes(cache_dir, creating=True):
-        fd = lock_file(path)
-        if fd is None:
-            log.info("waiting for another process tokenizing into %s", folder)
-            fd = lock_file(path, wait=True)
-    try:
-        yield
-    finally:
-        unlock_file(path, fd)
-
-
-@dataclass
-class _CorpusCounts:
-    """What a tokenizing pass has written so far (the ends it writes are running totals)."""
-
-    tokens: int = 0
-    sentences: int = 0
-    documents: int = 0
-    chars: int = 0
-    crc32: dict | None = None  # of each array file, checked whenever the cache is opened
-
-
-class _Summed:
-    """A file that keeps the CRC-32 of what is written to it."""
-
-    def __init__(self, f):
-        self.f, self.crc = f, 0
-
-    def write(self, data: bytes) -> None:
-        self.crc = zlib.crc32(data, self.crc)
-        self.f.write(data)
-
-
-def _tokenize_into(folder: str, paths: list[str], tok: Tokenizer, dtype, text_field: str, doc_separator: str,
-                   progress: bool, batch_sentences: int) -> _CorpusCounts:
-    """The tokenizing pass: documents gathered until ``batch_sentences`` sentences wait, then tokenized together
-    and appended to ``folder``'s token, sentence-end and document-end files."""
-    n = _CorpusCounts()
-    with open(os.path.join(folder, "tokens.bin"), "wb") as ft, \
-            open(os.path.join(folder, "sent_ends.bin"), "wb") as fs, \
-            open(os.path.join(folder, "doc_ends.bin"), "wb") as fd:
-        files = tuple(_Summed(f) for f in (ft, fs, fd))
-        pending: list[str] = []  # sentences waiting to be tokenized
-        pending_docs: list[int] = []  # number of sentences of each waiting document
-        bar = tqdm(desc="tokenizing", unit="doc", disable=not progress, leave=False)
-        for doc in iter_documents(paths, text_field, doc_separator):
-            pending.extend(doc)
-            pending_docs.append(len(doc))
-            n.chars += sum(len(s) for s in doc)
-            bar.update(1)
-            if len(pending) >= batch_sentences:
-                _append_documents(files, tok, pending, pending_docs, dtype, n)
-        _append_documents(files, tok, pending, pending_docs, dtype, n)
-        bar.close()
-    n.crc32 = {name: f.crc for name, f in zip(ARRAYS, files)}
-    return n
-
-
-def _append_documents(files, tok: Tokenizer, pending: list[str], pending_docs: list[int], dtype,
-                      n: _CorpusCounts) -> None:
-    """Tokenize the waiting sentences, append them to ``files`` (tokens, sentence ends, document ends) and
-    empty the waiting lists.  A sentence longer than ``MAX_SENTENCE_TOKENS`` is cut into pieces; a document
-    without tokens is left out."""
-    if not pending:
-        return
-    ft, fs, fd = files
-    it = iter(tok.encode_batch(pending, add_special_tokens=False))
-    toks: list[np.ndarray] = []
-    sent_ends: list[int] = []
-    doc_ends: list[int] = []
-    for count in pending_docs:
-        kept = 0
-        for _ in range(count):
-            ids = next(it).ids
-            for i in range(0, len(ids), MAX_SENTENCE_TOKENS):
-                piece = ids[i : i + MAX_SENTENCE_TOKENS]
-                toks.append(np.asarray(piece, dtype=dtype))
-                n.tokens += len(piece)
-                sent_ends.append(n.tokens)
-                kept += 1
-        if kept:
-            n.sentences += kept
-            n.documents += 1
-            doc_ends.append(n.sentences)
-    if toks:
-        ft.write(np.concatenate(toks).tobytes())
-    fs.write(np.asarray(sent_ends, dtype=np.int64).tobytes())
-    fd.write(np.asarray(doc_ends, dtype=np.int64).tobytes())
-    pending.clear()
-    pending_docs.clear()
-
-
-def _write_meta(folder: str, n: _CorpusCounts, dtype, vocab_size: int, paths: list[str]) -> None:
-    meta = {
-        "version": CACHE_VERSION,
-        "dtype": np.dtype(dtype).name,
-        "n_tokens": n.tokens,
-        "n_sentences": n.sentences,
-        "n_documents": n.documents,
-        "n_chars": n.chars,
-        "vocab_size": vocab_size,
-        "inputs": input_signature(paths),
-        "crc32": n.crc32,
-    }
-    with open(os.path.join(folder, "meta.json"), "w", encoding="utf-8") as f:
-        json.dump(meta, f, indent=2)
-
-
 # ------------------------------------------------------------------------------------------------ instances
 @dataclass
 class MaskingConfig:
@@ -378,10 +163,6 @@ class MaskingConfig:
     short_seq_prob: float = 0.1
     nsp: bool = True
     whole_word_mask: bool = False
-
-
-def _seed_int(*parts: int) -> int:
-    return int(np.random.SeedSequence([int(p) & 0xFFFFFFFF for p in parts]).generate_state(2, np.uint64)[0])
 
 
 def create_instances(
@@ -569,32 +350,6 @@ def collate(seqs: list[tuple[np.ndarray, np.ndarray, np.ndarray]], nsp_labels: n
 
 
 # ------------------------------------------------------------------------------------------------ splits
-def split_documents(corpus: TokenizedCorpus, seed: int, eval_fraction: float = 0.05,
-                    max_eval_tokens: int = 1_000_000, need_train: int = 2) -> tuple[np.ndarray, np.ndarray]:
-    """(train document ids, held-out document ids): documents drawn at random until the held-out part
-    holds ``eval_fraction`` of the tokens (at most ``max_eval_tokens``), at least one document, and at
-    least ``need_train`` documents stay for training."""
-    n = corpus.n_documents
-    if n < need_train + 1:
-        raise UserError(
-            f"the corpus has {n} document(s): holding some out for evaluation needs at least {need_train + 1}; "
-            "give --eval-data, or split the text into documents (one file or JSONL line per document, "
-            "or --doc-separator blank-line)"
-        )
-    order = np.random.default_rng(_seed_int(seed, 7)).permutation(n)
-    budget = min(eval_fraction * corpus.n_tokens, max_eval_tokens)
-    held: list[int] = []
-    tokens = 0
-    for d in order[: n - need_train]:
-        if held and tokens >= budget:
-            break
-        held.append(int(d))
-        tokens += corpus.doc_tokens(int(d))
-    held_arr = np.sort(np.asarray(held, dtype=np.int64))
-    train = np.setdiff1d(np.arange(n, dtype=np.int64), held_arr)
-    return train, held_arr
-
-
 # ------------------------------------------------------------------------------------------------ loader
 class PretrainingLoader:
     """Global batches of ``batch_size`` instances, epoch after epoch, reproducible and resumable.
@@ -721,9 +476,14 @@ class PretrainingData:
             self.eval_corpus = self._corpus(dc.eval_data, tok)
             self.train_docs = np.arange(self.corpus.n_documents)
             self.eval_docs = np.arange(self.eval_corpus.n_documents)
-        else:
+        else:  # the manifest's held-out documents, the same for every run of the corpus; a cut corpus its own
             self.eval_corpus = self.corpus
-            self.train_docs, self.eval_docs = split_documents(self.corpus, t.seed, need_train=2 if dc.nsp else 1)
+            held = self.corpus.held_out()
+            if held is None:
+                self.train_docs, self.eval_docs = split_documents(self.corpus, t.seed, need_train=2 if dc.nsp else 1)
+            else:
+                self.train_docs = np.setdiff1d(np.arange(self.corpus.n_documents, dtype=np.int64), held)
+                self.eval_docs = held
         self.loader = PretrainingLoader(self.corpus, self.train_docs, self.masker, t.batch_size, t.seed, d.rank,
                                         d.world)
         self.micro = t.batch_size // d.world // t.grad_accum
@@ -735,12 +495,11 @@ class PretrainingData:
                             f"{t.batch_size}; lower --batch-size or add data")
 
     def _corpus(self, paths: list[str], tok) -> TokenizedCorpus:
-        dc, c = self.cfg.data, None
-        if self.d.is_main:  # rank 0 builds the cache; the others read it
-            c = build_corpus(paths, tok, dc.cache_dir, dc.text_field, dc.doc_separator,
-                             progress=progress_shown(self.cfg.impl.progress))
-        self.d.barrier()
-        return c or build_corpus(paths, tok, dc.cache_dir, dc.text_field, dc.doc_separator)
+        """Every rank asks; one process per machine (per shared cache) prepares while the others wait for it on
+        a lock file, outside any collective (:func:`build_corpus`)."""
+        dc = self.cfg.data
+        return build_corpus(paths, tok, dc.cache_dir, dc.text_field, dc.doc_separator,
+                            progress=self.d.is_main and progress_shown(self.cfg.impl.progress))
 
     def _cut(self, corpus: TokenizedCorpus, need: int) -> TokenizedCorpus:
         """A corpus of fewer documents than the run needs (a single text file): cut at sentence boundaries."""

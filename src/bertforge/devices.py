@@ -55,8 +55,10 @@ def init_distributed(impl: ImplConfig) -> Dist:
         if backend == "nccl":
             torch.cuda.set_device(local_rank)
         # rank 0 alone evaluates a fine-tuning run while the others wait in the next all-reduce: a CPU evaluation
-        # of a large validation set can outlast the default timeout (10 minutes on NCCL, 30 on gloo)
-        dist.init_process_group(backend=backend, timeout=datetime.timedelta(hours=2))
+        # of a large validation set can outlast the default timeout (10 minutes on NCCL, 30 on gloo).  Preparing
+        # the data waits on a lock file, never in a collective (bertforge.data.build_corpus).
+        seconds = float(os.environ.get("BERTFORGE_DIST_TIMEOUT") or 7200)
+        dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=seconds))
     return Dist(rank, world, local_rank)
 
 

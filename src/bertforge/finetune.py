@@ -18,14 +18,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import math
 import os
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 from safetensors.torch import load_file
 

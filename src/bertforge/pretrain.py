@@ -29,7 +29,6 @@ starting values; a masked-LM head the model lacks starts tied to its word embedd
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -46,6 +45,7 @@ from .batching import to_device
 from .config import PRETRAIN_CONFIG, BertConfig, PretrainConfig, progress_shown
 from .corpus import iter_texts
 from .data import PretrainingData
+from .prepared import is_prepared, tokenizer_fingerprint
 from .devices import Dist, init_distributed, resolve_device, setup_backend
 from .engine import Engine, LinearSchedule
 from .errors import UserError, shown
@@ -149,6 +149,9 @@ def prepare_tokenizer(cfg: PretrainConfig, resume: bool, d: Dist) -> Tokenizer:
     dc = cfg.data
     if resume:
         return load_tokenizer(cfg.out)
+    prepared = [p for p in dc.data if is_prepared(p)]
+    if prepared:
+        return prepared_tokenizer(cfg, prepared[0])
     if dc.tokenizer or cfg.model.init:
         tok = load_tokenizer(dc.tokenizer or cfg.model.init)
         return extended_tokenizer(cfg, tok, d) if cfg.model.add_vocab else tok
@@ -164,6 +167,23 @@ def prepare_tokenizer(cfg: PretrainConfig, resume: bool, d: Dist) -> Tokenizer:
                         "distinct words): the model is built for %d", dc.vocab_size, size, size)
         text = tok.to_str()
     return Tokenizer.from_str(_broadcast_str(d, text))
+
+
+def prepared_tokenizer(cfg: PretrainConfig, folder: str) -> Tokenizer:
+    """A prepared corpus's own tokenizer; a --tokenizer (or --init's) that is another is refused."""
+    dc, mc = cfg.data, cfg.model
+    tok = load_tokenizer(folder)
+    given = dc.tokenizer or mc.init
+    if mc.add_vocab:
+        raise UserError(f"--add-vocab changes the vocabulary, and {folder} is tokenized with its own: give the raw "
+                        "text as --data")
+    if given and tokenizer_fingerprint(load_tokenizer(given)) != tokenizer_fingerprint(tok):
+        flag, hint = (("--tokenizer", "leave --tokenizer out (a prepared corpus brings its own)") if dc.tokenizer else
+                      ("--init", "continue from a model of the corpus's vocabulary"))
+        raise UserError(f"{flag} {shown(given)} has another tokenizer than the prepared corpus {folder}; {hint}, or "
+                        "prepare the corpus with its tokenizer")
+    log.info("the tokenizer of the prepared corpus %s", folder)
+    return tok
 
 
 def extended_tokenizer(cfg: PretrainConfig, tok: Tokenizer, d: Dist) -> Tokenizer:
@@ -188,10 +208,7 @@ def corpus_identity(cfg: PretrainConfig, data: PretrainingData, d: Dist, resume:
     from the run's is refused, before anything of the run is loaded."""
     found = None
     if d.is_main:  # the others take rank 0's: one answer for all
-        c = data.corpus
-        counts = {"documents": int(c.n_documents), "tokens": int(c.n_tokens), "sentences": len(c.sent_ends)}
-        blob = json.dumps({"crc32": c.meta["crc32"], **counts}, sort_keys=True)
-        found = json.dumps({"digest": hashlib.sha256(blob.encode()).hexdigest(), **counts})
+        found = json.dumps(data.corpus.identity())
     now = json.loads(_broadcast_str(d, found))
     saved = saved_corpus(cfg.out) if resume else None
     if saved is not None and saved.get("digest") != now["digest"]:

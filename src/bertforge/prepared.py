@@ -1,0 +1,803 @@
+"""A prepared corpus: the token ids of a pretraining corpus, in shards that every run and every rank reuses.
+
+    bertforge prepare --data PATH... --tokenizer DIR --out DIR [--workers N] [--dedup]
+
+The inputs are cut into parts (a plain JSONL or line-per-document file at line boundaries, into parts of a
+64th of the corpus, from ``MIN_PART_BYTES`` to ``PART_BYTES``; any other input whole), and worker processes
+read, split into sentences and tokenize the parts, each into one shard.  A folder that pretraining reads
+(``pretrain --data DIR``) and the implicit cache of raw inputs (a prepared folder under the cache directory)
+are the same thing:
+
+    DIR/manifest.json            what was prepared, from what, how; written last (a folder without it is unfinished)
+    DIR/tokenizer.json, vocab.txt, ...   the tokenizer
+    DIR/shards/NNNNN/record.json the shard's part of its input and its counts and checksums; a shard is finished
+                                 when its folder exists (it is written aside and renamed into place)
+                     tokens.bin      token ids (uint16 or uint32)
+                     sent_ends.bin   int64 sentence ends, in tokens from the shard's start
+                     doc_ends.bin    int64 document ends, in sentences from the shard's start
+                     doc_hashes.bin, para_hashes.bin   uint64 hashes of each document and paragraph (duplicates)
+
+Read in order, the shards hold exactly the arrays a single pass over the inputs would write (sentences longer
+than ``MAX_SENTENCE_TOKENS`` cut into pieces, documents without tokens left out).  A killed ``prepare`` keeps
+its finished shards and does only the others when run again; a shard whose input changed (size, modification
+time, inode or change time) is prepared again.  ``--dedup`` drops exact duplicates (after spaces are collapsed):
+a document met before, then a paragraph met before; the manifest counts them either way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import hashlib
+import json
+import logging
+import multiprocessing
+import os
+import re
+import shutil
+import signal
+import tempfile
+import time
+import zlib
+from bisect import bisect_right
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import asdict, dataclass
+
+import numpy as np
+from tokenizers import Tokenizer
+from tqdm import tqdm
+
+from .atomic import atomic_write_json, fault_point, lock_file, unlock_file
+from .corpus import END, expand_paths, input_signature, line_based, read_part, sentences_of
+from .errors import TrainingError, UserError
+from .outputs import MARKER, marker_kind, register_output, write_marker
+
+log = logging.getLogger("bertforge")
+
+VERSION = 1
+KIND = "prepared"
+MAX_SENTENCE_TOKENS = 256
+PART_BYTES = 64 << 20
+MIN_PART_BYTES = 1 << 20
+BATCH_SENTENCES = 8192
+ARRAYS = ("tokens.bin", "sent_ends.bin", "doc_ends.bin")
+HASHES = ("doc_hashes.bin", "para_hashes.bin")
+HELD_OUT_RULE = ("documents in the order of numpy.random.default_rng(SeedSequence([0, 7])).permutation(documents) "
+                 "until they hold 5% of the tokens (at most 1,000,000), at least one, two left for training")
+register_output(KIND, {"manifest.json", "settings.json", "shards", "tokenizer.json", "vocab.txt",
+                       "tokenizer_config.json", "special_tokens_map.json"})
+
+
+@dataclass(frozen=True)
+class Reading:
+    """How the inputs are read and cut (recorded: a prepared folder is reused only under the same settings)."""
+
+    text_field: str = "text"
+    doc_separator: str = "file"
+    max_sentence_tokens: int = MAX_SENTENCE_TOKENS
+    dedup: bool = False
+
+
+def tokenizer_fingerprint(tok: Tokenizer) -> str:
+    """What decides the token ids (padding and truncation settings aside: the saved copy has none)."""
+    t = Tokenizer.from_str(tok.to_str())
+    t.no_padding()
+    t.no_truncation()
+    return hashlib.sha256(t.to_str().encode()).hexdigest()
+
+
+# ------------------------------------------------------------------------------------------------ the view
+class ShardedArray:
+    """The shards' arrays read as one: shard ``k``'s values plus ``offsets[k]`` (its sentence or token start).
+    Indexing by an integer or a slice (step 1) returns what the concatenated array would."""
+
+    def __init__(self, parts: list[np.ndarray], offsets: list[int]):
+        self.parts, self.offsets = parts, offsets
+        self.starts = np.cumsum([0] + [len(p) for p in parts]).tolist()
+        self.dtype = parts[0].dtype
+
+    def __len__(self) -> int:
+        return self.starts[-1]
+
+    def __getitem__(self, key):
+        n = len(self)
+        if isinstance(key, slice):
+            start, stop, step = key.indices(n)
+            if step != 1:
+                raise IndexError("a sharded array is sliced with step 1 only")
+            return self._range(start, max(start, stop))
+        i = int(key) + (n if int(key) < 0 else 0)
+        if not 0 <= i < n:
+            raise IndexError(f"index {key} out of range for {n} values")
+        k = bisect_right(self.starts, i) - 1
+        return self.parts[k][i - self.starts[k]] + self.offsets[k]
+
+    def _range(self, start: int, stop: int) -> np.ndarray:
+        k = bisect_right(self.starts, start) - 1
+        pieces = []
+        while start < stop:
+            end = min(stop, self.starts[k + 1])
+            piece = self.parts[k][start - self.starts[k] : end - self.starts[k]]
+            pieces.append(piece + self.offsets[k] if self.offsets[k] else piece)
+            start, k = end, k + 1
+        if not pieces:
+            return self.parts[0][:0]
+        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+
+    def __array__(self, dtype=None, copy=None):
+        whole = self._range(0, len(self))
+        return np.asarray(whole, dtype=dtype) if dtype is not None else np.asarray(whole)
+
+
+def _joined(parts: list[np.ndarray], offsets: list[int]):
+    """One shard's array as it is (no offset), several as a :class:`ShardedArray`."""
+    return parts[0] if len(parts) == 1 else ShardedArray(parts, offsets)
+
+
+class TokenizedCorpus:
+    """Token ids of a prepared corpus with sentence and document boundaries, memory-mapped from its shards.
+
+    ``tokens[sent_starts[s]:sent_ends[s]]`` is sentence ``s``; document ``d`` is sentences
+    ``doc_starts[d]:doc_ends[d]`` (all indices over the whole corpus, the shards in order).
+    """
+
+    def __init__(self, folder: str, manifest: dict | None = None):
+        self.folder = folder
+        if manifest is None:
+            with open(os.path.join(folder, "manifest.json"), encoding="utf-8") as f:
+                manifest = json.load(f)
+        self.meta = m = manifest
+        if m.get("version") != VERSION or m.get("dtype") not in ("uint16", "uint32") or not m.get("shards"):
+            raise ValueError(f"manifest.json is not a version {VERSION} prepared corpus's")
+        toks, sents, docs = [], [], []
+        for s in m["shards"]:
+            where = os.path.join(folder, "shards", s["name"])
+            toks.append(np.memmap(os.path.join(where, "tokens.bin"), dtype=m["dtype"], mode="r", shape=(s["tokens"],)))
+            sents.append(np.memmap(os.path.join(where, "sent_ends.bin"), dtype=np.int64, mode="r",
+                                   shape=(s["sentences"],)))
+            docs.append(np.memmap(os.path.join(where, "doc_ends.bin"), dtype=np.int64, mode="r",
+                                  shape=(s["documents"],)))
+        token_starts = np.cumsum([0] + [s["tokens"] for s in m["shards"]]).tolist()
+        sentence_starts = np.cumsum([0] + [s["sentences"] for s in m["shards"]]).tolist()
+        self._parts = (toks, sents, docs)
+        self.tokens = _joined(toks, [0] * len(toks))
+        self.sent_ends = _joined(sents, token_starts)
+        self.doc_ends = _joined(docs, sentence_starts)
+
+    def check(self) -> None:
+        """Raise ValueError unless every shard is whole: each array of its size and checksum, its boundaries
+        ending where its arrays do (a truncated file, garbage of the right size, a broken manifest)."""
+        for s, tok, sent, doc in zip(self.meta["shards"], *self._parts):
+            where = os.path.join(self.folder, "shards", s["name"])
+            for name, arr in zip(ARRAYS, (tok, sent, doc)):
+                path = os.path.join(where, name)
+                if os.path.getsize(path) != arr.nbytes:
+                    raise ValueError(f"shard {s['name']}: {name} holds {os.path.getsize(path)} bytes, not {arr.nbytes}")
+                if _crc32(path) != s["crc32"][name]:
+                    raise ValueError(f"shard {s['name']}: {name} does not match its checksum")
+            if len(sent) and (sent[-1] != len(tok) or doc[-1] != len(sent)):
+                raise ValueError(f"shard {s['name']}: the boundaries do not end with the arrays")
+        if not self.n_documents or not self.n_tokens:
+            raise ValueError("the prepared corpus holds no tokens")
+
+    @property
+    def n_documents(self) -> int:
+        return int(self.meta["documents"])
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.meta["tokens"])
+
+    def identity(self) -> dict:
+        """What the corpus is, by content (the shards' checksums and counts), whatever its files are called."""
+        counts = {"documents": self.n_documents, "tokens": self.n_tokens, "sentences": int(self.meta["sentences"])}
+        blob = json.dumps({"crc32": [s["crc32"] for s in self.meta["shards"]], **counts}, sort_keys=True)
+        return {"digest": hashlib.sha256(blob.encode()).hexdigest(), **counts}
+
+    def held_out(self) -> np.ndarray | None:
+        """The held-out documents the manifest records (None for a corpus of too few documents)."""
+        held = self.meta.get("held_out", {}).get("documents")
+        return None if held is None else np.asarray(held, dtype=np.int64)
+
+    def doc_range(self, d: int) -> tuple[int, int]:
+        """Sentence indices [s0, s1) of document d."""
+        return (int(self.doc_ends[d - 1]) if d else 0), int(self.doc_ends[d])
+
+    def sent_start(self, s: int) -> int:
+        return int(self.sent_ends[s - 1]) if s else 0
+
+    def doc_tokens(self, d: int) -> int:
+        s0, s1 = self.doc_range(d)
+        return int(self.sent_ends[s1 - 1]) - self.sent_start(s0)
+
+    def document_text(self, d: int, tok: Tokenizer) -> str:
+        s0, s1 = self.doc_range(d)
+        return tok.decode(self.tokens[self.sent_start(s0) : int(self.sent_ends[s1 - 1])].tolist())
+
+
+def _crc32(path: str, chunk: int = 1 << 24) -> int:
+    crc = 0
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            crc = zlib.crc32(block, crc)
+    return crc
+
+
+def is_prepared(path: str) -> bool:
+    """Whether ``path`` is a folder that ``bertforge prepare`` wrote (finished or not)."""
+    return os.path.isdir(path) and marker_kind(path) == KIND
+
+
+def open_prepared(folder: str) -> TokenizedCorpus:
+    """A finished prepared folder, checked; a UserError saying what is wrong otherwise."""
+    if not os.path.isfile(os.path.join(folder, "manifest.json")):
+        raise UserError(f"{folder} is a prepared corpus that was not finished: run the same bertforge prepare "
+                        "command again to finish it")
+    try:
+        corpus = TokenizedCorpus(folder)
+        corpus.check()
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UserError(f"the prepared corpus {folder} is damaged ({' '.join(str(e).split())[:200]}); prepare it "
+                        "again") from None
+    return corpus
+
+
+# ------------------------------------------------------------------------------------------------ the parts
+def plan_parts(files: list[str], reading: Reading, part_bytes: int | None = None) -> list[dict]:
+    """The parts the inputs are cut into, in order: ``{"input", "start", "end"}`` byte ranges (``end`` None: the
+    whole input).  A line-based plain file is cut after the first line break (for the blank-line format, the
+    first blank line) at or beyond every ``part_bytes``: a document never spans two parts.  The plan depends on
+    the inputs alone (not on the workers), so that a preparation continued with other settings reuses shards."""
+    if part_bytes is None:  # a few dozen parts keep any number of workers busy to the end; at most PART_BYTES
+        total = sum(os.path.getsize(f) for f in files if line_based(f, reading.doc_separator))
+        part_bytes = min(PART_BYTES, max(MIN_PART_BYTES, total // 64))
+    parts = []
+    for i, path in enumerate(files):
+        if not line_based(path, reading.doc_separator):
+            parts.append({"input": i, "start": 0, "end": None})
+            continue
+        size = os.path.getsize(path)
+        if size == 0:  # reading it says it is empty
+            parts.append({"input": i, "start": 0, "end": None})
+            continue
+        cuts = [0]
+        with open(path, "rb") as f:
+            while cuts[-1] + part_bytes < size:
+                cut = _boundary(f, cuts[-1] + part_bytes, reading.doc_separator == "blank-line")
+                if cut >= size:
+                    break
+                cuts.append(cut)
+        cuts.append(size)
+        parts += [{"input": i, "start": a, "end": b} for a, b in zip(cuts, cuts[1:]) if b > a]
+    return parts
+
+
+_BLANK_LINE = re.compile(rb"\n[ \t]*\r?\n")  # a blank line, as the blank-line format reads one
+
+
+def _boundary(f, at: int, blank_line: bool) -> int:
+    """The first offset at or after ``at`` that follows a line break (a blank line, for ``blank_line``)."""
+    f.seek(at - 1)
+    base, tail = at - 1, b""
+    while True:
+        block = f.read(1 << 20)
+        if not block:
+            return base + len(tail)
+        data = tail + block
+        m = _BLANK_LINE.search(data) if blank_line else None
+        k = (m.end() if m else -1) if blank_line else data.find(b"\n") + 1 or -1
+        if k > 0:
+            return base + k
+        keep = min(len(data), 4096)
+        base, tail = base + len(data) - keep, data[-keep:]
+
+
+# ------------------------------------------------------------------------------------------------ a worker
+_TOKENIZER: Tokenizer | None = None
+
+
+def _init_worker(tok_json: str) -> None:
+    """A worker process: its own tokenizer, one thread (the workers are the parallelism), gone with its parent."""
+    global _TOKENIZER
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what an interrupt does
+    with contextlib.suppress(Exception):  # Linux: a worker ends when the process that started it ends
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    _TOKENIZER = Tokenizer.from_str(tok_json)
+
+
+class _Summed:
+    """A file that keeps the CRC-32 of what is written to it."""
+
+    def __init__(self, f):
+        self.f, self.crc = f, 0
+
+    def write(self, data: bytes) -> None:
+        self.crc = zlib.crc32(data, self.crc)
+        self.f.write(data)
+
+
+class _ShardWriter:
+    """Sentences tokenized in batches and appended to a shard's arrays; a document ends where it is closed."""
+
+    def __init__(self, folder: str, tok: Tokenizer, dtype, max_sentence_tokens: int):
+        self.tok, self.dtype, self.max_tokens = tok, dtype, max_sentence_tokens
+        self.files = [_Summed(open(os.path.join(folder, name), "wb")) for name in ARRAYS]
+        self.pending: list[str] = []
+        self.doc_marks: list[int] = []  # positions in pending where a document ends
+        self.tokens = self.sentences = self.documents = self.doc_kept = 0
+
+    def add(self, sentences: list[str]) -> None:
+        self.pending.extend(sentences)
+        if len(self.pending) >= BATCH_SENTENCES:
+            self.flush()
+
+    def end_document(self) -> None:
+        self.doc_marks.append(len(self.pending))
+
+    def flush(self) -> None:
+        encoded = self.tok.encode_batch_fast(self.pending, add_special_tokens=False) if self.pending else []
+        toks, sent_ends, doc_ends, marks = [], [], [], iter(self.doc_marks + [-1])
+        mark = next(marks)
+        for k in range(len(self.pending) + 1):
+            while mark == k:  # the documents that end before sentence k
+                if self.doc_kept:
+                    self.sentences += self.doc_kept
+                    self.documents += 1
+                    doc_ends.append(self.sentences)
+                self.doc_kept, mark = 0, next(marks)
+            if k == len(self.pending):
+                break
+            ids = encoded[k].ids
+            for i in range(0, len(ids), self.max_tokens):
+                piece = ids[i : i + self.max_tokens]
+                toks.append(np.asarray(piece, dtype=self.dtype))
+                self.tokens += len(piece)
+                sent_ends.append(self.tokens)
+                self.doc_kept += 1
+        ft, fs, fd = self.files
+        if toks:
+            ft.write(np.concatenate(toks).tobytes())
+        fs.write(np.asarray(sent_ends, dtype=np.int64).tobytes())
+        fd.write(np.asarray(doc_ends, dtype=np.int64).tobytes())
+        self.pending, self.doc_marks = [], []
+
+    def close(self) -> dict:
+        self.flush()
+        for f in self.files:
+            f.f.close()
+        return {name: f.crc for name, f in zip(ARRAYS, self.files)}
+
+
+def _hash8(data: bytes) -> int:
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+
+
+def prepare_part(job: dict) -> dict:
+    """Read, split and tokenize one part into its shard folder (written aside, renamed into place); return its
+    record.  ``job["drop"]``: (documents, paragraphs) of this part to leave out, by their index in the part."""
+    tok = _TOKENIZER if _TOKENIZER is not None else Tokenizer.from_str(job["tokenizer"])
+    reading = Reading(**job["reading"])
+    part, path, final = job["part"], job["path"], job["folder"]
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(final)}.tmp-", dir=os.path.dirname(final))
+    try:
+        record = _fill_shard(tmp, tok, reading, part, path, job)
+        record["identity"] = job["identity"]
+        atomic_write_json(os.path.join(tmp, "record.json"), record, faults=False)
+        if os.path.lexists(final):  # a shard of another plan (an input changed)
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    fault_point("shard")
+    return record
+
+
+def _fill_shard(folder: str, tok: Tokenizer, reading: Reading, part: dict, path: str, job: dict) -> dict:
+    writer = _ShardWriter(folder, tok, np.dtype(job["dtype"]), reading.max_sentence_tokens)
+    split = sentences_of(reading.doc_separator, path)
+    digest = hashlib.sha256()
+    read = [0]
+
+    def seen(block: bytes) -> None:
+        digest.update(block)
+        read[0] += len(block)
+
+    drop_docs, drop_paras = job.get("drop") or (set(), set())
+    doc_hashes, para_hashes, doc = [], [], hashlib.blake2b(digest_size=8)
+    chars = 0
+    for para in read_part(path, part["start"], part["end"], reading.text_field, reading.doc_separator, seen):
+        if para is END:
+            doc_hashes.append(int.from_bytes(doc.digest(), "little"))
+            doc = hashlib.blake2b(digest_size=8)
+            writer.end_document()
+            continue
+        data = para.encode("utf-8")
+        doc.update(data + b"\n\n")
+        para_hashes.append(_hash8(data))
+        if len(doc_hashes) in drop_docs or len(para_hashes) - 1 in drop_paras:
+            continue
+        sentences = split(para)
+        chars += sum(len(s) for s in sentences)
+        writer.add(sentences)
+    crc = writer.close()
+    np.asarray(doc_hashes, dtype=np.uint64).tofile(os.path.join(folder, HASHES[0]))
+    np.asarray(para_hashes, dtype=np.uint64).tofile(os.path.join(folder, HASHES[1]))
+    return {"part": part, "bytes": read[0], "sha256": digest.hexdigest(), "tokens": writer.tokens,
+            "sentences": writer.sentences, "documents": writer.documents, "chars": chars,
+            "paragraphs": len(para_hashes), "documents_read": len(doc_hashes), "crc32": crc,
+            "reading": asdict(reading), "dtype": job["dtype"]}
+
+
+def hash_part(job: dict) -> dict:
+    """The first pass of ``--dedup``: the hashes of one part's documents and paragraphs, nothing tokenized."""
+    reading = Reading(**job["reading"])
+    part = job["part"]
+    doc_hashes, para_hashes, doc = [], [], hashlib.blake2b(digest_size=8)
+    for para in read_part(job["path"], part["start"], part["end"], reading.text_field, reading.doc_separator):
+        if para is END:
+            doc_hashes.append(int.from_bytes(doc.digest(), "little"))
+            doc = hashlib.blake2b(digest_size=8)
+            continue
+        data = para.encode("utf-8")
+        doc.update(data + b"\n\n")
+        para_hashes.append(_hash8(data))
+    return {"docs": np.asarray(doc_hashes, dtype=np.uint64), "paras": np.asarray(para_hashes, dtype=np.uint64)}
+
+
+# ------------------------------------------------------------------------------------------------ the whole
+def prepare_corpus(data: list[str], tok: Tokenizer, out: str, reading: Reading = Reading(), workers: int | None = None,
+                   progress: bool = False, overwrite: bool = False, wait_message: str | None = None) -> TokenizedCorpus:
+    """Prepare ``data`` into ``out`` (see the module's docstring) and open it; a finished folder of the same
+    inputs, tokenizer and settings is opened as it is.  Another process preparing ``out`` is waited for (a
+    lock file beside it, which the operating system releases whatever ends that process): no collective."""
+    for p in data:
+        if is_prepared(p):
+            raise UserError(f"{p} is a prepared corpus already: train from it (pretrain --data {p}), or prepare its "
+                            "raw text")
+    files = expand_paths(data)
+    out = os.path.abspath(out)
+    with _folder_lock(out, wait_message):
+        state = _state(out, files, tok, reading, overwrite)
+        if state == "finished":
+            log.info("prepared corpus in %s", out)
+            return open_prepared(out)
+        if state == "replace":
+            shutil.rmtree(out)
+        created = not os.path.lexists(out)
+        t0 = time.monotonic()
+        try:
+            _start_folder(out, tok)
+            records, fresh = _run_parts(out, files, tok, reading, workers, progress)
+            manifest = _manifest(out, files, tok, reading, records)
+            atomic_write_json(os.path.join(out, "manifest.json"), manifest, faults=False)
+        except TrainingError:  # a worker died: the finished shards stay, for the same command to continue
+            raise
+        except Exception:  # bad input, a full disk: a folder this call made is removed, none is half-written
+            if created:
+                shutil.rmtree(out, ignore_errors=True)
+            raise
+        _remove_others(out, {r["name"] for r in manifest["shards"]})
+    mb = sum(r["bytes"] for r in fresh) / 1e6
+    took = max(time.monotonic() - t0, 1e-9)
+    who = f" (rank {os.environ['RANK']} prepared it)" if "RANK" in os.environ else ""
+    log.info("prepared %s documents, %s sentences, %s tokens (%.1f MB in %.0f s, %.1f MB/s) into %s%s",
+             f"{manifest['documents']:,}", f"{manifest['sentences']:,}", f"{manifest['tokens']:,}", mb, took,
+             mb / took, out, who)
+    return open_prepared(out)
+
+
+@contextlib.contextmanager
+def _folder_lock(out: str, wait_message: str | None) -> Iterator[None]:
+    path = os.path.join(os.path.dirname(out), f".{os.path.basename(out)}.lock")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    fd = lock_file(path)
+    if fd is None:
+        who = f"rank {os.environ['RANK']}: " if "RANK" in os.environ else ""
+        log.info(who + (wait_message or "waiting for another process preparing %s"), out)
+        fd = lock_file(path, wait=True)
+    try:
+        yield
+    finally:
+        unlock_file(path, fd)
+
+
+def _settings(files: list[str], tok: Tokenizer, reading: Reading) -> dict:
+    return {"inputs": [os.path.abspath(f) if not f.startswith("hf:") else f for f in files],
+            "tokenizer": tokenizer_fingerprint(tok), "reading": asdict(reading)}
+
+
+def _state(out: str, files: list[str], tok: Tokenizer, reading: Reading, overwrite: bool) -> str:
+    """new (nothing there yet), continue (an unfinished preparation of the same), finished, or replace."""
+    if not os.path.lexists(out) or (os.path.isdir(out) and not os.listdir(out)):
+        return "new"
+    if not is_prepared(out):
+        raise UserError(f"{out} exists and is not a prepared corpus; bertforge never replaces it: choose another "
+                        "--out")
+    try:
+        with open(os.path.join(out, "settings.json"), encoding="utf-8") as f:
+            before = json.load(f)
+    except (OSError, ValueError):
+        before = None
+    now = _settings(files, tok, reading)
+    if before != now and before is not None:
+        if overwrite:
+            return "replace"
+        names = {"inputs": "inputs", "tokenizer": "a tokenizer",
+                 "reading": "reader settings (--text-field, --doc-separator, --dedup)"}
+        what = [names[k] for k in now if before.get(k) != now[k]]
+        raise UserError(f"{out} holds a corpus prepared with other {' and '.join(what)}; pass --overwrite to "
+                        "replace it, or choose another --out")
+    try:
+        with open(os.path.join(out, "manifest.json"), encoding="utf-8") as f:
+            manifest = json.load(f)
+        if [i["identity"] for i in manifest["inputs"]] == [list(s) for s in input_signature(files)]:
+            TokenizedCorpus(out, manifest).check()  # else: damaged, its whole shards kept, the others again
+            return "finished"
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    with contextlib.suppress(OSError):  # unfinished again: an input changed, or a preparation was cut short
+        os.remove(os.path.join(out, "manifest.json"))
+    return "continue"
+
+
+def _start_folder(out: str, tok: Tokenizer) -> None:
+    from .tokenizer import save_tokenizer
+
+    os.makedirs(os.path.join(out, "shards"), exist_ok=True)
+    if not os.path.isfile(os.path.join(out, MARKER)):
+        write_marker(out, KIND)
+    if not os.path.isfile(os.path.join(out, "tokenizer.json")):
+        save_tokenizer(tok, out)
+    for name in os.listdir(os.path.join(out, "shards")):  # what a killed preparation was writing
+        if name.startswith("."):
+            shutil.rmtree(os.path.join(out, "shards", name), ignore_errors=True)
+
+
+def _run_parts(out: str, files: list[str], tok: Tokenizer, reading: Reading, workers: int | None,
+               progress: bool) -> tuple[list[dict], list[dict]]:
+    """Every part's shard record, in order (the finished shards' as they are, the others prepared), and the
+    records of those prepared now."""
+    atomic_write_json(os.path.join(out, "settings.json"), _settings(files, tok, reading), faults=False)
+    parts = plan_parts(files, reading)
+    signature = input_signature(files)
+    vocab = tok.get_vocab_size(with_added_tokens=True)
+    dtype = "uint16" if vocab <= 65536 else "uint32"
+    records: list[dict | None] = []
+    jobs = []
+    for k, part in enumerate(parts):
+        name, identity = f"{k:05d}", list(signature[part["input"]])
+        job = {"part": part, "path": files[part["input"]], "identity": identity, "reading": asdict(reading),
+               "dtype": dtype, "folder": os.path.join(out, "shards", name), "name": name}
+        done = _finished_record(job["folder"], job)
+        records.append(done)
+        if done is None:
+            jobs.append(job)
+    if len(jobs) < len(parts):
+        log.info("%d of %d shards already prepared in %s: preparing the others", len(parts) - len(jobs), len(parts),
+                 out)
+    if jobs and reading.dedup:
+        _assign_drops(out, parts, records, jobs, tok, workers)
+    sizes = {id(j): _part_size(j) for j in jobs}
+    with _progress(sum(sizes.values()), progress) as advance:
+        for job, record in _map(prepare_part, jobs, tok, workers):
+            records[int(job["name"])] = record
+            advance(sizes[id(job)])
+    for k, r in enumerate(records):
+        r["name"] = f"{k:05d}"
+    return records, [records[int(j["name"])] for j in jobs]
+
+
+def _finished_record(folder: str, job: dict) -> dict | None:
+    try:
+        with open(os.path.join(folder, "record.json"), encoding="utf-8") as f:
+            r = json.load(f)
+    except (OSError, ValueError):
+        return None
+    same = (r.get("part"), r.get("identity"), r.get("reading"), r.get("dtype")) == (
+        job["part"], job["identity"], job["reading"], job["dtype"])
+    return r if same and _shard_whole(folder, r) else None
+
+
+def _shard_whole(folder: str, record: dict) -> bool:
+    """Each array of a finished shard has the size and checksum its record says (a damaged one is redone)."""
+    width = np.dtype(record["dtype"]).itemsize
+    sizes = {"tokens.bin": record["tokens"] * width, "sent_ends.bin": record["sentences"] * 8,
+             "doc_ends.bin": record["documents"] * 8}
+    try:
+        return all(os.path.getsize(os.path.join(folder, n)) == sizes[n] and
+                   _crc32(os.path.join(folder, n)) == record["crc32"][n] for n in ARRAYS)
+    except (OSError, KeyError, TypeError):
+        return False
+
+
+def _part_size(job: dict) -> int:
+    part = job["part"]
+    if part["end"] is not None:
+        return part["end"] - part["start"]
+    return 0 if job["path"].startswith("hf:") else os.path.getsize(job["path"])
+
+
+def _map(fn, jobs: list[dict], tok: Tokenizer, workers: int | None) -> Iterator[tuple[dict, dict]]:
+    """(job, fn(job)) as the jobs finish: in worker processes, or here when one is enough."""
+    from .devices import available_cores
+
+    n = min(workers or available_cores(), len(jobs))
+    if n <= 1:
+        for job in jobs:
+            yield job, fn({**job, "tokenizer": tok.to_str()})
+        return
+    methods = multiprocessing.get_all_start_methods()
+    ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+    before = os.environ.get("TOKENIZERS_PARALLELISM")
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # each worker one thread; and no warning about the fork
+    try:
+        with ProcessPoolExecutor(n, mp_context=ctx, initializer=_init_worker, initargs=(tok.to_str(),)) as pool:
+            if before is None:
+                os.environ.pop("TOKENIZERS_PARALLELISM", None)
+            else:
+                os.environ["TOKENIZERS_PARALLELISM"] = before
+            try:  # not pool.map: it cancels its futures on an interrupt, and the pool's thread then fails on them
+                futures = [pool.submit(fn, job) for job in jobs]
+                for job, future in zip(jobs, futures):
+                    yield job, future.result()
+            except BrokenProcessPool:
+                raise TrainingError("a worker process of bertforge prepare died (out of memory?); the shards finished "
+                                "so far are kept: run the same command again, with fewer --workers") from None
+            except BaseException:
+                for p in list(getattr(pool, "_processes", {}).values()):  # an interrupt: stop the workers now
+                    p.kill()
+                raise
+    finally:
+        if before is None:
+            os.environ.pop("TOKENIZERS_PARALLELISM", None)
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = before
+
+
+@contextlib.contextmanager
+def _progress(total: int, shown: bool):
+    """``advance(bytes)``: a bar with MB/s and the time left on a terminal, else a log line every 30 s."""
+    bar = tqdm(total=total, unit="B", unit_scale=True, desc="preparing", disable=not shown, leave=False)
+    t0, last, done = time.monotonic(), [time.monotonic()], [0]
+
+    def advance(n: int) -> None:
+        bar.update(n)
+        done[0] += n
+        now = time.monotonic()
+        if not shown and now - last[0] >= 30:
+            last[0] = now
+            rate = done[0] / 1e6 / max(now - t0, 1e-9)
+            log.info("prepared %.0f of %.0f MB (%.1f MB/s)", done[0] / 1e6, total / 1e6, rate)
+
+    try:
+        yield advance
+    finally:
+        bar.close()
+
+
+def _assign_drops(out: str, parts: list[dict], records: list, jobs: list[dict], tok: Tokenizer,
+                  workers: int | None) -> None:
+    """``--dedup``: every part's document and paragraph hashes (a finished shard's from its files, the others
+    by a first pass), then, for each job, the documents and paragraphs met before it in corpus order."""
+    hashes: list = [None] * len(parts)
+    for k, r in enumerate(records):
+        if r is not None:
+            folder = os.path.join(out, "shards", f"{k:05d}")
+            hashes[k] = {"docs": np.fromfile(os.path.join(folder, HASHES[0]), dtype=np.uint64),
+                         "paras": np.fromfile(os.path.join(folder, HASHES[1]), dtype=np.uint64)}
+    todo = [{**p, "index": k} for k, p in enumerate(parts) if hashes[k] is None]
+    lookup = {j["name"]: j for j in jobs}
+    for job, found in _map(hash_part, [lookup[f"{t['index']:05d}"] for t in todo], tok, workers):
+        hashes[int(job["name"])] = found
+    for key in ("docs", "paras"):
+        every = np.concatenate([h[key] for h in hashes])
+        _, first = np.unique(every, return_index=True)
+        repeated = np.ones(len(every), dtype=bool)
+        repeated[first] = False
+        starts = np.cumsum([0] + [len(h[key]) for h in hashes])
+        for job in jobs:
+            k = int(job["name"])
+            local = np.flatnonzero(repeated[starts[k] : starts[k + 1]])
+            drop = job.setdefault("drop", [set(), set()])
+            drop[0 if key == "docs" else 1] = set(local.tolist())
+
+
+def _manifest(out: str, files: list[str], tok: Tokenizer, reading: Reading, records: list[dict]) -> dict:
+    inputs = []
+    for i, identity in enumerate(input_signature(files)):
+        mine = [r for r in records if r["part"]["input"] == i]
+        sha = mine[0]["sha256"] if len(mine) == 1 else hashlib.sha256(
+            "".join(r["sha256"] for r in mine).encode()).hexdigest()
+        inputs.append({"path": identity[0], "identity": list(identity), "bytes": sum(r["bytes"] for r in mine),
+                       "sha256": sha, "parts": len(mine)})
+    shards = [{k: r[k] for k in ("name", "part", "tokens", "sentences", "documents", "paragraphs", "chars", "bytes",
+                                 "sha256", "crc32")} for r in records]
+    totals = {k: sum(r[k] for r in records) for k in ("tokens", "sentences", "documents", "chars")}
+    if not totals["documents"] or not totals["tokens"]:
+        raise UserError(f"the corpus is empty: no text in {', '.join(files)}")
+    manifest = {
+        "version": VERSION, "kind": KIND, "dtype": records[0]["dtype"],
+        "vocab_size": tok.get_vocab_size(with_added_tokens=True), "tokenizer": tokenizer_fingerprint(tok),
+        "reading": asdict(reading),
+        "input_sha256": "sha256 of the text read (decompressed); for an input cut into parts, the sha256 of its "
+                        "parts' hex digests in order",
+        "inputs": inputs, "shards": shards, **totals, "duplicates": _duplicates(out, records, reading),
+    }
+    manifest["held_out"] = _held_out(out, manifest)
+    return manifest
+
+
+def _duplicates(out: str, records: list[dict], reading: Reading, buckets: int = 256) -> dict:
+    """Exact duplicates beyond each first occurrence (spaces collapsed), over the whole corpus: the hashes are
+    spread into ``buckets`` files by their top byte and each bucket is counted alone, so the memory this takes
+    is a bucket's, not the corpus's."""
+    found = {"dropped": reading.dedup}
+    for key, name in (("documents", HASHES[0]), ("paragraphs", HASHES[1])):
+        with tempfile.TemporaryDirectory(prefix=".duplicates-", dir=out) as tmp:
+            files = [open(os.path.join(tmp, str(b)), "wb") for b in range(buckets)]
+            total = 0
+            for r in records:
+                h = np.fromfile(os.path.join(out, "shards", r["name"], name), dtype=np.uint64)
+                total += len(h)
+                top = (h >> np.uint64(56)).astype(np.int64) * buckets // 256
+                order = np.argsort(top, kind="stable")
+                bounds = np.searchsorted(top[order], np.arange(buckets + 1))
+                for b in np.flatnonzero(np.diff(bounds)):
+                    h[order[bounds[b] : bounds[b + 1]]].tofile(files[b])
+            for f in files:
+                f.close()
+            distinct = sum(len(np.unique(np.fromfile(os.path.join(tmp, str(b)), dtype=np.uint64)))
+                           for b in range(buckets))
+        found[key], found[f"{key}_read"] = total - distinct, total
+    return found
+
+
+def seed_int(*parts: int) -> int:
+    return int(np.random.SeedSequence([int(p) & 0xFFFFFFFF for p in parts]).generate_state(2, np.uint64)[0])
+
+
+def split_documents(corpus: TokenizedCorpus, seed: int, eval_fraction: float = 0.05,
+                    max_eval_tokens: int = 1_000_000, need_train: int = 2) -> tuple[np.ndarray, np.ndarray]:
+    """(train document ids, held-out document ids): documents drawn at random until the held-out part
+    holds ``eval_fraction`` of the tokens (at most ``max_eval_tokens``), at least one document, and at
+    least ``need_train`` documents stay for training."""
+    n = corpus.n_documents
+    if n < need_train + 1:
+        raise UserError(
+            f"the corpus has {n} document(s): holding some out for evaluation needs at least {need_train + 1}; "
+            "give --eval-data, or split the text into documents (one file or JSONL line per document, "
+            "or --doc-separator blank-line)"
+        )
+    order = np.random.default_rng(seed_int(seed, 7)).permutation(n)
+    budget = min(eval_fraction * corpus.n_tokens, max_eval_tokens)
+    held: list[int] = []
+    tokens = 0
+    for d in order[: n - need_train]:
+        if held and tokens >= budget:
+            break
+        held.append(int(d))
+        tokens += corpus.doc_tokens(int(d))
+    held_arr = np.sort(np.asarray(held, dtype=np.int64))
+    train = np.setdiff1d(np.arange(n, dtype=np.int64), held_arr)
+    return train, held_arr
+
+
+def _held_out(out: str, manifest: dict) -> dict:
+    """The documents that evaluation holds out when no other evaluation text is given (HELD_OUT_RULE)."""
+    rule = {"rule": HELD_OUT_RULE, "documents": None}
+    if manifest["documents"] < 3:
+        return rule
+    _, held = split_documents(TokenizedCorpus(out, manifest), seed=0, need_train=2)
+    rule["documents"] = held.tolist()
+    return rule
+
+
+def _remove_others(out: str, keep: set[str]) -> None:
+    """Shards of an earlier plan that this one does not use (an input that changed size)."""
+    shards = os.path.join(out, "shards")
+    for name in os.listdir(shards):
+        if name not in keep:
+            shutil.rmtree(os.path.join(shards, name), ignore_errors=True)

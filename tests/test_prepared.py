@@ -1,0 +1,272 @@
+"""``bertforge prepare``: the shards equal the arrays of the single-process cache of 1b969d3, pretraining reads
+them as it reads raw text, a killed preparation resumes to the same bytes, changed inputs are prepared again,
+duplicates are counted (and dropped with --dedup), and torchrun ranks wait on a lock file, not in a collective."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from bertforge import UserError
+from bertforge import prepared as prepared_module
+from bertforge.cli import main
+from bertforge.data import build_corpus
+from bertforge.prepared import Reading, prepare_corpus
+from bertforge.tokenizer import load_tokenizer
+
+from . import reference_corpora
+from .conftest import data_path
+
+
+@pytest.fixture(scope="module")
+def minilm_tok(minilm_dir):
+    return load_tokenizer(minilm_dir)
+
+
+def _arrays(corpus) -> dict:
+    import hashlib
+
+    found = {"tokens.bin": np.asarray(corpus.tokens), "sent_ends.bin": np.asarray(corpus.sent_ends, dtype=np.int64),
+             "doc_ends.bin": np.asarray(corpus.doc_ends, dtype=np.int64)}
+    return {k: hashlib.sha256(v.tobytes()).hexdigest() for k, v in found.items()}
+
+
+@pytest.mark.parametrize("case", sorted(reference_corpora.CASES))
+@pytest.mark.parametrize("small_parts", [False, True], ids=["whole", "parts"])
+def test_arrays_equal_those_of_the_1b969d3_cache(case, small_parts, minilm_tok, tmp_path, monkeypatch):
+    """Cut into many parts and prepared by two workers, or whole: the arrays of the old single pass, bit for bit."""
+    import bertforge.corpus as corpus_module
+
+    if small_parts:
+        monkeypatch.setattr(prepared_module, "MIN_PART_BYTES", 2000)
+        monkeypatch.setattr(corpus_module, "READ_BYTES", 700)  # blocks end inside lines, paragraphs, documents
+    writer, sep = reference_corpora.CASES[case]
+    paths = writer(str(tmp_path / "in"))
+    corpus = prepare_corpus(paths, minilm_tok, str(tmp_path / "out"), Reading(doc_separator=sep), workers=2)
+    assert (len(corpus.meta["shards"]) > 5) == small_parts
+    assert _arrays(corpus) == reference_corpora.REFERENCE[case]
+
+
+def test_gutenberg_arrays_equal_those_of_the_1b969d3_cache(minilm_tok, tmp_path):
+    path = str(data_path("gutenberg", "validation.jsonl"))
+    corpus = prepare_corpus([path], minilm_tok, str(tmp_path / "out"), workers=2)
+    assert _arrays(corpus) == reference_corpora.REFERENCE["gutenberg-validation"]
+
+
+def _prepare(args, tmp_path, name="prep", expect=0, capsys=None):
+    out = tmp_path / name
+    assert main(["--quiet", "prepare", "--out", str(out), "--no-progress", *args]) == expect
+    return out
+
+
+def _files(folder) -> dict:
+    found = {}
+    for root, _, names in os.walk(folder):
+        for n in names:
+            p = os.path.join(root, n)
+            found[os.path.relpath(p, folder)] = open(p, "rb").read()
+    return found
+
+
+def test_pretraining_from_a_prepared_folder_is_pretraining_from_the_raw_text(small_text_corpus, minilm_dir,
+                                                                              tmp_path):
+    """The same batches: the same losses and weights after a few steps, no tokenization at the start."""
+    out = _prepare(["--data", str(small_text_corpus), "--tokenizer", minilm_dir, "--workers", "2"], tmp_path)
+    common = ["--preset", "tiny", "--max-steps", "3", "--batch-size", "8", "--max-seq-length", "64", "--eval-every",
+              "0", "--save-every", "0", "--max-eval-instances", "16", "--no-progress"]
+    raw, ready = tmp_path / "raw", tmp_path / "ready"
+    assert main(["--quiet", "pretrain", "--data", str(small_text_corpus), "--tokenizer", minilm_dir, "--out", str(raw),
+                 "--cache-dir", str(tmp_path / "cache"), *common]) == 0
+    assert main(["--quiet", "pretrain", "--data", str(out), "--out", str(ready), "--cache-dir", str(tmp_path / "none"),
+                 *common]) == 0
+    assert not (tmp_path / "none").exists()  # nothing tokenized
+    a, b = (json.loads((d / "metrics.json").read_text()) for d in (raw, ready))
+    assert a["mlm_loss"] == b["mlm_loss"] and a["steps"] == b["steps"] == 3
+    assert (raw / "model.safetensors").read_bytes() == (ready / "model.safetensors").read_bytes()
+    assert (ready / "vocab.txt").read_text() == (out / "vocab.txt").read_text()
+
+
+def test_a_prepared_folder_brings_its_tokenizer(small_text_corpus, minilm_dir, tmp_path, story_tokenizer, capsys):
+    out = _prepare(["--data", str(small_text_corpus), "--tokenizer", minilm_dir], tmp_path)
+    other = tmp_path / "tok"
+    from bertforge.tokenizer import save_tokenizer
+
+    save_tokenizer(story_tokenizer, str(other))
+    common = ["--preset", "tiny", "--max-steps", "1"]
+    assert main(["--quiet", "pretrain", "--data", str(out), "--tokenizer", str(other), "--out", str(tmp_path / "a"),
+                 *common]) == 2
+    assert "another tokenizer than the prepared corpus" in capsys.readouterr().err
+    assert main(["--quiet", "pretrain", "--data", str(out), str(small_text_corpus), "--out", str(tmp_path / "b"),
+                 *common]) == 2
+    assert "given alone" in capsys.readouterr().err
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    with pytest.raises(UserError, match="another tokenizer"):
+        build_corpus([str(out)], story_tokenizer)
+
+
+def test_a_killed_prepare_resumes_to_the_same_bytes(small_text_corpus, minilm_dir, tmp_path):
+    """SIGKILL after the second shard (no clean-up runs), then the same command: the manifest and every shard as
+    an uninterrupted preparation writes them."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for i in range(4):
+        shutil.copy(small_text_corpus, folder / f"part-{i}.jsonl")
+    args = ["-m", "bertforge", "--quiet", "prepare", "--data", str(folder), "--tokenizer", minilm_dir, "--workers", "1",
+            "--no-progress"]
+    whole = subprocess.run([sys.executable, *args, "--out", str(tmp_path / "whole")], capture_output=True, text=True)
+    assert whole.returncode == 0, whole.stderr
+    env = {**os.environ, "BERTFORGE_FAULT": "shard:2"}
+    killed = subprocess.run([sys.executable, *args, "--out", str(tmp_path / "cut")], env=env, capture_output=True)
+    assert killed.returncode == -9
+    assert not (tmp_path / "cut" / "manifest.json").exists() and len(os.listdir(tmp_path / "cut" / "shards")) == 2
+    again = subprocess.run([sys.executable, *args, "--out", str(tmp_path / "cut")], capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr
+    assert _files(tmp_path / "cut") == _files(tmp_path / "whole")
+
+
+def test_a_worker_that_dies_is_one_error_and_the_finished_shards_stay(small_text_corpus, minilm_dir, tmp_path,
+                                                                      monkeypatch, capsys):
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for i in range(4):
+        shutil.copy(small_text_corpus, folder / f"part-{i}.jsonl")
+    monkeypatch.setenv("BERTFORGE_FAULT", "shard:1")  # each worker is killed after its first shard
+    _prepare(["--data", str(folder), "--tokenizer", minilm_dir, "--workers", "2"], tmp_path, expect=1)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "a worker process of bertforge prepare died" in err
+    monkeypatch.delenv("BERTFORGE_FAULT")
+    out = _prepare(["--data", str(folder), "--tokenizer", minilm_dir, "--workers", "2"], tmp_path)
+    assert json.loads((out / "manifest.json").read_text())["documents"] > 0
+
+
+def test_an_input_rewritten_with_its_size_and_time_kept_is_prepared_again(minilm_dir, tmp_path):
+    (tmp_path / "in").mkdir()
+    a, b = tmp_path / "in" / "a.txt", tmp_path / "in" / "b.txt"
+    a.write_text("Tom went to the park. He saw a dog.\n")
+    b.write_text("The other file stays as it is.\n")
+    out = _prepare(["--data", str(tmp_path / "in"), "--tokenizer", minilm_dir], tmp_path)
+    st = a.stat()
+    kept = (out / "shards" / "00001" / "tokens.bin").stat().st_ino
+    (tmp_path / "new.txt").write_text("Ann sat on a mat. She ate a cake.".ljust(st.st_size - 1) + "\n")
+    shutil.copy2(tmp_path / "new.txt", a)  # rewritten in place, as cp -p does
+    os.utime(a, ns=(st.st_atime_ns, st.st_mtime_ns))  # touch -r: the old time
+    assert a.stat().st_size == st.st_size and a.stat().st_mtime_ns == st.st_mtime_ns
+    _prepare(["--data", str(tmp_path / "in"), "--tokenizer", minilm_dir], tmp_path)
+    corpus = build_corpus([str(out)], load_tokenizer(minilm_dir))
+    assert corpus.document_text(0, load_tokenizer(minilm_dir)).startswith("ann sat")
+    assert (out / "shards" / "00001" / "tokens.bin").stat().st_ino == kept  # the unchanged input's shard kept
+
+
+def test_other_settings_need_overwrite(small_text_corpus, minilm_dir, story_tokenizer, tmp_path, capsys):
+    out = _prepare(["--data", str(small_text_corpus), "--tokenizer", minilm_dir], tmp_path)
+    _prepare(["--data", str(small_text_corpus), "--tokenizer", minilm_dir, "--dedup"], tmp_path, expect=2)
+    assert "prepared with other reader settings (--text-field, --doc-separator, --dedup)" in capsys.readouterr().err
+    _prepare(["--data", str(small_text_corpus), "--tokenizer", minilm_dir, "--dedup", "--overwrite"], tmp_path)
+    assert json.loads((out / "manifest.json").read_text())["reading"]["dedup"] is True
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me\n")
+    _prepare(["--data", str(small_text_corpus), "--tokenizer", minilm_dir], tmp_path, name="mine", expect=2)
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me\n"
+
+
+def test_duplicates_are_counted_and_dropped_with_dedup(minilm_dir, tmp_path):
+    """Exact duplicate documents and paragraphs (spaces collapsed): counted always; --dedup keeps the first."""
+    docs = ["First story. It is long.\n\nA shared paragraph here.", "Second story.\n\nA shared  paragraph\nhere.",
+            "First story. It is long.\n\nA shared paragraph here.", "Third, new.\n\nThird, new."]
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "d.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in docs))
+    tok = load_tokenizer(minilm_dir)
+    kept = _prepare(["--data", str(tmp_path / "in"), "--tokenizer", minilm_dir], tmp_path, name="kept")
+    dropped = _prepare(["--data", str(tmp_path / "in"), "--tokenizer", minilm_dir, "--dedup"], tmp_path, name="dropped")
+    m = json.loads((kept / "manifest.json").read_text())["duplicates"]
+    assert (m["documents"], m["paragraphs"], m["dropped"]) == (1, 4, False)  # doc 3; its 2 paragraphs, 1 + 1 more
+    a, b = build_corpus([str(kept)], tok), build_corpus([str(dropped)], tok)
+    assert a.n_documents == 4 and b.n_documents == 3
+    texts = [b.document_text(d, tok) for d in range(b.n_documents)]
+    assert texts == ["first story. it is long. a shared paragraph here.", "second story.", "third, new."]
+    assert json.loads((dropped / "manifest.json").read_text())["duplicates"]["paragraphs"] == 4
+
+
+def test_bad_input_is_one_error_naming_the_line(minilm_dir, tmp_path, monkeypatch, capsys):
+    """A malformed line in a later part of a file names its line in the whole file."""
+    monkeypatch.setattr(prepared_module, "MIN_PART_BYTES", 500)
+    lines = [json.dumps({"text": f"Document number {i}. It has two sentences."}) for i in range(60)]
+    lines[47] = '{"text": "broken'
+    (tmp_path / "bad.jsonl").write_text("\n".join(lines) + "\n")
+    _prepare(["--data", str(tmp_path / "bad.jsonl"), "--tokenizer", minilm_dir, "--workers", "2"], tmp_path,
+             expect=2)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "bad.jsonl:48: not valid JSON" in err
+
+
+def test_torchrun_ranks_wait_for_the_preparation_outside_any_collective(minilm_dir, tmp_path):
+    """Two processes, a process-group timeout shorter than the preparation: one prepares, the other waits on
+    the lock file, and the run succeeds (the old barrier failed here)."""
+    from bertforge.demo_corpus import write_story_corpus
+
+    corpus = write_story_corpus(tmp_path / "stories.jsonl", n_docs=30000)
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    env = {**os.environ, "BERTFORGE_DIST_TIMEOUT": "2", "BERTFORGE_THREADS": "2"}
+    r = subprocess.run([torchrun, "--nproc_per_node=2", "--master_port", "29547", "-m", "bertforge", "pretrain",
+                        "--data", corpus, "--tokenizer", minilm_dir, "--out", str(tmp_path / "run"), "--preset", "tiny",
+                        "--max-steps", "2", "--batch-size", "8", "--max-seq-length", "64", "--eval-every", "0",
+                        "--save-every", "0", "--max-eval-instances", "8", "--no-progress",
+                        "--cache-dir", str(tmp_path / "cache")], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    took = [float(x.split(" in ")[1].split(" s")[0]) for x in r.stderr.splitlines() if "prepared it)" in x]
+    assert len(took) == 1 and took[0] > 2, r.stderr[-3000:]  # prepared once, for longer than the timeout
+    assert "rank 1 prepared it" in r.stderr or "rank 0 prepared it" in r.stderr
+    assert len(os.listdir(tmp_path / "cache")) == 1
+
+
+def _sleep_for(job: dict) -> float:
+    import time
+
+    time.sleep(job["s"])
+    return job["s"]
+
+
+def test_ctrl_c_stops_the_workers_without_a_traceback(minilm_tok, monkeypatch):
+    """An interrupt while waiting for the workers: KeyboardInterrupt and the workers gone, and no exception in the
+    pool's own thread (pool.map cancelled its futures, on which that thread then failed: a traceback on stderr)."""
+    import multiprocessing
+    import signal
+    import threading
+
+    failed = []
+    monkeypatch.setattr(threading, "excepthook", failed.append)
+    jobs = [{"s": 0.01}] + [{"s": 30.0} for _ in range(200)]  # most still queued, cancelled by pool.map
+    for _ in range(4):  # the pool's thread meets the cancelled futures or not, by a race: several tries
+        timer = threading.Timer(0.4, os.kill, (os.getpid(), signal.SIGINT))
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            for _ in prepared_module._map(_sleep_for, jobs, minilm_tok, 2):
+                pass
+        timer.cancel()
+    assert failed == []
+    assert not multiprocessing.active_children()
+
+
+def test_a_damaged_shard_is_prepared_again_and_bad_input_leaves_nothing(small_text_corpus, minilm_dir, tmp_path,
+                                                                         capsys):
+    out = _prepare(["--data", str(small_text_corpus), "--tokenizer", minilm_dir], tmp_path)
+    whole = _files(out)
+    tokens = out / "shards" / "00000" / "tokens.bin"
+    tokens.write_bytes(tokens.read_bytes()[:100])
+    with pytest.raises(UserError, match="is damaged"):
+        build_corpus([str(out)], load_tokenizer(minilm_dir))
+    _prepare(["--data", str(small_text_corpus), "--tokenizer", minilm_dir], tmp_path)  # the same command mends it
+    assert _files(out) == whole
+    (tmp_path / "bad.jsonl").write_text('{"text": 5}\n')
+    (tmp_path / "empty.txt").write_text("")
+    for given, said in (("bad.jsonl", "bad.jsonl:1: field 'text' is not a string"), ("empty.txt", "is empty"),
+                        ("prep", "is a prepared corpus already")):
+        _prepare(["--data", str(tmp_path / given), "--tokenizer", minilm_dir, "--doc-separator", "line"], tmp_path,
+                 name="new", expect=2)
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and said in err, err
+        assert not (tmp_path / "new").exists() and not [p for p in os.listdir(tmp_path) if p.startswith(".new")]
