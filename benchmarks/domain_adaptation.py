@@ -42,7 +42,7 @@ import time
 import traceback
 
 SEQ = 128
-LR_SCREEN = (3e-5, 1e-4, 3e-4)
+LR_SCREEN = (3e-4, 1e-4, 3e-5)  # the largest first: the rate likeliest to move a model in few steps
 TRIES = ("doubled", "lr-screen", "labelled-text")
 LIMIT_MINUTES = 120
 # Rates of a mini at length 128 on this machine's two cores, for the plan: training as RESULTS.md's speed tables

@@ -2,7 +2,8 @@
 
 The Python API mirrors the commands (:mod:`bertforge.api`): :func:`train_tokenizer`, :func:`prepare`,
 :func:`run_pretraining`, :func:`run_finetuning`, :func:`evaluate_classifier`, :func:`evaluate_squad` and
-:func:`pipeline`; the model classes load and save Hugging Face BERT directories (``from_pretrained`` / ``save_pretrained``).
+:func:`pipeline`; the model classes load and save Hugging Face BERT directories (``from_pretrained`` /
+``save_pretrained``).
 """
 
 from .api import (
