@@ -337,7 +337,9 @@ class _ShardWriter:
         self.doc_marks.append(len(self.pending))
 
     def flush(self) -> None:
-        encoded = self.tok.encode_batch_fast(self.pending, add_special_tokens=False) if self.pending else []
+        # encode_batch_fast (tokenizers >= 0.20) leaves out the character offsets, which nothing here uses
+        encode = getattr(self.tok, "encode_batch_fast", self.tok.encode_batch)
+        encoded = encode(self.pending, add_special_tokens=False) if self.pending else []
         toks, sent_ends, doc_ends, marks = [], [], [], iter(self.doc_marks + [-1])
         mark = next(marks)
         for k in range(len(self.pending) + 1):
