@@ -634,13 +634,11 @@ def _map(fn, jobs: list[dict], tok: Tokenizer, workers: int | None) -> Iterator[
     methods = multiprocessing.get_all_start_methods()
     ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
     before = os.environ.get("TOKENIZERS_PARALLELISM")
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # each worker one thread; and no warning about the fork
+    # each worker one thread, and no warning about the fork: set while the pool lives, since the executor
+    # forks its workers at the first submit, not when it is made
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
     try:
         with ProcessPoolExecutor(n, mp_context=ctx, initializer=_init_worker, initargs=(tok.to_str(),)) as pool:
-            if before is None:
-                os.environ.pop("TOKENIZERS_PARALLELISM", None)
-            else:
-                os.environ["TOKENIZERS_PARALLELISM"] = before
             try:  # not pool.map: it cancels its futures on an interrupt, and the pool's thread then fails on them
                 futures = [pool.submit(fn, job) for job in jobs]
                 for job, future in zip(jobs, futures):
