@@ -299,3 +299,48 @@ def test_a_cache_that_cannot_be_written_is_one_error(tmp_path, story_tokenizer, 
     with pytest.raises(UserError, match="cannot write the tokenized-corpus cache .*: No space left on device"):
         build_corpus(paths, story_tokenizer, cache_dir=str(tmp_path / "c"))
     assert os.listdir(tmp_path / "c") == []  # nothing half-written, no lock
+
+
+def test_instance_plan_on_disk_gives_the_same_batches(gutenberg, tmp_path, monkeypatch):
+    """The plan kept on disk (as training keeps it) yields exactly the batches of the plan in memory, across
+    epochs and in blocks smaller than an epoch; its files have no name, so nothing is left in the folder."""
+    import bertforge.data as data
+
+    tok, corpus = gutenberg
+    monkeypatch.setattr(data, "PLAN_CHUNK", 100)  # several blocks per epoch
+    masker = Masker(tok, MaskingConfig(max_seq_length=128))
+    docs = np.arange(corpus.n_documents)
+    mem = PretrainingLoader(corpus, docs, masker, batch_size=64, seed=3)
+    disk = PretrainingLoader(corpus, docs, masker, batch_size=64, seed=3, plan_dir=str(tmp_path))
+    for epoch in (0, 1):
+        (i_mem, o_mem), (i_disk, o_disk) = mem.instances(epoch), disk.instances(epoch)
+        assert len(i_mem) > 3 * 100
+        assert isinstance(i_disk, np.memmap) and isinstance(o_disk, np.memmap)
+        assert np.array_equal(i_mem, i_disk) and np.array_equal(o_mem, o_disk)
+        assert not np.array_equal(o_disk, np.arange(len(o_disk)))  # shuffled
+    assert np.array_equal(create_instances(corpus, docs, docs, masker.cfg, seed=11),
+                          np.concatenate(list(data.instance_chunks(corpus, docs, docs, masker.cfg, seed=11))))
+    disk.epoch, disk.step = 0, disk.steps_in_epoch(0) - 2  # crosses into epoch 1
+    mem.load_state_dict(disk.state_dict())
+    for _ in range(4):
+        x, y = mem.next_batch(), disk.next_batch()
+        assert all(torch.equal(x[k], y[k]) for k in x)
+    assert disk.epoch == 1
+    assert mem.steps_in_epochs(3) == disk.steps_in_epochs(3)
+    assert os.listdir(tmp_path) == []
+
+
+def test_instance_plan_on_a_full_disk_is_one_error(small_text_corpus, story_tokenizer, tmp_path, monkeypatch):
+    import errno
+    import tempfile
+
+    def full(*a, **kw):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    corpus = build_corpus([str(small_text_corpus)], story_tokenizer)
+    masker = Masker(story_tokenizer, MaskingConfig(max_seq_length=64))
+    loader = PretrainingLoader(corpus, np.arange(corpus.n_documents), masker, batch_size=4, seed=0,
+                               plan_dir=str(tmp_path))
+    monkeypatch.setattr(tempfile, "TemporaryFile", full)
+    with pytest.raises(UserError, match="cannot write the epoch's instance plan in .*No space left on device"):
+        loader.next_batch()

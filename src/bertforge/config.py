@@ -389,7 +389,8 @@ class PretrainDataConfig:
     whole_word_mask: bool = setting(False, "mask whole words (all WordPiece pieces of a word together)")
     nsp: bool = setting(True, "next sentence prediction (--no-nsp: masked LM only)")
     max_eval_instances: int = setting(2048, "held-out sequences per evaluation", check="positive")
-    cache_dir: str | None = setting(None, "where tokenized corpora are cached (default ~/.cache/bertforge)")
+    cache_dir: str | None = setting(None, "where tokenized corpora are cached and each epoch's instance plan kept "
+                                       "(default ~/.cache/bertforge)")
 
     def validate(self) -> None:
         validate_fields(self)

@@ -142,17 +142,17 @@ def _open_cached(folder: str) -> TokenizedCorpus | None:
 
 
 @contextlib.contextmanager
-def _cache_writes(cache_dir: str, creating: bool = False) -> Iterator[None]:
-    """A cache that cannot be written (a full disk, no permission...) is one error naming it and the way to
-    choose another.  ``creating``: any OSError (making the folder); else only a failed write."""
+def _cache_writes(cache_dir: str, creating: bool = False, what: str = "the tokenized-corpus cache") -> Iterator[None]:
+    """A cache that cannot be written (a full disk, no permission...) is one error naming it (``what``) and
+    the way to choose another.  ``creating``: any OSError (making the folder); else only a failed write."""
     try:
         yield
     except Exception as e:
         code = e.errno if creating and isinstance(e, OSError) else write_failure(e)
         if code is None:
             raise
-        raise UserError(f"cannot write the tokenized-corpus cache {path_shown(cache_dir)}: {os.strerror(code)}; choose "
-                        "another with --cache-dir or BERTFORGE_CACHE") from None
+        raise UserError(f"cannot write {what} {path_shown(cache_dir)}: {os.strerror(code)}; choose another with "
+                        "--cache-dir or BERTFORGE_CACHE") from None
 
 
 # ------------------------------------------------------------------------------------------------ instances
@@ -165,31 +165,71 @@ class MaskingConfig:
     whole_word_mask: bool = False
 
 
-def create_instances(
+PLAN_CHUNK = 1 << 16  # instances gathered in a list before they join the plan as one int64 block
+
+
+def instance_chunks(
     corpus: TokenizedCorpus,
     doc_ids: np.ndarray,
     random_pool: np.ndarray,
     cfg: MaskingConfig,
     seed: int,
-) -> np.ndarray:
-    """Instances of one pass over ``doc_ids``: int64 rows ``(a0, a1, b0, b1, is_random_next)``.
+) -> Iterator[np.ndarray]:
+    """Instances of one pass over ``doc_ids``, in blocks of int64 rows ``(a0, a1, b0, b1, is_random_next)``.
 
     A and B are token ranges ``[a0, a1)`` and ``[b0, b1)`` of ``corpus.tokens`` (B empty without NSP);
     NotNext segments B come from a document of ``random_pool`` other than the instance's own.  One random
-    stream, seeded by ``seed``, is drawn from in document order.
+    stream, seeded by ``seed``, is drawn from in document order, so the blocks' size does not change them.
     """
     rng = random.Random(seed)
-    out: list[tuple[int, int, int, int, int]] = []
     max_num = cfg.max_seq_length - (3 if cfg.nsp else 2)
     if max_num < 2:
         raise UserError(f"max_seq_length {cfg.max_seq_length} is too short")
-    pool = [int(d) for d in random_pool]
+    pool = np.asarray(random_pool, dtype=np.int64)
+    out: list[tuple[int, int, int, int, int]] = []
     for d in doc_ids:
         _document_instances(corpus, int(d), pool, cfg, max_num, rng, out)
-    return np.asarray(out, dtype=np.int64).reshape(-1, 5)
+        if len(out) >= PLAN_CHUNK:
+            yield np.asarray(out, dtype=np.int64)
+            out = []
+    if out:
+        yield np.asarray(out, dtype=np.int64)
 
 
-def _document_instances(corpus: TokenizedCorpus, d: int, pool: list[int], cfg: MaskingConfig, max_num: int,
+def create_instances(corpus: TokenizedCorpus, doc_ids: np.ndarray, random_pool: np.ndarray, cfg: MaskingConfig,
+                     seed: int) -> np.ndarray:
+    """The instances of :func:`instance_chunks` as one (N, 5) array in memory."""
+    chunks = list(instance_chunks(corpus, doc_ids, random_pool, cfg, seed))
+    return np.concatenate(chunks) if chunks else np.zeros((0, 5), dtype=np.int64)
+
+
+def plan_on_disk(chunks: Iterator[np.ndarray], folder: str, order_seed: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """(instances, order) of an epoch as arrays memory-mapped from two nameless files in ``folder``: the
+    instances written block by block as they are drawn, the order shuffled in place on its file, the same
+    values as :func:`create_instances` and ``default_rng(order_seed).permutation`` give (None: in order).
+    The files have no name from the start, so nothing is left behind, even by a killed run; their disk
+    space is freed when the arrays are."""
+    with _cache_writes(folder, what="the epoch's instance plan in"):
+        with tempfile.TemporaryFile(dir=folder, prefix="plan-") as f:
+            n = 0
+            for block in chunks:
+                f.write(block.tobytes())
+                n += len(block)
+            f.flush()
+            if n == 0:
+                return np.zeros((0, 5), dtype=np.int64), np.zeros(0, dtype=np.int64)
+            inst = np.memmap(f, dtype=np.int64, mode="r", shape=(n, 5))
+        with tempfile.TemporaryFile(dir=folder, prefix="order-") as f:
+            for i in range(0, n, PLAN_CHUNK):  # written, not mapped, so that a full disk is an error, not SIGBUS
+                f.write(np.arange(i, min(n, i + PLAN_CHUNK), dtype=np.int64).tobytes())
+            f.flush()
+            order = np.memmap(f, dtype=np.int64, mode="r+", shape=(n,))
+    if order_seed is not None:
+        np.random.default_rng(order_seed).shuffle(order)  # the very permutation() of the same generator
+    return inst, order
+
+
+def _document_instances(corpus: TokenizedCorpus, d: int, pool: np.ndarray, cfg: MaskingConfig, max_num: int,
                         rng: random.Random, out: list) -> None:
     """Append document ``d``'s instances to ``out``: its sentences gathered into chunks of a target length
     (``max_num`` tokens, or with ``short_seq_prob`` a shorter one), each chunk one instance."""
@@ -232,16 +272,16 @@ def _document_instances(corpus: TokenizedCorpus, d: int, pool: list[int], cfg: M
         i += 1
 
 
-def _random_segment(corpus: TokenizedCorpus, d: int, pool: list[int], target_b: int,
+def _random_segment(corpus: TokenizedCorpus, d: int, pool: np.ndarray, target_b: int,
                     rng: random.Random) -> tuple[int, int]:
     """Segment B of a NotNext instance of document ``d``: from a random sentence of another document of
     ``pool`` (the only one when the pool holds one), sentences until ``target_b`` tokens or the document's end."""
     rd = d
     if len(pool) > 1:
         while rd == d:
-            rd = pool[rng.randrange(len(pool))]
+            rd = int(pool[rng.randrange(len(pool))])
     else:
-        rd = pool[0]
+        rd = int(pool[0])
     r0, r1 = corpus.doc_range(rd)
     j = rng.randrange(r0, r1)
     b0 = corpus.sent_start(j)
@@ -360,25 +400,35 @@ class PretrainingLoader:
     """
 
     def __init__(self, corpus: TokenizedCorpus, doc_ids: np.ndarray, masker: Masker, batch_size: int, seed: int,
-                 rank: int = 0, world: int = 1, random_pool: np.ndarray | None = None, shuffle: bool = True):
+                 rank: int = 0, world: int = 1, random_pool: np.ndarray | None = None, shuffle: bool = True,
+                 plan_dir: str | None = None):
         if batch_size % world:
             raise UserError(f"batch size {batch_size} is not divisible by the number of processes {world}")
         self.corpus, self.doc_ids, self.masker = corpus, np.asarray(doc_ids), masker
         self.random_pool = self.doc_ids if random_pool is None else np.asarray(random_pool)
         self.batch_size, self.seed, self.rank, self.world, self.shuffle = batch_size, seed, rank, world, shuffle
+        self.plan_dir = plan_dir  # None: each epoch's plan in memory (a small corpus, the evaluation set)
         self.epoch, self.step = 0, 0
         self._cached: tuple[int, np.ndarray, np.ndarray] | None = None
 
     # -- one epoch
+    def _chunks(self, epoch: int) -> Iterator[np.ndarray]:
+        return instance_chunks(self.corpus, self.doc_ids, self.random_pool, self.masker.cfg,
+                               _seed_int(self.seed, 1, epoch))
+
     def instances(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
-        """(instances, order) of an epoch; computed once per epoch."""
+        """(instances, order) of an epoch; computed once per epoch, held on disk with ``plan_dir``, so that
+        the memory it takes does not grow with the corpus."""
         if self._cached is None or self._cached[0] != epoch:
-            inst = create_instances(self.corpus, self.doc_ids, self.random_pool, self.masker.cfg,
-                                    _seed_int(self.seed, 1, epoch))
-            if self.shuffle:
-                order = np.random.default_rng(_seed_int(self.seed, 2, epoch)).permutation(len(inst))
+            self._cached = None  # the last epoch's plan freed before the next is drawn
+            order_seed = _seed_int(self.seed, 2, epoch) if self.shuffle else None
+            if self.plan_dir is not None:
+                inst, order = plan_on_disk(self._chunks(epoch), self.plan_dir, order_seed)
             else:
-                order = np.arange(len(inst))
+                chunks = list(self._chunks(epoch))
+                inst = np.concatenate(chunks) if chunks else np.zeros((0, 5), dtype=np.int64)
+                order = (np.random.default_rng(order_seed).permutation(len(inst)) if order_seed is not None
+                         else np.arange(len(inst)))
             self._cached = (epoch, inst, order)
         return self._cached[1], self._cached[2]
 
@@ -388,9 +438,8 @@ class PretrainingLoader:
     def steps_in_epochs(self, epochs: int) -> int:
         """The global batches of the first ``epochs`` epochs (``--epochs``): each epoch draws its instances
         afresh, so their number varies a little; the epochs after the first are drawn to be counted only."""
-        later = (create_instances(self.corpus, self.doc_ids, self.random_pool, self.masker.cfg,
-                                  _seed_int(self.seed, 1, e)) for e in range(1, epochs))
-        return self.steps_in_epoch(0) + sum(len(inst) // self.batch_size for inst in later)
+        later = (sum(len(c) for c in self._chunks(e)) // self.batch_size for e in range(1, epochs))
+        return self.steps_in_epoch(0) + sum(later)
 
     def build(self, epoch: int, indices: np.ndarray) -> dict:
         """The masked batch of the given instance indices of an epoch."""
@@ -484,8 +533,11 @@ class PretrainingData:
             else:
                 self.train_docs = np.setdiff1d(np.arange(self.corpus.n_documents, dtype=np.int64), held)
                 self.eval_docs = held
+        plan_dir = dc.cache_dir or default_cache_dir()  # each epoch's instance plan, off the heap
+        with _cache_writes(plan_dir, creating=True, what="the epoch's instance plan in"):
+            os.makedirs(plan_dir, exist_ok=True)
         self.loader = PretrainingLoader(self.corpus, self.train_docs, self.masker, t.batch_size, t.seed, d.rank,
-                                        d.world)
+                                        d.world, plan_dir=plan_dir)
         self.micro = t.batch_size // d.world // t.grad_accum
         if self.micro < 1:
             raise UserError(f"--batch-size {t.batch_size} is smaller than processes x --grad-accum")

@@ -397,6 +397,31 @@ def prepare_part(job: dict) -> dict:
     return record
 
 
+class _Hashes:
+    """The hashes of a part's documents and paragraphs (what duplicates are found by), taken as it is read."""
+
+    def __init__(self):
+        self.docs: list[int] = []
+        self.paras: list[int] = []
+        self._doc = hashlib.blake2b(digest_size=8)
+
+    def read(self, path: str, part: dict, reading: Reading, seen=None) -> Iterator:
+        """The part's paragraphs and document ends (``END``), as :func:`corpus.read_part` yields them, each
+        hashed before it is yielded."""
+        for para in read_part(path, part["start"], part["end"], reading.text_field, reading.doc_separator, seen):
+            if para is END:
+                self.docs.append(int.from_bytes(self._doc.digest(), "little"))
+                self._doc = hashlib.blake2b(digest_size=8)
+            else:
+                data = para.encode("utf-8")
+                self._doc.update(data + b"\n\n")
+                self.paras.append(_hash8(data))
+            yield para
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        return np.asarray(self.docs, dtype=np.uint64), np.asarray(self.paras, dtype=np.uint64)
+
+
 def _fill_shard(folder: str, tok: Tokenizer, reading: Reading, part: dict, path: str, job: dict) -> dict:
     writer = _ShardWriter(folder, tok, np.dtype(job["dtype"]), reading.max_sentence_tokens)
     split = sentences_of(reading.doc_separator, path)
@@ -408,45 +433,32 @@ def _fill_shard(folder: str, tok: Tokenizer, reading: Reading, part: dict, path:
         read[0] += len(block)
 
     drop_docs, drop_paras = job.get("drop") or (set(), set())
-    doc_hashes, para_hashes, doc = [], [], hashlib.blake2b(digest_size=8)
-    chars = 0
-    for para in read_part(path, part["start"], part["end"], reading.text_field, reading.doc_separator, seen):
+    hashes, chars = _Hashes(), 0
+    for para in hashes.read(path, part, reading, seen):
         if para is END:
-            doc_hashes.append(int.from_bytes(doc.digest(), "little"))
-            doc = hashlib.blake2b(digest_size=8)
             writer.end_document()
             continue
-        data = para.encode("utf-8")
-        doc.update(data + b"\n\n")
-        para_hashes.append(_hash8(data))
-        if len(doc_hashes) in drop_docs or len(para_hashes) - 1 in drop_paras:
+        if len(hashes.docs) in drop_docs or len(hashes.paras) - 1 in drop_paras:
             continue
         sentences = split(para)
         chars += sum(len(s) for s in sentences)
         writer.add(sentences)
     crc = writer.close()
-    np.asarray(doc_hashes, dtype=np.uint64).tofile(os.path.join(folder, HASHES[0]))
-    np.asarray(para_hashes, dtype=np.uint64).tofile(os.path.join(folder, HASHES[1]))
+    for name, array in zip(HASHES, hashes.arrays()):
+        array.tofile(os.path.join(folder, name))
     return {"part": part, "bytes": read[0], "sha256": digest.hexdigest(), "tokens": writer.tokens,
             "sentences": writer.sentences, "documents": writer.documents, "chars": chars,
-            "paragraphs": len(para_hashes), "documents_read": len(doc_hashes), "crc32": crc,
+            "paragraphs": len(hashes.paras), "documents_read": len(hashes.docs), "crc32": crc,
             "reading": asdict(reading), "dtype": job["dtype"]}
 
 
 def hash_part(job: dict) -> dict:
     """The first pass of ``--dedup``: the hashes of one part's documents and paragraphs, nothing tokenized."""
-    reading = Reading(**job["reading"])
-    part = job["part"]
-    doc_hashes, para_hashes, doc = [], [], hashlib.blake2b(digest_size=8)
-    for para in read_part(job["path"], part["start"], part["end"], reading.text_field, reading.doc_separator):
-        if para is END:
-            doc_hashes.append(int.from_bytes(doc.digest(), "little"))
-            doc = hashlib.blake2b(digest_size=8)
-            continue
-        data = para.encode("utf-8")
-        doc.update(data + b"\n\n")
-        para_hashes.append(_hash8(data))
-    return {"docs": np.asarray(doc_hashes, dtype=np.uint64), "paras": np.asarray(para_hashes, dtype=np.uint64)}
+    hashes = _Hashes()
+    for _ in hashes.read(job["path"], job["part"], Reading(**job["reading"])):
+        pass
+    docs, paras = hashes.arrays()
+    return {"docs": docs, "paras": paras}
 
 
 # ------------------------------------------------------------------------------------------------ the whole
@@ -646,9 +658,14 @@ def _map(fn, jobs: list[dict], tok: Tokenizer, workers: int | None) -> Iterator[
             except BrokenProcessPool:
                 raise TrainingError("a worker process of bertforge prepare died (out of memory?); the shards finished "
                                 "so far are kept: run the same command again, with fewer --workers") from None
-            except BaseException:
-                for p in list(getattr(pool, "_processes", {}).values()):  # an interrupt: stop the workers now
+            except BaseException:  # an interrupt: the workers stop now, and no queued job starts (a worker
+                # started while the interrupt came would otherwise go on through all of them)
+                workers = list((getattr(pool, "_processes", None) or {}).values())
+                pool.shutdown(wait=False, cancel_futures=True)
+                for p in workers:
                     p.kill()
+                for p in workers:
+                    p.join()
                 raise
     finally:
         if before is None:
