@@ -199,7 +199,11 @@ def instance_chunks(
 def create_instances(corpus: TokenizedCorpus, doc_ids: np.ndarray, random_pool: np.ndarray, cfg: MaskingConfig,
                      seed: int) -> np.ndarray:
     """The instances of :func:`instance_chunks` as one (N, 5) array in memory."""
-    chunks = list(instance_chunks(corpus, doc_ids, random_pool, cfg, seed))
+    return _stacked(instance_chunks(corpus, doc_ids, random_pool, cfg, seed))
+
+
+def _stacked(chunks: Iterator[np.ndarray]) -> np.ndarray:
+    chunks = list(chunks)
     return np.concatenate(chunks) if chunks else np.zeros((0, 5), dtype=np.int64)
 
 
@@ -425,8 +429,7 @@ class PretrainingLoader:
             if self.plan_dir is not None:
                 inst, order = plan_on_disk(self._chunks(epoch), self.plan_dir, order_seed)
             else:
-                chunks = list(self._chunks(epoch))
-                inst = np.concatenate(chunks) if chunks else np.zeros((0, 5), dtype=np.int64)
+                inst = _stacked(self._chunks(epoch))
                 order = (np.random.default_rng(order_seed).permutation(len(inst)) if order_seed is not None
                          else np.arange(len(inst)))
             self._cached = (epoch, inst, order)
