@@ -6,16 +6,20 @@ compared bit for bit with another's: the weights (``torch.equal``) and every ``m
     python benchmarks/same_numbers.py compare runs/old runs/new        # exit status 1 when anything differs
 
 The runs (one thread, so that the float summation order is the same): BERT's recipe with NSP and 2
-accumulation steps, the budget recipe, ELECTRA, and fine-tuning a classifier with and without checkpoints.
+accumulation steps, the budget recipe, ELECTRA, fine-tuning a classifier with and without checkpoints,
+continued pretraining (``--init``) with and without ``--add-vocab``, a run stopped half-way and resumed, a run
+from a ``prepare``d folder, and a SQuAD fine-tune.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 
-RUNS = ("bert", "budget", "electra", "electra/generator", "cls", "cls_ckpt")
+RUNS = ("bert", "budget", "electra", "electra/generator", "cls", "cls_ckpt", "init", "wp", "add_vocab", "resumed",
+        "prepared", "squad")
 TIMES = {"elapsed", "tokens_per_second", "train_seconds", "wall_seconds"}
 
 
@@ -46,6 +50,63 @@ def run(root: str) -> None:
                 "--batch-size", "8", "--max-seq-length", "32", "--no-progress", "--seed", "3"]
     assert main([*finetune, "--out", os.path.join(root, "cls"), "--eval-every", "5"]) == 0
     assert main([*finetune, "--out", os.path.join(root, "cls_ckpt"), "--save-every", "7", "--grad-accum", "2"]) == 0
+    short = [a for a in base if a not in ("--tokenizer", tok, "--preset", "tiny")]
+    short[short.index("--max-steps") + 1] = "6"
+    budget = os.path.join(root, "budget")
+    assert main(["--quiet", "pretrain", "--out", os.path.join(root, "init"), *short, "--init", budget]) == 0
+    wp_tok, wp = os.path.join(root, "wp_tok"), os.path.join(root, "wp")  # --add-vocab extends a WordPiece one
+    _wordpiece_vocab(tok, wp_tok)  # (written, not trained: WordPiece training may break ties another way each time)
+    assert main(["--quiet", "pretrain", "--out", wp, *short, "--tokenizer", os.path.join(wp_tok, "vocab.txt"),
+                 "--preset", "tiny"]) == 0
+    assert main(["--quiet", "pretrain", "--out", os.path.join(root, "add_vocab"), *short, "--init", wp,
+                 "--add-vocab", "20"]) == 0
+    resumed = ["--quiet", "pretrain", "--out", os.path.join(root, "resumed"), *base, "--recipe", "budget"]
+    half = list(resumed)
+    half[half.index("--max-steps") + 1] = "6"
+    assert main(half) == 0
+    assert main([*resumed, "--resume"]) == 0
+    prep = os.path.join(root, "prep")
+    assert main(["--quiet", "prepare", "--data", corpus, "--tokenizer", tok, "--out", prep, "--workers", "1",
+                 "--no-progress"]) == 0
+    from_prep = [prep if a == corpus else a for a in base if a not in ("--tokenizer", tok)]
+    assert main(["--quiet", "pretrain", "--out", os.path.join(root, "prepared"), *from_prep]) == 0
+    squad = os.path.join(root, "squad.json")
+    with open(squad, "w", encoding="utf-8") as f:
+        json.dump(_squad(corpus), f)
+    assert main(["--quiet", "finetune", "squad", "--model", budget, "--train", squad, "--validation", squad,
+                 "--epochs", "2", "--batch-size", "8", "--max-seq-length", "64", "--doc-stride", "16",
+                 "--max-query-length", "16", "--no-progress", "--seed", "1", "--out",
+                 os.path.join(root, "squad")]) == 0
+
+
+def _wordpiece_vocab(tok: str, out: str) -> None:
+    """A WordPiece vocabulary: the letters, alone and as ``##`` pieces, and four in five of ``tok``'s words."""
+    with open(os.path.join(tok, "vocab.txt"), encoding="utf-8") as f:
+        words = f.read().split()
+    special, words = [w for w in words if w.startswith("[")], [w for w in words if not w.startswith("[")]
+    letters = sorted({c for w in words for c in w})
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "vocab.txt"), "w", encoding="utf-8") as f:
+        f.write("\n".join([*special, *letters, *("##" + c for c in letters), *(
+            w for i, w in enumerate(words) if i % 5 and len(w) > 1)]) + "\n")
+
+
+def _squad(corpus: str) -> dict:
+    """Questions on the stories: a sentence with one of its words asked for, answered from the paragraph."""
+    paragraphs = []
+    with open(os.path.join(corpus, "stories.jsonl"), encoding="utf-8") as f:
+        for i, line in enumerate(f):
+            if i == 24:
+                break
+            context = json.loads(line)["text"]
+            sentence = context.split(".")[1].strip()
+            words = list(re.finditer(r"\S+", sentence))
+            word = words[len(words) // 2 + 1]
+            question = sentence[:word.start()] + "what" + sentence[word.end():] + "?"
+            start = context.index(sentence) + word.start()
+            paragraphs.append({"context": context, "qas": [{"id": f"q{i}", "question": question,
+                                                           "answers": [{"text": word.group(), "answer_start": start}]}]})
+    return {"version": "1.1", "data": [{"title": "stories", "paragraphs": paragraphs}]}
 
 
 def rows(path: str) -> list[dict]:
