@@ -649,6 +649,7 @@ def _map(fn, jobs: list[dict], tok: Tokenizer, workers: int | None) -> Iterator[
     # each worker one thread, and no warning about the fork: set while the pool lives, since the executor
     # forks its workers at the first submit, not when it is made
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    others = set(multiprocessing.active_children())  # children of this process that are not the pool's
     try:
         with ProcessPoolExecutor(n, mp_context=ctx, initializer=_init_worker, initargs=(tok.to_str(),)) as pool:
             try:  # not pool.map: it cancels its futures on an interrupt, and the pool's thread then fails on them
@@ -660,7 +661,8 @@ def _map(fn, jobs: list[dict], tok: Tokenizer, workers: int | None) -> Iterator[
                                 "so far are kept: run the same command again, with fewer --workers") from None
             except BaseException:  # an interrupt: the workers stop now, and no queued job starts (a worker
                 # started while the interrupt came would otherwise go on through all of them)
-                workers = list((getattr(pool, "_processes", None) or {}).values())
+                workers = set((getattr(pool, "_processes", None) or {}).values())
+                workers |= set(multiprocessing.active_children()) - others  # one started but not yet listed
                 pool.shutdown(wait=False, cancel_futures=True)
                 for p in workers:
                     p.kill()
