@@ -1,11 +1,35 @@
-"""Helpers for tests: small models built on the spot (nothing downloaded)."""
+"""Helpers for tests: the tiny texts, small models built on the spot (nothing downloaded), free ports."""
 
 from __future__ import annotations
+
+import os
+import socket
+import sys
 
 import torch
 
 from bertforge import BertConfig, BertForPreTraining
 from bertforge.tokenizer import train_vocabulary
+
+
+# The tiny corpora the tests share: short sentences (a tokenizer and a classifier's rows), and documents of two
+# sentences (pretraining, next-sentence pairs).
+SENTENCES = ["the cat sat on the mat.", "a dog ran in the park.", "the bird sang a song.", "good movie", "bad film"] * 4
+DOCUMENTS = ["the cat sat on the mat. it was warm there.", "a dog ran in the park. the sun was up.",
+             "the bird sang a song. it sang all day long.", "a fish swam in the pond. the water was cold."] * 6
+
+
+def free_port() -> int:
+    """A TCP port free now on this machine (for torchrun's rendezvous: no two tests share a fixed one)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(n: int = 2) -> list[str]:
+    """The command that starts ``n`` local processes of a module under torchrun, on a free port."""
+    return [os.path.join(os.path.dirname(sys.executable), "torchrun"), f"--nproc_per_node={n}", "--master_port",
+            str(free_port())]
 
 
 def tiny_model_dir(path, texts, vocab_size=800, seed=0, kind="wordpiece") -> str:

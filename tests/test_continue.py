@@ -18,9 +18,9 @@ from bertforge.errors import UserError
 from bertforge.model import BertForMaskedLM, BertModel
 from bertforge.settings import pretrain_settings
 from bertforge.tokenizer import train_vocabulary
+from .helpers import DOCUMENTS
 
-TEXTS = ["the cat sat on the mat. it was warm there.", "a dog ran in the park. the sun was up.",
-         "the bird sang a song. it sang all day long.", "a fish swam in the pond. the water was cold."] * 6
+TEXTS = DOCUMENTS
 DROPOUT = 0.05  # the models' own: neither BERT's 0.1 nor the budget recipe's 0
 
 
@@ -63,10 +63,10 @@ def test_init_alone_trains_and_records_the_continue_recipe(inputs, tmp_path, cap
 
 def test_the_continue_recipe_trains_with_the_models_own_dropout_and_starting_values(inputs, tmp_path):
     from bertforge.ops import Dropout
-    from bertforge.pretrain import build_objective
+    from bertforge.plan import Given, pretraining_objective, start_plan
 
     cfg = pretrain_settings(str(tmp_path / "o"), str(inputs / "corpus.jsonl"), init=str(inputs / "headed"))
-    model = build_objective(cfg, BertConfig.load(str(inputs / "headed")), False).model
+    model = pretraining_objective(cfg, start_plan(Given(init=True)), BertConfig.load(str(inputs / "headed")), None).model
     assert {m.p for m in model.modules() if isinstance(m, Dropout)} == {DROPOUT}
     saved = load_file(str(inputs / "headed" / "model.safetensors"))
     weights = model.state_dict()  # every weight as trained: no new starting value over them (the decoder: tied)
@@ -118,7 +118,7 @@ def test_resume_keeps_the_continue_recipe(inputs, tmp_path, capsys):
 
 def test_a_missing_masked_lm_head_starts_tied_at_berts_initialisation_and_the_log_says_so(inputs, tmp_path,
                                                                                           minilm_dir):
-    from bertforge.pretrain import build_objective
+    from bertforge.plan import Given, pretraining_objective, start_plan
 
     bare, out = str(inputs / "bare"), tmp_path / "run"
     assert main(_pretrain(inputs, out, "--init", bare, "--max-steps", "1")) == 0
@@ -132,7 +132,7 @@ def test_a_missing_masked_lm_head_starts_tied_at_berts_initialisation_and_the_lo
     from bertforge.objectives.mlm import new_head_said
 
     cfg = pretrain_settings(str(tmp_path / "o"), str(inputs / "corpus.jsonl"), init=bare)
-    for path, model in ((bare, build_objective(cfg, BertConfig.load(bare), False).model),
+    for path, model in ((bare, pretraining_objective(cfg, start_plan(Given(init=True)), BertConfig.load(bare), None).model),
                         (minilm_dir, BertForMaskedLM.from_pretrained(minilm_dir))):  # transformers' bare BertModel
         head, words = model.cls.predictions, model.bert.embeddings.word_embeddings.weight
         saved = load_file(f"{path}/model.safetensors")

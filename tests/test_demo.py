@@ -1,3 +1,4 @@
+import pytest
 """bertforge demo --quick: the whole pipeline end to end on the built-in corpus (at a toy size)."""
 
 import json
@@ -20,6 +21,7 @@ from bertforge.demo_corpus import (
 )
 
 
+@pytest.mark.slow
 def test_demo_quick_runs_end_to_end(tmp_path, capsys, monkeypatch):
     """`demo --quick` through the command line, every stage and output, at a toy size (what it reaches at its
     real size, seed by seed, is in the README's demo section)."""

@@ -1,3 +1,4 @@
+import pytest
 """Device set-up: the CPU's threads."""
 
 import os
@@ -8,6 +9,7 @@ from bertforge.config import ImplConfig
 from bertforge.devices import available_cores, setup_backend
 
 
+@pytest.mark.slow
 def test_cpu_threads_are_the_flag_else_the_available_cores_shared_among_local_ranks(monkeypatch):
     cpu, cores = torch.device("cpu"), available_cores()
     if hasattr(os, "sched_getaffinity"):

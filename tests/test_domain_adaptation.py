@@ -4,6 +4,8 @@ run again skips what is done and refuses other settings in the same folder; the 
 
 from __future__ import annotations
 
+import pytest
+
 import importlib.util
 import json
 import math
@@ -59,6 +61,7 @@ def _jsonl(path: pathlib.Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_dry_chain_end_to_end_then_resumed_stage_by_stage(tmp_path, monkeypatch, capsys):
     data, out = _toy_data(tmp_path / "data"), tmp_path / "run"
     r = _run("--data-dir", str(data), "--out", str(out), "--dry")  # as a user runs it; then in this process

@@ -18,6 +18,7 @@ from bertforge.config import BertConfig, TrainConfig
 from bertforge.engine import build_optimizer
 from bertforge.electra import ElectraForMaskedLM, ElectraPretraining, generator_config, sample
 from bertforge.ops.dropout import DropoutKeys
+from .helpers import torchrun
 
 
 @pytest.fixture(scope="module")
@@ -155,6 +156,7 @@ def test_evaluate_mlm_scores_the_generator_as_transformers_does(electra_run, sma
     assert ours["mlm_accuracy"] == pytest.approx(int((logits.argmax(-1)[sel] == labels[sel]).sum()) / int(sel.sum()), abs=1e-12)
 
 
+@pytest.mark.slow
 def test_sigkill_and_resume_reproduce_the_uninterrupted_run(small_text_corpus, tok_dir, tmp_path):
     args = ["--max-steps", "16", "--save-every", "4", "--eval-every", "8"]
     straight, killed = tmp_path / "straight", tmp_path / "killed"
@@ -176,6 +178,7 @@ def test_sigkill_and_resume_reproduce_the_uninterrupted_run(small_text_corpus, t
             assert torch.equal(a[k], b[k]), (sub, k)
 
 
+@pytest.mark.slow
 def test_torchrun_and_accumulation_match_one_process(small_text_corpus, tok_dir, tmp_path):
     """Replacements are sampled per sequence from generators keyed like the dropout masks, so two processes,
     or two accumulated micro-batches, compute the one-process run."""
@@ -183,8 +186,7 @@ def test_torchrun_and_accumulation_match_one_process(small_text_corpus, tok_dir,
     one, two, accum = tmp_path / "one", tmp_path / "two", tmp_path / "accum"
     assert main(["--quiet", *_args(small_text_corpus, tok_dir, one, *args)]) == 0
     assert main(["--quiet", *_args(small_text_corpus, tok_dir, accum, *args, "--grad-accum", "2")]) == 0
-    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
-    r = subprocess.run([torchrun, "--nproc_per_node=2", "--master_port", "29541", "-m", "bertforge", "--quiet",
+    r = subprocess.run([*torchrun(2), "-m", "bertforge", "--quiet",
                         *_args(small_text_corpus, tok_dir, two, *args)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     a = _weights(one)
@@ -204,6 +206,7 @@ def test_electra_refuses_nsp_and_init(small_text_corpus, tok_dir, tmp_path, caps
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
+@pytest.mark.slow
 def test_replacements_trace_under_torch_compile():
     """``--compile``: the replacements drawn from the global generator (no keys: CUDA) trace with a symbolic
     number of masked rows in one graph and draw what eager draws (``torch.rand(M, generator=None)`` made

@@ -16,6 +16,8 @@ from bertforge.checkpoint import list_checkpoints
 from bertforge.cli import main
 from bertforge.tokenizer import train_vocabulary
 
+from .helpers import torchrun
+
 ROWS = [("good fun day", "pos"), ("bad sad mess", "neg"), ("a fine good show", "pos"), ("a dull bad show", "neg"),
         ("fun and good", "pos"), ("sad and dull", "neg"), ("very good", "pos"), ("very bad mess", "neg")] * 2
 
@@ -116,6 +118,7 @@ def _rows(out) -> list[dict]:
     return [{k: v for k, v in r.items() if k != "elapsed"} for r in rows]
 
 
+@pytest.mark.slow
 def test_sigkill_and_resume_end_with_the_weights_of_the_uninterrupted_run(setup, tmp_path, capsys):
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     assert main(_args(setup, straight, *RESUMABLE, model="dropout-model")) == 0
@@ -146,6 +149,7 @@ def test_sigkill_and_resume_end_with_the_weights_of_the_uninterrupted_run(setup,
     assert not (killed / "checkpoints").exists()
 
 
+@pytest.mark.slow
 def test_resume_refuses_data_that_changed_since_the_run_started(setup, tmp_path, capsys):
     """Found by hostile testing (2): a resumed run read its files again and trained on whatever they now held (a
     label flipped in --train, a row edited in --validation) without a word; the checkpoint records their content."""
@@ -171,25 +175,12 @@ def test_resume_refuses_data_that_changed_since_the_run_started(setup, tmp_path,
     assert main([*args, "--resume"]) == 0
 
 
-def test_the_recorded_data_content_takes_squad_windows_and_sees_their_targets(tmp_path):
-    """SQuAD's windows hold offsets (None beside the question) and their example's index: the digest is over what
-    is trained on, the tokens and the answer's positions."""
-    from bertforge.config import FinetuneConfig
-    from bertforge.finetune import data_content
-
-    cfg = FinetuneConfig()
-    window = {"input_ids": [2, 5, 3, 7, 3], "token_type_ids": [0, 0, 0, 1, 1], "offsets": [None, None, None, (0, 3), None],
-              "example": 0, "start_positions": 3, "end_positions": 3}
-    moved = {**window, "start_positions": 0, "end_positions": 0}
-    assert data_content([window], cfg) == data_content([{**window, "offsets": [None] * 5}], cfg)
-    assert data_content([window], cfg)["train"] != data_content([moved], cfg)["train"]
-
-
 def test_resume_needs_a_checkpoint(setup, tmp_path, capsys):
     assert main(_args(setup, tmp_path / "none", "--resume")) == 2
     assert "nothing to resume" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_an_interrupted_checkpointed_run_can_be_overwritten(setup, tmp_path, capsys):
     out = tmp_path / "o"
     env = dict(os.environ, BERTFORGE_FAULT="write:6")
@@ -201,6 +192,7 @@ def test_an_interrupted_checkpointed_run_can_be_overwritten(setup, tmp_path, cap
     capsys.readouterr()
 
 
+@pytest.mark.slow
 def test_torchrun_and_accumulation_with_dropout_match_one_process(setup, tmp_path, capsys):
     """Dropout masks keyed by (seed, step, example): two processes, or one accumulating two micro-batches,
     compute the one-process run.  Batches of 6 from 13 examples: each epoch's last batch holds one example,
@@ -209,8 +201,7 @@ def test_torchrun_and_accumulation_with_dropout_match_one_process(setup, tmp_pat
     one, accum, two = tmp_path / "one", tmp_path / "accum", tmp_path / "two"
     assert main(_args(setup, one, *args, model="dropout-model")) == 0
     assert main(_args(setup, accum, *args, "--grad-accum", "2", model="dropout-model")) == 0
-    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
-    r = subprocess.run([torchrun, "--nproc_per_node=2", "--master_port", "29547", "-m", "bertforge",
+    r = subprocess.run([*torchrun(2), "-m", "bertforge",
                         *_args(setup, two, *args, model="dropout-model")], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     a = _weights(one)
@@ -283,16 +274,16 @@ def test_group_by_length_batches_similar_lengths_in_a_random_order(setup, tmp_pa
     capsys.readouterr()
 
 
+@pytest.mark.slow
 def test_torchrun_killed_in_a_save_and_resumed_ends_as_one_uninterrupted_process(setup, tmp_path, capsys):
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     assert main(_args(setup, straight, *RESUMABLE, model="dropout-model")) == 0
-    torchrun = [os.path.join(os.path.dirname(sys.executable), "torchrun"), "--nproc_per_node=2", "--master_port", "29549",
-                "-m", "bertforge"]
+    torchrun_ = [*torchrun(2), "-m", "bertforge"]
     env = dict(os.environ, BERTFORGE_FAULT="write:12")  # rank 0 (the writer) killed in its third checkpoint
-    r = subprocess.run([*torchrun, *_args(setup, killed, *RESUMABLE, model="dropout-model")], env=env, capture_output=True,
+    r = subprocess.run([*torchrun_, *_args(setup, killed, *RESUMABLE, model="dropout-model")], env=env, capture_output=True,
                        text=True, timeout=300)
     assert r.returncode != 0 and [s for s, _ in list_checkpoints(str(killed))] == [6], r.stderr[-3000:]
-    r = subprocess.run([*torchrun, *_args(setup, killed, *RESUMABLE, "--resume", model="dropout-model")], capture_output=True,
+    r = subprocess.run([*torchrun_, *_args(setup, killed, *RESUMABLE, "--resume", model="dropout-model")], capture_output=True,
                        text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     a, b = _weights(straight), _weights(killed)
@@ -330,6 +321,7 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_during_fine_tuning_saves_a_checkpoint_and_the_run_resumes(setup, tmp_path, capsys, sig):
     """Ctrl-C, or the SIGTERM that torchrun and job schedulers send: the run stops after its current step with a
@@ -395,11 +387,11 @@ def test_validation_is_optional_a_split_of_the_training_file_or_a_slice(setup, t
 
 def test_fine_tuning_checkpoints_by_time_without_save_every(setup, tmp_path, monkeypatch, capsys):
     import bertforge.checkpoint as ckpt
-    import bertforge.finetune as ft
+    import bertforge.lifecycle as lifecycle
 
     saved, save = [], ckpt.save_checkpoint
     monkeypatch.setattr(ckpt, "save_checkpoint", lambda out, step, *a, **kw: saved.append(step) or save(out, step, *a, **kw))
-    monkeypatch.setattr(ft, "SAVE_INTERVAL", 0, raising=False)  # due after every step
+    monkeypatch.setattr(lifecycle, "SAVE_INTERVAL", 0)  # due after every step
     assert main(_args(setup, tmp_path / "o", "--batch-size", "4", "--epochs", "1")) == 0
     assert saved == [1, 2, 3] and not (tmp_path / "o" / "checkpoints").exists()  # (not at the end: it is the end)
     assert main(_args(setup, tmp_path / "p", "--batch-size", "4", "--epochs", "1", "--save-every", "0")) == 0

@@ -57,6 +57,7 @@ def _tree(root: pathlib.Path) -> set[str]:
     return {str(p.relative_to(root)) for p in root.rglob("*") if not skip & set(p.relative_to(root).parts)}
 
 
+@pytest.mark.slow
 def test_gpu_check_dry_run_end_to_end(tmp_path):
     shared = _shared_data(tmp_path / "shared")
     excerpt, out = tmp_path / "excerpt", tmp_path / "out"
@@ -101,6 +102,7 @@ def test_gpu_check_dry_run_end_to_end(tmp_path):
         assert not (out / bulky).exists(), bulky
 
 
+@pytest.mark.slow
 def test_gpu_check_refuses_bad_arguments(tmp_path):
     r = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), str(tmp_path / "none"), str(tmp_path / "out")],
                        capture_output=True, text=True, timeout=30)

@@ -30,6 +30,7 @@ def _prepare(shared: pathlib.Path, excerpt: pathlib.Path, *extra: str) -> subpro
                            "--small", "--tokenizer", "train", *extra], capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_gpu_run_stage_limits_fit_its_budget():
     r = subprocess.run(["bash", SCRIPT, "--budgets"], capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stderr
@@ -41,6 +42,7 @@ def test_gpu_run_stage_limits_fit_its_budget():
     assert plan["stages"]["pretrain"] >= plan["pretrain_seconds"] + 60
 
 
+@pytest.mark.slow
 def test_excerpt_fills_its_size_limit_with_whole_books(tmp_path):
     shared = _shared_data(tmp_path / "shared")
     r = _prepare(shared, tmp_path / "whole")
@@ -64,6 +66,7 @@ def test_excerpt_fills_its_size_limit_with_whole_books(tmp_path):
     assert not (tmp_path / "none").exists()
 
 
+@pytest.mark.slow
 def test_gpu_seed001_dry_run_end_to_end(tmp_path):
     shared = _shared_data(tmp_path / "shared")
     excerpt, out = tmp_path / "excerpt", tmp_path / "out"
@@ -97,6 +100,7 @@ def test_gpu_seed001_dry_run_end_to_end(tmp_path):
         assert not (out / bulky).exists(), bulky
 
 
+@pytest.mark.slow
 def test_gpu_seed001_refuses_bad_arguments(tmp_path):
     r = subprocess.run(["bash", SCRIPT, str(tmp_path / "none"), str(tmp_path / "out")], capture_output=True,
                        text=True, timeout=30)

@@ -11,9 +11,9 @@ import pytest
 
 from bertforge.cli import main
 
-from .helpers import tiny_model_dir
+from .helpers import SENTENCES, tiny_model_dir
 
-TEXTS = ["the cat sat on the mat.", "a dog ran in the park.", "the bird sang a song.", "good movie", "bad film"] * 4
+TEXTS = SENTENCES
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,7 @@ from bertforge.tokenizer import load_tokenizer
 
 from . import reference_corpora
 from .conftest import data_path
+from .helpers import torchrun
 
 
 @pytest.fixture(scope="module")
@@ -108,6 +109,7 @@ def test_a_prepared_folder_brings_its_tokenizer(small_text_corpus, minilm_dir, t
         build_corpus([str(out)], story_tokenizer)
 
 
+@pytest.mark.slow
 def test_a_killed_prepare_resumes_to_the_same_bytes(small_text_corpus, minilm_dir, tmp_path):
     """SIGKILL after the second shard (no clean-up runs), then the same command: the manifest and every shard as
     an uninterrupted preparation writes them."""
@@ -203,15 +205,15 @@ def test_bad_input_is_one_error_naming_the_line(minilm_dir, tmp_path, monkeypatc
     assert err.count("\n") == 1 and "bad.jsonl:48: not valid JSON" in err
 
 
+@pytest.mark.slow
 def test_torchrun_ranks_wait_for_the_preparation_outside_any_collective(minilm_dir, tmp_path):
     """Two processes, a process-group timeout shorter than the preparation: one prepares, the other waits on
     the lock file, and the run succeeds (the old barrier failed here)."""
     from bertforge.demo_corpus import write_story_corpus
 
     corpus = write_story_corpus(tmp_path / "stories.jsonl", n_docs=30000)
-    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     env = {**os.environ, "BERTFORGE_DIST_TIMEOUT": "2", "BERTFORGE_THREADS": "2"}
-    r = subprocess.run([torchrun, "--nproc_per_node=2", "--master_port", "29547", "-m", "bertforge", "pretrain",
+    r = subprocess.run([*torchrun(2), "-m", "bertforge", "pretrain",
                         "--data", corpus, "--tokenizer", minilm_dir, "--out", str(tmp_path / "run"), "--preset", "tiny",
                         "--max-steps", "2", "--batch-size", "8", "--max-seq-length", "64", "--eval-every", "0",
                         "--save-every", "0", "--max-eval-instances", "8", "--no-progress",
@@ -230,9 +232,12 @@ def _sleep_for(job: dict) -> float:
     return job["s"]
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_the_workers_without_a_traceback(minilm_tok, monkeypatch):
     """An interrupt while waiting for the workers: KeyboardInterrupt and the workers gone, and no exception in the
-    pool's own thread (pool.map cancelled its futures, on which that thread then failed: a traceback on stderr)."""
+    pool's own thread (pool.map cancelled its futures, on which that thread then failed: a traceback on stderr).
+    A SIGINT that lands while Python runs a finalizer is lost (printed as "Exception ignored"), as a user's
+    Ctrl-C can be: a second one follows after 10 s, so that such a race ends the test instead of hanging it."""
     import multiprocessing
     import signal
     import threading
@@ -243,12 +248,14 @@ def test_ctrl_c_stops_the_workers_without_a_traceback(minilm_tok, monkeypatch):
     jobs = [{"s": 0.01}] + [{"s": 30.0} for _ in range(200)]  # most still queued, cancelled by pool.map
     try:
         for _ in range(4):  # the pool's thread meets the cancelled futures or not, by a race: several tries
-            timer = threading.Timer(0.4, os.kill, (os.getpid(), signal.SIGINT))
-            timer.start()
+            timers = [threading.Timer(s, os.kill, (os.getpid(), signal.SIGINT)) for s in (0.4, 10.0)]
+            for timer in timers:
+                timer.start()
             with pytest.raises(KeyboardInterrupt):
                 for _ in prepared_module._map(_sleep_for, jobs, minilm_tok, 2):
                     pass
-            timer.cancel()
+            for timer in timers:
+                timer.cancel()
     finally:
         signal.signal(signal.SIGINT, previous)
     assert failed == []

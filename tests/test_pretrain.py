@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 from bertforge.checkpoint import list_checkpoints, load_checkpoint
 from bertforge.cli import main
 from bertforge.engine import LinearSchedule
+from .helpers import torchrun
 
 
 @pytest.fixture(scope="module")
@@ -84,6 +85,7 @@ def test_outputs_and_transformers_loading(small_text_corpus, story_tok_dir, tmp_
     assert (a.seq_relationship_logits - b.seq_relationship_logits).abs().max() < 1e-5
 
 
+@pytest.mark.slow
 def test_sigkill_and_resume_reproduce_the_uninterrupted_run(small_text_corpus, story_tok_dir, tmp_path):
     args = ["--max-steps", "60", "--save-every", "10", "--eval-every", "30"]
     straight, killed = tmp_path / "straight", tmp_path / "killed"
@@ -124,6 +126,7 @@ def straight_run(small_text_corpus, story_tok_dir, tmp_path_factory):
 FAULTS = [f"write:{n}" for n in range(8, 13)] + [f"rename:{n}" for n in range(7, 10)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", FAULTS)
 def test_a_kill_at_any_instant_of_a_save_resumes_to_the_uninterrupted_run(fault, small_text_corpus, story_tok_dir,
                                                                            straight_run, tmp_path):
@@ -159,7 +162,7 @@ def test_a_save_killed_midway_leaves_the_previous_checkpoint(small_text_corpus, 
     real_save = torch.save
 
     def dying_save(obj, path, *a, **k):
-        if str(path).endswith("trainer_state.pt"):
+        if str(getattr(path, "name", path)).endswith("trainer_state.pt"):  # (a file object, or its path)
             raise KeyboardInterrupt("power loss")  # dies in the middle of writing the checkpoint folder
         return real_save(obj, path, *a, **k)
 
@@ -181,6 +184,7 @@ def test_a_save_killed_midway_leaves_the_previous_checkpoint(small_text_corpus, 
     assert [s for s, _ in list_checkpoints(str(out))][-1] == 15
 
 
+@pytest.mark.slow
 def test_ddp_torchrun_matches_one_process(small_text_corpus, story_tok_dir, tmp_path):
     """With the default dropout (0.1): each sequence's masks are keyed by (seed, step, sequence), so two
     processes, or one process accumulating two micro-batches, compute the one-process run."""
@@ -190,8 +194,7 @@ def test_ddp_torchrun_matches_one_process(small_text_corpus, story_tok_dir, tmp_
     assert main(["--quiet", *_args(small_text_corpus, story_tok_dir, accum, *args, "--grad-accum", "2")]) == 0
     a, c = _weights(one), _weights(accum)
     assert max(float((a[k] - c[k]).abs().max()) for k in a) < 1e-5
-    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
-    r = subprocess.run([torchrun, "--nproc_per_node=2", "--master_port", "29533", "-m", "bertforge", "--quiet",
+    r = subprocess.run([*torchrun(2), "-m", "bertforge", "--quiet",
                         *_args(small_text_corpus, story_tok_dir, two, *args)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     a, b = _weights(one), _weights(two)
@@ -306,6 +309,7 @@ def test_second_run_into_a_used_folder_is_refused(small_text_corpus, story_tok_d
     assert "already holds a training run" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g++") is None, reason="torch.compile needs a C++ compiler")
 def test_compiled_objective_equals_eager():
     """``--compile``: the compiled objective gives the eager losses and gradients (the CPU fast paths that

@@ -19,9 +19,9 @@ from safetensors.torch import load_file
 
 from bertforge.checkpoint import list_checkpoints
 from bertforge.cli import main
+from .helpers import DOCUMENTS
 
-TEXTS = ["the cat sat on the mat. it was warm there.", "a dog ran in the park. the sun was up.",
-         "the bird sang a song. it sang all day long.", "a fish swam in the pond. the water was cold."] * 6
+TEXTS = DOCUMENTS
 OTHER = ["the mat sat on the cat. it was cold there.", "a park ran in the dog. the sun was down.",
          "the song sang a bird. it sang all night long.", "a pond swam in the fish. the water was warm."] * 7
 
@@ -158,6 +158,7 @@ KILLED_AT_FIRST_SAVE = ("import os, signal, sys\n"
                         "sys.exit(main(sys.argv[1:]))\n")
 
 
+@pytest.mark.slow
 def test_a_run_killed_before_its_first_checkpoint_starts_again_from_step_0(inputs, run, tmp_path, capsys):
     out = tmp_path / "run"
     proc = subprocess.run([sys.executable, "-c", KILLED_AT_FIRST_SAVE, *_args(inputs, out)[1:]],
@@ -192,10 +193,11 @@ def test_a_damaged_checkpoint_written_again_on_resume_leaves_nothing_behind(dama
     assert _same_weights(out, run)
 
 
+@pytest.mark.slow
 def test_a_restarted_run_keeps_the_vocabulary_it_had_trained(inputs, tmp_path, capsys, monkeypatch):
     """A run that trained its own vocabulary and was killed before its first checkpoint starts again with that
     vocabulary (read from its folder), not with one trained again."""
-    import bertforge.pretrain as pretrain_mod
+    import bertforge.tokenizer as tokenizer_mod
 
     out = tmp_path / "run"
     args = [a for a in _args(inputs, out)[1:] if a != str(inputs / "tok")]
@@ -208,7 +210,7 @@ def test_a_restarted_run_keeps_the_vocabulary_it_had_trained(inputs, tmp_path, c
     def trained_again(*a, **k):
         raise AssertionError("the vocabulary was trained again")
 
-    monkeypatch.setattr(pretrain_mod, "train_vocabulary", trained_again)
+    monkeypatch.setattr(tokenizer_mod, "train_vocabulary", trained_again)
     assert main(["--quiet", "pretrain", "--out", str(out), "--resume", "--no-progress"]) == 0, capsys.readouterr().err
     assert (out / "vocab.txt").read_text() == vocab
 
@@ -256,10 +258,10 @@ def test_a_fine_tuning_resume_may_change_the_schedule_and_says_so(tmp_path, caps
     argv, out = _interrupted_fine_tune(tmp_path)
     capsys.readouterr()
     assert main([*argv, "--resume", "--weight-decay", "0.5"]) == 2
-    assert "this command changes --weight-decay 0.01 -> 0.5" in capsys.readouterr().err
+    assert "this changes what it trains: --weight-decay 0.01 -> 0.5" in capsys.readouterr().err
     assert main([*argv, "--resume", "--epochs", "2", "--lr", "1e-3"]) == 0
     err = capsys.readouterr().err
-    assert "resuming with --epochs 1 -> 2, --lr" in err, err
+    assert "resuming with --lr 0.0003 -> 0.001, --epochs 1 -> 2: the learning-rate schedule is recomputed" in err, err
     assert json.loads((out / "metrics.json").read_text())["epochs"][-1]["epoch"] == 2
 
 

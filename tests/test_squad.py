@@ -77,6 +77,7 @@ def test_postprocess_picks_the_best_valid_span_across_windows(word_tok):
     assert answers["q1"] != "big old tree"
 
 
+@pytest.mark.slow
 def test_tiny_model_learns_a_squad_slice_and_transformers_agrees(tmp_path, capsys):
     transformers = pytest.importorskip("transformers")
     squad = json.loads(data_path("squad", "train-8k-v1.1.json").read_text(encoding="utf-8"))

@@ -17,11 +17,12 @@ from bertforge.cli import main
 from bertforge.model import BertForMaskedLM
 from bertforge.tokenizer import load_tokenizer, vocab_tokens
 from bertforge.vocabulary import check_extensible, extend_tokenizer, new_tokens, old_pieces
+from .helpers import DOCUMENTS
 
 DOMAIN = ["The zorblaxian fleet met the zorblaxian envoys near Qwertonia.",
           "Qwertonia trades with every zorblaxian colony; Qwertonia is rich.",
           "A zorblaxian ship landed on a zorblaxian moon. The envoys of Qwertonia spoke with the crew."]
-TEXTS = DOMAIN + ["the cat sat on the mat. it was warm there.", "a dog ran in the park. the sun was up."] * 2
+TEXTS = DOMAIN + DOCUMENTS[:2] * 2
 
 
 @pytest.fixture(scope="module")

@@ -15,10 +15,10 @@ import pytest
 
 from bertforge.cli import main
 
-from .helpers import tiny_model_dir
+from .helpers import SENTENCES, tiny_model_dir
 from .test_hostile import snapshot
 
-TEXTS = ["the cat sat on the mat.", "a dog ran in the park.", "the bird sang a song.", "good movie", "bad film"] * 4
+TEXTS = SENTENCES
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +59,7 @@ def assert_one_error(rc: int, err: list[str], *needles: str) -> None:
         assert needle in errors[0], errors[0]
 
 
+@pytest.mark.slow
 def test_pretraining_first_save_past_the_file_size_limit(inputs, tmp_path):
     """The model file is larger than the limit: the new output is not left half-written (nothing in the way of a
     rerun, which the next test makes)."""
@@ -68,6 +69,7 @@ def test_pretraining_first_save_past_the_file_size_limit(inputs, tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["cache"]  # no output, no lock, no temporary folder
 
 
+@pytest.mark.slow
 def test_pretraining_overwrite_past_the_file_size_limit_keeps_the_earlier_output(inputs, tmp_path):
     out = tmp_path / "run"
     assert main(["--quiet", *pretrain_args(inputs, out)]) == 0
@@ -77,6 +79,7 @@ def test_pretraining_overwrite_past_the_file_size_limit_keeps_the_earlier_output
     assert snapshot(tmp_path) == before
 
 
+@pytest.mark.slow
 def test_finetuning_last_save_past_the_file_size_limit(inputs, tmp_path):
     out = tmp_path / "cls"
     args = ["finetune", "classify", "--model", str(inputs / "model"), "--train", str(inputs / "cls.jsonl"),
@@ -86,6 +89,7 @@ def test_finetuning_last_save_past_the_file_size_limit(inputs, tmp_path):
     assert sorted(os.listdir(tmp_path)) == []
 
 
+@pytest.mark.slow
 def test_tokenizer_train_past_the_file_size_limit(inputs, tmp_path):
     out = tmp_path / "tok"
     rc, err = limited(tokenizer_args(inputs, out), 1, tmp_path / "cache")

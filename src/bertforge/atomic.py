@@ -8,7 +8,6 @@ import contextlib
 import errno
 import json
 import os
-import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -21,14 +20,11 @@ from .errors import UserError, shown
 WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS})
 
 
-# How torch.save's writer reports a write that failed, without its cause.
-TORCH_SAVE_FAILED = ("unexpected pos", "PytorchStreamWriter failed", "file write failed")
-
-
-def write_error(path: str, e: OSError | int) -> UserError:
+def write_error(path: str, e: OSError | int, what: str = "", hint: str = "") -> UserError:
     """The one message of a failed write: the output it was for (not a temporary name) and the cause."""
     cause = os.strerror(e) if isinstance(e, int) else (e.strerror or str(e))
-    return UserError(f"cannot write {path_shown(path)}: {cause}")
+    return UserError(f"cannot write {what + ' ' if what else ''}{path_shown(path)}: {cause}"
+                     f"{'; ' + hint if hint else ''}")
 
 
 def path_shown(path) -> str:
@@ -37,55 +33,39 @@ def path_shown(path) -> str:
     return p if p.isprintable() and len(p) <= 4096 else shown(p)
 
 
-def write_failure(e: BaseException, folder: str | None = None) -> int | None:
-    """The errno of ``e`` when it is a failed write (:data:`WRITE_ERRNOS`), else None.  Writers outside Python
-    report it their own way: safetensors in its message; torch.save not at all (``unexpected pos``), so for an
-    error raised while writing into ``folder`` the cause is looked for there (a file at the file-size limit,
-    a full disk)."""
-    if isinstance(e, OSError):
-        return e.errno if e.errno in WRITE_ERRNOS else None
-    if not isinstance(e, Exception) or isinstance(e, UserError):
-        return None
-    m = re.search(r"os error (\d+)", str(e))
-    if m:
-        return int(m.group(1)) if int(m.group(1)) in WRITE_ERRNOS else None
-    if not isinstance(e, RuntimeError) or folder is None or not os.path.isdir(folder):
-        return None
-    if not any(sign in str(e) for sign in TORCH_SAVE_FAILED):  # another error: not to be taken for a write's
-        return None
-    import resource
+def write_failure(e: BaseException) -> int | None:
+    """The errno of ``e`` when it is a failed write (:data:`WRITE_ERRNOS`), else None.  Every writer of ours
+    writes to a file that Python opened (:func:`write_file`), so a failed write is an OSError with its errno,
+    whichever library serialised the data."""
+    return e.errno if isinstance(e, OSError) and e.errno in WRITE_ERRNOS else None
 
-    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
-    if limit != resource.RLIM_INFINITY:
-        for root, _, files in os.walk(folder):
-            if any(os.path.getsize(os.path.join(root, f)) >= limit for f in files):
-                return errno.EFBIG
-    st = os.statvfs(folder)
-    free = (st.f_bfree if os.geteuid() == 0 else st.f_bavail) * st.f_frsize
-    return errno.ENOSPC if free < 1 << 20 else None
+
+def write_file(path: str, save) -> None:
+    """``save(f)`` into ``path``, opened here: torch.save and the serialisers written in Rust (safetensors,
+    tokenizers) report a failed write of a file they open themselves only in their message; one of ours raises
+    the OSError."""
+    with open(path, "wb") as f:
+        save(f)
 
 
 @contextlib.contextmanager
-def writing(path: str) -> Iterator[None]:
-    """A write failure (:func:`write_failure`) inside the block becomes one UserError naming ``path``; what
-    the block had written is cleaned up by the context managers inside it (:func:`atomic_dir`, ...)."""
+def writing(path: str, what: str = "", hint: str = "", creating: bool = False) -> Iterator[None]:
+    """A write failure (:func:`write_failure`) inside the block becomes one UserError naming ``path`` (``what`` it
+    is, and a ``hint``); what the block had written is cleaned up by the context managers inside it
+    (:func:`atomic_dir`, ...).  ``creating``: any OSError (making a folder: a parent that is a file, no
+    permission...), not only a failed write."""
     try:
         yield
     except Exception as e:
-        code = write_failure(e)
+        code = e.errno if creating and isinstance(e, OSError) else write_failure(e)
         if code is None:
             raise
-        raise write_error(path, code) from None
+        raise write_error(path, code, what, hint) from None
 
 
-@contextlib.contextmanager
-def creating(path: str) -> Iterator[None]:
-    """Any failure to create ``path``'s folder or its parents (a parent that is a file, no permission, a full
-    disk...) becomes one UserError naming ``path``."""
-    try:
-        yield
-    except OSError as e:
-        raise write_error(path, e) from None
+def creating(path: str):
+    """:func:`writing` for making ``path``'s folder or its parents: any failure is one UserError naming it."""
+    return writing(path, creating=True)
 
 
 def current_umask() -> int:
@@ -171,7 +151,7 @@ def atomic_dir(path: str, replace: bool = True) -> Iterator[str]:
         if old:
             remove_path(old)
     except BaseException as e:
-        code = write_failure(e, tmp)  # before the evidence is removed
+        code = write_failure(e)
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
         if old and not os.path.lexists(path):  # the swap failed halfway: the earlier output goes back

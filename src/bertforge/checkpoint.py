@@ -26,9 +26,10 @@ import time
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
+from safetensors.torch import save as safetensors_bytes
 
-from .atomic import atomic_dir, fault_point, follow_umask, fsync
+from .atomic import atomic_dir, fault_point, follow_umask, fsync, write_file
 from .config import BertConfig
 from .errors import UserError, require_type
 
@@ -66,7 +67,7 @@ def write_model_files(model, folder: str, tokenizer=None) -> None:
             f.write("\n")
     else:
         model.config.save(os.path.join(folder, CONFIG_NAME), architectures=[type(model).__name__])
-    save_file(model_state_for_saving(model), os.path.join(folder, WEIGHTS_NAME), metadata={"format": "pt"})
+    _save_weights(model_state_for_saving(model), os.path.join(folder, WEIGHTS_NAME), {"format": "pt"})
     if tokenizer is not None:
         from .tokenizer import save_tokenizer
 
@@ -251,6 +252,11 @@ def list_checkpoints(out: str) -> list[tuple[int, str]]:
     return sorted(found)
 
 
+def _save_weights(tensors: dict[str, torch.Tensor], path: str, metadata: dict | None = None) -> None:
+    """safetensors, written by us (:func:`~bertforge.atomic.write_file`)."""
+    write_file(path, lambda f: f.write(safetensors_bytes(tensors, metadata=metadata)))
+
+
 def save_checkpoint(out: str, step: int, model, engine_state: dict, run_state: dict, keep: int,
                     extra_weights: dict[str, dict[str, torch.Tensor]] | None = None) -> str:
     """Write checkpoint ``step`` atomically and keep only the newest ``keep``: the weights, the engine's state
@@ -262,14 +268,14 @@ def save_checkpoint(out: str, step: int, model, engine_state: dict, run_state: d
     if "scaler" in engine_state:
         state["scaler"] = engine_state["scaler"]
     with atomic_dir(final) as tmp:
-        save_file(model_state_for_saving(model), os.path.join(tmp, WEIGHTS_NAME), metadata={"format": "pt"})
+        _save_weights(model_state_for_saving(model), os.path.join(tmp, WEIGHTS_NAME), {"format": "pt"})
         fault_point("write")
         for name, tensors in (extra_weights or {}).items():
-            save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(tmp, f"{name}.safetensors"))
+            _save_weights({k: v.contiguous() for k, v in tensors.items()}, os.path.join(tmp, f"{name}.safetensors"))
             fault_point("write")
-        torch.save(engine_state["optimizer"], os.path.join(tmp, "optimizer.pt"))
+        write_file(os.path.join(tmp, "optimizer.pt"), lambda f: torch.save(engine_state["optimizer"], f))
         fault_point("write")
-        torch.save(state, os.path.join(tmp, "trainer_state.pt"))
+        write_file(os.path.join(tmp, "trainer_state.pt"), lambda f: torch.save(state, f))
         fault_point("write")
         readable = {k: v for k, v in state.items() if isinstance(v, (int, float, str, dict)) and k != "rng"}
         with open(os.path.join(tmp, "trainer_state.json"), "w", encoding="utf-8") as f:

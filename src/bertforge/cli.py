@@ -259,7 +259,6 @@ def cmd_pretrain(a: argparse.Namespace) -> int:
     """The settings as :func:`bertforge.settings.pretrain_settings` decides them, from the explicit flags."""
     from .api import run_pretraining
     from .lifecycle import sigterm_as_interrupt
-    from .settings import progress_default
 
     explicit = explicit_flags(a, a.setting_flags)
     out = explicit.pop("out", None)
@@ -267,7 +266,6 @@ def cmd_pretrain(a: argparse.Namespace) -> int:
         raise UserError("--out is required")
     if a.cased:
         explicit["cased"] = True
-    explicit.update(progress_default(a.progress))
     with sigterm_as_interrupt():
         metrics = run_pretraining(out, resume=a.resume, overwrite=a.overwrite, config=a.config, **explicit)
     if metrics:
@@ -285,11 +283,9 @@ def cmd_finetune(a: argparse.Namespace) -> int:
     """The settings as :func:`bertforge.settings.finetune_settings` decides them, from the explicit flags."""
     from .api import run_finetuning
     from .lifecycle import sigterm_as_interrupt
-    from .settings import progress_default
 
     flags = explicit_flags(a, a.setting_flags)
     given = [flags.pop(k, None) or "" for k in ("model", "train_file", "validation_file", "out")]
-    flags.update(progress_default(a.progress))
     with sigterm_as_interrupt():
         m = run_finetuning(a.task, *given, overwrite=a.overwrite, resume=a.resume, config=a.config, **flags,
                            **explicit_flags(a, a.task_flags))
@@ -302,7 +298,7 @@ def cmd_finetune(a: argparse.Namespace) -> int:
 
 def _add_finetune_parsers(sub) -> None:
     from .config import finetune_lr_rule
-    from .finetune import SAVE_INTERVAL
+    from .lifecycle import SAVE_INTERVAL
     from .tasks import TASKS
 
     ft = sub.add_parser("finetune", help="fine-tune a BERT for classification or SQuAD question answering")

@@ -279,8 +279,8 @@ class TrainConfig:
     epochs: int | None = setting(None, "passes over the training data (--max-steps, when given, decides instead)",
                                  check="positive")
     eval_every: int | None = setting(500, "evaluate every N steps (0 = only at the end)", check="non-negative")
-    save_every: int | None = setting(1000, "checkpoint every N steps (pretraining: 0 = only at the end; fine-tuning: "
-                                             "by default every 15 minutes of the run, 0 = none)", check="non-negative")
+    save_every: int | None = setting(1000, "checkpoint every N steps (0 = none before the end; none given: every 15 "
+                                           "minutes of the run)", check="non-negative")
     keep_checkpoints: int = setting(2, "how many checkpoints to keep (0 = all)", check="non-negative")
     log_every: int = setting(10, "log training metrics every N steps", check="positive")
     seed: int = setting(0, "random seed", check="non-negative")
@@ -447,8 +447,8 @@ class PretrainModelConfig:
 # default with --init) goes on from a trained model: masked LM only at BERT's 15%, the model's own dropout (what it
 # was trained with), BERT's Adam beta2 and clipping, none of the budget recipe's starting values (they would
 # overwrite trained weights), and a short warmup: the weights have no random start to leave, only Adam's moments
-# start anew.  Its lr is the middle of the screen 3e-5, 1e-4, 3e-4 that the domain-adaptation benchmark runs
-# (`--try lr-screen`, benchmarks/README.md, "Domain adaptation"), to be replaced by the screen's winner.
+# start anew.  Its lr, 1e-4, won a screen of 3e-5, 1e-4 and 3e-4 (`benchmarks/domain_adaptation.py --try lr-screen`,
+# RESULTS.md, "Continued pretraining").
 RECIPES: dict[str, dict[str, Any]] = {
     "budget": dict(lr=1e-3, warmup_ratio=0.06, adam_beta2=0.98, max_grad_norm=0.5, dropout=0.0, nsp=False,
                    mask_prob=0.3, position_init="sinusoidal", attention_init="local"),
@@ -482,8 +482,8 @@ class PretrainConfig(Sections):
                                     "that start on the neighbouring tokens, ...), bert "
                                     "(BERT's: NSP, lr 1e-4, dropout 0.1, ...) or continue (continued pretraining of "
                                     "--init's model: masked LM only, 15% masked, the model's own dropout, warmup 2%, "
-                                    "beta2 0.999, lr 1e-4: the middle of a screen of 3e-5, 1e-4 and 3e-4 that "
-                                    "benchmarks/domain_adaptation.py is to measure); explicit flags win (default: "
+                                    "beta2 0.999, lr 1e-4, kept after a screen of 3e-5, 1e-4 and 3e-4); explicit "
+                                    "flags win (default: "
                                     "continue with --init, else budget)",
                           choices=tuple(RECIPES))
     model: PretrainModelConfig = field(default_factory=lambda: _budget(PretrainModelConfig))
@@ -592,7 +592,7 @@ def _yaml_load(text: str):
 # lr None: by the model's width (finetune_lr).
 FINETUNE_TRAIN_DEFAULTS: dict[str, Any] = dict(
     lr=None, batch_size=32, warmup_ratio=0.1, epochs=3, log_every=20, eval_every=None, save_every=None,
-    keep_checkpoints=1,  # save_every None: by time (finetune.SAVE_INTERVAL); a checkpoint serves only to resume
+    keep_checkpoints=1,  # save_every None: by time (lifecycle.SAVE_INTERVAL); a checkpoint serves only to resume
 )
 
 # Fine-tuning's learning rate when none is given, by the model's hidden size: narrow models take larger

@@ -30,7 +30,7 @@ import re
 from collections.abc import Iterator
 
 from .errors import UserError, require_file, shown
-from .files import json_lines, read_text
+
 from .outputs import MARKER
 
 TEXT_SUFFIXES = (".txt", ".jsonl", ".txt.gz", ".jsonl.gz", ".parquet")
@@ -128,16 +128,6 @@ def expand_paths(paths: list[str]) -> list[str]:
     return files
 
 
-def _jsonl_texts(path: str, text: str, field: str) -> Iterator[str]:
-    for lineno, obj in json_lines(text, path):
-        if field not in obj:
-            raise UserError(f"{path}:{lineno}: no field {field!r}")
-        value = obj[field]
-        if not isinstance(value, str):
-            raise UserError(f"{path}:{lineno}: field {field!r} is not a string")
-        yield value
-
-
 def parquet_rows(path: str, columns: list[str] | None = None) -> Iterator[dict]:
     """The rows of a .parquet file as dicts (only ``columns``, each checked, when given)."""
     try:
@@ -219,32 +209,17 @@ def _hf_texts(spec: str, field: str) -> Iterator[str]:
 
 
 def file_documents(path: str, text_field: str = "text", doc_separator: str = "file") -> Iterator[list[str]]:
-    """The documents of one input, each a list of sentences (empty documents skipped)."""
-    if path.startswith("hf:"):
-        texts: Iterator[str] = _hf_texts(path, text_field)
-    elif path.endswith(".parquet"):
-        texts = _parquet_texts(path, text_field)
-    else:
-        text = read_text(path, "data file")
-        base = path[:-3] if path.endswith(".gz") else path
-        if base.endswith(".jsonl") or base.endswith(".json"):
-            texts = _jsonl_texts(path, text, text_field)
-        elif doc_separator == "blank-line":
-            for block in _PARAGRAPHS.split(text.replace("\r\n", "\n")):
-                sents = [s.strip() for s in block.split("\n") if s.strip()]
-                if sents:
-                    yield sents
-            return
-        elif doc_separator == "file":
-            texts = iter([text])
-        elif doc_separator == "line":  # one example per line, as transformers' run_mlm.py --line_by_line
-            texts = (line for line in text.splitlines() if line.strip())
+    """The documents of one input, each a list of sentences (empty documents skipped), read as ``prepare`` reads
+    it (:func:`read_part`, the one reader of every format): memory holds one document, never the whole file."""
+    split = sentences_of(doc_separator, path)
+    doc: list[str] = []
+    for para in read_part(path, text_field=text_field, doc_separator=doc_separator):
+        if para is END:
+            if doc:
+                yield doc
+            doc = []
         else:
-            raise UserError(f"unknown doc separator {doc_separator!r}; expected file, blank-line or line")
-    for t in texts:
-        sents = split_sentences(t)
-        if sents:
-            yield sents
+            doc.extend(split(para))
 
 
 def iter_documents(paths: list[str], text_field: str = "text", doc_separator: str = "file") -> Iterator[list[str]]:
@@ -275,9 +250,9 @@ def input_signature(paths: list[str]) -> list[tuple[str, int, int, int, int]]:
 
 
 # ------------------------------------------------------------------------------------------------ streamed reading
-# What `bertforge prepare` reads: a part of one input (a byte range of a plain file cut at a line boundary, or a
-# whole file), streamed in blocks, as a flat sequence of paragraphs with END after each document.  It yields
-# exactly the documents and sentences of :func:`file_documents`; memory holds one block and one paragraph (one
+# The one reader of every format, for every command: a part of one input (a byte range of a plain file cut at a
+# line boundary, or a whole file), streamed in blocks, as a flat sequence of paragraphs with END after each
+# document (:func:`file_documents` gathers them into documents); memory holds one block and one paragraph (one
 # line of JSONL, one row of a table), however long a document is.
 END = None
 READ_BYTES = 1 << 20  # a worker holds one block: its memory stays the same whatever the part size

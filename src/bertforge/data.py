@@ -43,7 +43,7 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
-from .atomic import path_shown, write_failure
+from .atomic import path_shown, writing
 from .config import progress_shown
 from .corpus import input_signature
 from .errors import UserError
@@ -141,18 +141,13 @@ def _open_cached(folder: str) -> TokenizedCorpus | None:
     return None
 
 
-@contextlib.contextmanager
-def _cache_writes(cache_dir: str, creating: bool = False, what: str = "the tokenized-corpus cache") -> Iterator[None]:
-    """A cache that cannot be written (a full disk, no permission...) is one error naming it (``what``) and
-    the way to choose another.  ``creating``: any OSError (making the folder); else only a failed write."""
-    try:
-        yield
-    except Exception as e:
-        code = e.errno if creating and isinstance(e, OSError) else write_failure(e)
-        if code is None:
-            raise
-        raise UserError(f"cannot write {what} {path_shown(cache_dir)}: {os.strerror(code)}; choose another with "
-                        "--cache-dir or BERTFORGE_CACHE") from None
+CACHE_HINT = "choose another with --cache-dir or BERTFORGE_CACHE"
+
+
+def _cache_writes(cache_dir: str, creating: bool = False, what: str = "the tokenized-corpus cache"):
+    """A cache that cannot be written (a full disk, no permission...) is one error naming it and the way to choose
+    another (:func:`~bertforge.atomic.writing`)."""
+    return writing(cache_dir, what, CACHE_HINT, creating)
 
 
 # ------------------------------------------------------------------------------------------------ instances

@@ -41,6 +41,14 @@ class Dist:
         dist.all_reduce(t)
         return t.tolist()
 
+    def broadcast(self, obj):
+        """Rank 0's ``obj`` on every rank (``obj`` itself in one process)."""
+        if not self.enabled:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
 
 def init_distributed(impl: ImplConfig) -> Dist:
     """Join the process group that ``torchrun`` describes in the environment (no-op without torchrun): NCCL

@@ -5,7 +5,7 @@ the model's config (labels), encodes its examples, evaluates a model and writes 
 does the rest, the same for every task: the model directory and its tokenizer, the device, the seed, training
 for a number of epochs or steps with evaluation after each epoch and every ``--eval-every`` steps (the best
 evaluation kept; without validation data, none and the last weights), and the outputs.  They are written into
-``--out`` itself, with a checkpoint every :data:`SAVE_INTERVAL` seconds (or ``--save-every`` steps) and at
+``--out`` itself, with a checkpoint every 15 minutes of the run (or ``--save-every`` steps) and at
 Ctrl-C or SIGTERM, removed at the end; with ``--save-every 0``, into a temporary folder renamed into place.
 
 Under ``torchrun`` every process trains on its share of each global batch (DistributedDataParallel); rank 0
@@ -29,32 +29,29 @@ from safetensors.torch import load_file
 
 from . import checkpoint as ckpt
 from . import modelcard
+from .atomic import atomic_write_json
 from .batching import EpochBatches, plan_steps, to_device
-from .config import BertConfig, FinetuneConfig, validate_fields
-from .devices import Dist, init_distributed, resolve_device, setup_backend
+from .config import BertConfig, FinetuneConfig, dataclass_from_dict, validate_fields
+from .devices import Dist
 from .engine import Engine, LinearSchedule
 from .errors import TrainingError, UserError, shown
-from .atomic import atomic_write_json
-from .lifecycle import TrainingRun, finish, locked_output, preflight, run_folder
-from .settings import SCHEDULE
+from .lifecycle import TrainingRun, finish, preflight, run_folder, start_run
 from .loading import pretrained_length
 from .ops.dropout import batch_keys
 from .outputs import MODEL_FILES, register_output
 from .plots import plot_finetuning
+from .runfolder import COMMAND, CORPUS, SETTINGS_FILES, RunFolder
+from .settings import check_resumed, files_digest, say_schedule_changed
 from .tasks import FinetuneTask
 from .tokenizer import check_vocab_fits, load_tokenizer
 
 log = logging.getLogger("bertforge")
 
-register_output("finetune", MODEL_FILES | {"finetune_config.json", "metrics.jsonl", "metrics.json", "train.log",
-                                           "plots", "tensorboard", "predictions.json", "predictions.jsonl",
-                                           "README.md", "checkpoints"})
+SETTINGS_FILE = SETTINGS_FILES["finetune"]
+register_output("finetune", MODEL_FILES | {SETTINGS_FILE, "metrics.jsonl", "metrics.json", "train.log", "plots",
+                                           "tensorboard", "predictions.json", "predictions.jsonl", "README.md",
+                                           "checkpoints"})
 MIN_UPDATES = 100  # fewer optimizer updates than this rarely fine-tune a BERT well: warned
-# Without --save-every, a checkpoint every SAVE_INTERVAL seconds of the run: by time, since a step lasts from
-# milliseconds to seconds by model and device.  A kill that leaves no time to save (kill -9, a power cut) then
-# costs at most this much work, while writing a checkpoint (the weights, Adam's two moments and the best
-# evaluation's weights; only the newest kept) stays a small share of it even for a large model on a slow disk.
-SAVE_INTERVAL = 15 * 60
 
 
 @dataclass
@@ -70,16 +67,18 @@ def finetune(task: FinetuneTask, cfg: FinetuneConfig, overwrite: bool = False, r
 
     An existing, non-empty ``cfg.out`` is refused, unless ``overwrite`` and it is an earlier fine-tuning
     output of bertforge's; or ``resume``, which continues the run checkpointed there (by default every
-    :data:`SAVE_INTERVAL` seconds, and when it was interrupted) from its newest checkpoint that loads (with
-    the same settings, checked first).
+    15 minutes of the run, and when it was interrupted) from its newest checkpoint that loads (with the same
+    settings and files, checked before anything is read).
     """
     if cfg.model and isinstance(cfg.model, str) and not os.path.isdir(cfg.model):  # (the rest: in validate)
         raise UserError(f"model directory not found: {cfg.model}")
     cfg.validate()
     validate_fields(task.settings)
-    preflight(cfg.out, "finetune", [cfg.model, cfg.data.train_file, cfg.data.validation_file], overwrite, resume)
-    d = init_distributed(cfg.impl)
-    with locked_output(cfg.out, "finetune", d, overwrite, resume) as replace:
+    folder = RunFolder(cfg.out, "finetune")
+    preflight(folder, [cfg.model, cfg.data.train_file, cfg.data.validation_file], overwrite, resume)
+    files = files_content(cfg)
+    schedule = check_resumed_files(folder, cfg, task, files) if resume else []
+    with start_run(cfg.out, "finetune", cfg.impl, overwrite, resume) as (d, device, replace):
         if cfg.train.batch_size < d.world * cfg.train.grad_accum:
             raise UserError(f"--batch-size {cfg.train.batch_size} is smaller than processes x --grad-accum")
         task.read(cfg)
@@ -92,8 +91,6 @@ def finetune(task: FinetuneTask, cfg: FinetuneConfig, overwrite: bool = False, r
         reinit_head = task.configure(config)
         features, collate = task.encode(tok, cfg)
         warn_untrained_positions(cfg.model, max((len(f["input_ids"]) for f in features), default=0), d)
-        device = resolve_device(cfg.impl, d)
-        setup_backend(device, cfg.impl, d)
         torch.manual_seed(cfg.train.seed)
         if resume:  # every weight comes from the checkpoint: none read from the base model (nor reported new)
             model = task.model_class(config).to(device)
@@ -101,17 +98,59 @@ def finetune(task: FinetuneTask, cfg: FinetuneConfig, overwrite: bool = False, r
             model = task.model_class.from_pretrained(cfg.model, config=config, reinit_head=reinit_head).to(device)
         torch.manual_seed(cfg.train.seed + d.rank)  # the same new head everywhere; dropout streams differ by rank
         checkpointed = resume or cfg.train.save_every != 0
-        with run_folder(cfg.out, "finetune", d, replace, resume, in_place=checkpointed) as folder:
-            run = FineTuning(task, cfg, d, folder, model, features, collate, device)
+        with run_folder(cfg.out, "finetune", d, replace, resume, in_place=checkpointed) as out:
+            if d.is_main and resume:
+                say_schedule_changed(schedule)
+            elif d.is_main and checkpointed:  # what a resumed run is checked against, before it reads its data
+                atomic_write_json(os.path.join(out, SETTINGS_FILE), run_record(cfg, task, d.world, files),
+                                  faults=False)
+            run = FineTuning(task, cfg, d, out, model, features, collate, device)
             best, history, train_seconds = run.train(resume)
-            metrics = {} if best is None else write_outputs(folder, task, cfg, model, tok, best, history,
-                                                            train_seconds, d.world, checkpointed)
+            metrics = {} if best is None else write_outputs(out, task, cfg, model, tok, best, history,
+                                                            train_seconds, run_record(cfg, task, d.world, files),
+                                                            checkpointed)
         d.barrier()  # the other processes wait until rank 0 has written the outputs
         return metrics
 
 
+def run_record(cfg: FinetuneConfig, task: FinetuneTask, processes: int, files: dict) -> dict:
+    """finetune_config.json: the settings (a --config file that repeats the run), what the files held, and the
+    command that started the run."""
+    return {"finetune": cfg.to_dict(), "task": dataclasses.asdict(task.settings), "processes": processes,
+            CORPUS: files, COMMAND: modelcard.COMMAND}
+
+
+def files_content(cfg: FinetuneConfig) -> dict[str, str | None]:
+    """What a run trains and validates on: the sha256 of each file's bytes (a dataset that is no file, by its
+    name), so that a resumed run is checked before it reads them."""
+    dc = cfg.data
+    named = {"train": dc.train_file, "validation": dc.validation_file}
+    digests = files_digest([p for p in named.values() if p])
+    return {role: (digests.get(p) or p) if p else None for role, p in named.items()}
+
+
+def check_resumed_files(folder: RunFolder, cfg: FinetuneConfig, task: FinetuneTask, files: dict) -> list[str]:
+    """The resume rule (:func:`~bertforge.settings.check_resumed`) against the run's saved settings, and its files by
+    content; returns the schedule's changes."""
+    saved = folder.saved()
+    if saved is None or not isinstance(saved.get("finetune"), dict):
+        raise UserError(f"cannot resume the run in {cfg.out}: it has no {SETTINGS_FILE} to check this command against "
+                        "(a run started by an older bertforge: resume it with that version, or start it again)")
+    before = FinetuneConfig.from_dict(saved["finetune"])
+    schedule = check_resumed(cfg.out, before, cfg, dataclass_from_dict(type(task.settings)(), saved.get("task") or {}),
+                             task.settings)
+    was = saved.get(CORPUS) or {}
+    changed = [f"--{role} {shown(getattr(cfg.data, role + '_file'))}" for role in ("train", "validation")
+               if was.get(role) != files[role]]
+    if changed:
+        raise UserError(f"--resume continues the run in {cfg.out} on the data it was started on, and "
+                        f"{' and '.join(changed)} now holds other examples (the file changed since); restore it, or "
+                        "start a new run")
+    return schedule
+
+
 def write_outputs(folder: str, task: FinetuneTask, cfg: FinetuneConfig, model, tok, best: EpochResult,
-                  history: list[EpochResult], train_seconds: float, processes: int, checkpointed: bool) -> dict:
+                  history: list[EpochResult], train_seconds: float, record: dict, checkpointed: bool) -> dict:
     """The fine-tuned model, the task's predictions, metrics.json, finetune_config.json, card and plots (without
     validation data: the model and what it was trained on alone)."""
     ckpt.save_pretrained(model, folder, tokenizer=tok)
@@ -122,8 +161,7 @@ def write_outputs(folder: str, task: FinetuneTask, cfg: FinetuneConfig, model, t
                    "train_seconds": train_seconds, **extra}
     else:
         metrics = {"epoch": best.epoch, "step": best.step, "epochs": [], "train_seconds": train_seconds}
-    atomic_write_json(os.path.join(folder, "finetune_config.json"),
-                      {"finetune": cfg.to_dict(), "task": dataclasses.asdict(task.settings), "processes": processes})
+    atomic_write_json(os.path.join(folder, SETTINGS_FILE), record)
     plots = os.path.join(folder, "plots")
     finish(folder, metrics, _card(task, cfg, metrics),
            lambda: plot_finetuning(os.path.join(folder, "metrics.jsonl"), plots, task.plotted))
@@ -166,60 +204,6 @@ def warn_untrained_positions(model_dir: str, longest: int, d: Dist) -> None:
                     trained, longest - 1)
 
 
-def fingerprint(cfg: FinetuneConfig, task: FinetuneTask) -> dict:
-    """The settings a resumed run must share with the run it continues (not how often it saves or logs)."""
-    skip = ("save_every", "keep_checkpoints", "log_every")
-    train = {k: v for k, v in dataclasses.asdict(cfg.train).items() if k not in skip}
-    return {"model": cfg.model, "freeze_embeddings": cfg.freeze_embeddings, "train": train,
-            "data": dataclasses.asdict(cfg.data), "task": dataclasses.asdict(task.settings),
-            "precision": cfg.impl.precision}
-
-
-# a feature's inputs and targets
-TRAINED_ON = ("input_ids", "token_type_ids", "labels", "start_positions", "end_positions")
-
-
-def data_content(features: list[dict], cfg: FinetuneConfig) -> dict[str, str | None]:
-    """What a run trains and validates on, by content, whatever the files are called: a digest of the encoded
-    training examples (their tokens and targets) and of the validation file's bytes (None for a dataset that
-    is no file).  A resumed run whose data changed since it started is refused (:meth:`FineTuning.check_state`)."""
-    import array
-    import hashlib
-
-    h = hashlib.sha256()
-    for f in features:
-        for k in TRAINED_ON:  # (not a window's offsets, which only map answers back to the text)
-            if k in f:
-                v = f[k]
-                h.update(k.encode() + array.array("q", v if isinstance(v, list) else [int(v)]).tobytes())
-    val = cfg.data.validation_file
-    if val and os.path.isfile(val):
-        v = hashlib.sha256()
-        with open(val, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                v.update(block)
-        val = v.hexdigest()
-    else:
-        val = None
-    return {"train": h.hexdigest(), "validation": val}
-
-
-def differences(saved: dict, now: dict, prefix: str = "") -> list[tuple[str, Any, Any]]:
-    """(dotted name, saved value, value now) of each setting that differs."""
-    out = []
-    for k in sorted(set(saved) | set(now)):
-        a, b = saved.get(k), now.get(k)
-        if isinstance(a, dict) and isinstance(b, dict):
-            out += differences(a, b, f"{prefix}{k}.")
-        elif a != b:
-            out.append((f"{prefix}{k}", a, b))
-    return out
-
-
-def _said(changes: list[tuple[str, Any, Any]]) -> str:
-    return ", ".join(f"--{name.split('.')[-1].replace('_', '-')} {shown(a)} -> {shown(b)}" for name, a, b in changes)
-
-
 class TaskLoss(torch.nn.Module):
     """The task model's loss as the engine's objective: the model's mean loss of a micro-batch, weighted by its
     share of the global batch's examples.  A process without examples in a step (the last, small batch of an
@@ -251,7 +235,7 @@ class FineTuning(TrainingRun):
     the weights of the uninterrupted one, bit for bit."""
 
     desc = "fine-tuning"
-    required = ("epoch", "next", "order", "history", "settings")
+    required = ("epoch", "next", "order", "history")
 
     def __init__(self, task: FinetuneTask, cfg: FinetuneConfig, d: Dist, folder: str, model: torch.nn.Module,
                  features: list[dict], collate: Callable[[list[dict]], dict], device: torch.device):
@@ -265,7 +249,6 @@ class FineTuning(TrainingRun):
         engine = Engine(TaskLoss(model, t.seed), t, cfg.impl, device, d, schedule=schedule)
         super().__init__(folder, d, engine, t, cfg.impl.progress, cfg.impl.report_to == "tensorboard", total=total)
         self.checkpoints = t.save_every != 0  # (0: the outputs go to a temporary folder, where nothing resumes)
-        self.save_interval = SAVE_INTERVAL if t.save_every is None else None
         self.validating = bool(cfg.data.validation_file or cfg.data.validation_split)
         self.task, self.cfg, self.model, self.n_examples = task, cfg, model, len(features)
         self.batches = EpochBatches(features, collate, t.batch_size, t.grad_accum, engine.generator("data", t.seed),
@@ -273,8 +256,6 @@ class FineTuning(TrainingRun):
         self.history: list[EpochResult] = []
         self.best: EpochResult | None = None
         self.best_weights: dict[str, torch.Tensor] | None = None
-        self.settings = fingerprint(cfg, task)
-        self.content = data_content(features, cfg)
 
     def train(self, resume: bool) -> tuple[EpochResult | None, list[EpochResult], float]:
         """(best evaluation, every evaluation, seconds of training across resumptions); the model holds the
@@ -337,30 +318,10 @@ class FineTuning(TrainingRun):
     # ---- checkpoints
     def run_state(self) -> tuple[dict, dict | None]:
         b = self.best
-        state = {**self.batches.state_dict(), "settings": self.settings, "content": self.content,
+        state = {**self.batches.state_dict(),
                  "history": [[h.epoch, h.step, h.metrics] for h in self.history],
                  "best": None if b is None else [b.epoch, b.step, b.metrics]}
         return state, None if b is None else {"best": self.best_weights}
-
-    def check_state(self, state: dict) -> None:
-        changed = differences(state["settings"], self.settings)
-        schedule = [c for c in changed if c[0].startswith("train.") and c[0].split(".")[-1] in SCHEDULE]
-        refused = [c for c in changed if c not in schedule]
-        if refused:  # (the schedule alone may change, as in pretraining)
-            raise UserError(f"--resume continues the run in {self.out} with its own settings; this command changes "
-                            f"{_said(refused)}")
-        if schedule:
-            log.warning("resuming with %s: the learning-rate schedule is recomputed from this step on with the new "
-                        "values, so the run no longer reproduces an uninterrupted run of either setting",
-                        _said(schedule))
-        saved = state.get("content")  # (None: a checkpoint from before data was recorded)
-        if isinstance(saved, dict):
-            changed = [f"--{what} {shown(getattr(self.cfg.data, what + '_file'))}" for what in ("train", "validation")
-                       if saved.get(what) != self.content[what]]
-            if changed:
-                files = " and ".join(changed)
-                raise UserError(f"--resume continues the run in {self.out} on the data it was started on, and {files} "
-                                "now holds other examples (the file changed since); restore it, or start a new run")
 
     def load_run_state(self, state: dict, path: str) -> None:
         self.batches.load_state_dict(state)

@@ -24,42 +24,48 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
 from . import checkpoint as ckpt
 from . import modelcard
-from .config import TrainConfig, progress_shown
-from .devices import Dist
+from .config import ImplConfig, TrainConfig, progress_shown
+from .devices import Dist, init_distributed, resolve_device, setup_backend
 from .engine import Engine, NonFiniteLoss
 from .errors import TrainingError, UserError
 from .atomic import (atomic_dir, atomic_write_json, creating, missing_folders, remove_folders,
                      remove_stale_temporaries, writing)
 from .outputs import OutputLock, check_inputs_outside, check_output, marker_kind, recover_beside, write_marker
 from .logs import MetricsLog, duration, file_log, log_step, rounded
+from .runfolder import RunFolder
 
 log = logging.getLogger("bertforge")
 
 
 # ------------------------------------------------------------------------------------------------ the output
-def preflight(out: str, kind: str, inputs: list, overwrite: bool, resume: bool, started: bool = False) -> None:
-    """The output rules, checked before anything is read or written: ``--resume`` needs a checkpoint (or a run
-    ``started`` there, killed before its first, which starts again from step 0) and excludes ``--overwrite``; an
-    existing output is refused unless ``overwrite`` replaces one of ``kind`` (never one that holds the run's
-    ``inputs``)."""
+def preflight(folder: RunFolder, inputs: list, overwrite: bool, resume: bool, restarts: bool = False) -> None:
+    """The output rules, checked before anything is read or written: ``--resume`` needs a checkpoint (or, when
+    the command ``restarts``, a run started there and killed before its first, which starts again from step 0)
+    and excludes ``--overwrite``; an existing output is refused unless ``overwrite`` replaces one of the same kind
+    (never one that holds the run's ``inputs``)."""
+    out = folder.out
     if resume and overwrite:
         raise UserError("--resume continues the run in --out and --overwrite replaces it: give one of them")
-    if resume and not started and not ckpt.list_checkpoints(out):
+    if resume and not (restarts and folder.started) and not folder.checkpoints():
         raise UserError(f"nothing to resume: no complete checkpoint in {os.path.join(out, ckpt.CHECKPOINTS)}")
-    if check_output(out, kind, overwrite=overwrite, resume=resume):
+    if check_output(out, folder.kind, overwrite=overwrite, resume=resume):
         check_inputs_outside(out, inputs)
 
 
 @contextlib.contextmanager
-def locked_output(out: str, kind: str, d: Dist, overwrite: bool, resume: bool) -> Iterator[bool]:
-    """Rank 0 holds ``out``'s lock for the whole run; under it, what an interrupted earlier run left beside
-    ``out`` is recovered and the output rule applied again.  Yields whether an earlier output is to be
-    replaced.  The process group ends with the run."""
+def start_run(out: str, kind: str, impl: ImplConfig, overwrite: bool, resume: bool
+              ) -> Iterator[tuple[Dist, torch.device, bool]]:
+    """A run's set-up, the same for every command: (the processes, the device, whether an earlier output is to
+    be replaced).  The process group that torchrun describes is joined; rank 0 holds ``out``'s lock for the
+    whole run, and under it what an interrupted earlier run left beside ``out`` is recovered and the output rule
+    applied again; the device and its backend (threads, TF32) are set up.  The process group ends with the run."""
+    d = init_distributed(impl)
     try:
         d.barrier()  # every process has checked the output before rank 0 writes there
         with OutputLock(out, enabled=d.is_main):
@@ -68,7 +74,9 @@ def locked_output(out: str, kind: str, d: Dist, overwrite: bool, resume: bool) -
                 recover_beside(out)
                 replace = check_output(out, kind, overwrite=overwrite, resume=resume)
             d.barrier()
-            yield replace
+            device = resolve_device(impl, d)
+            setup_backend(device, impl, d)
+            yield d, device, replace
     finally:
         if d.enabled and dist.is_initialized():
             dist.destroy_process_group()
@@ -223,6 +231,13 @@ def sigterm_as_interrupt() -> Iterator[None]:
 
 
 # ------------------------------------------------------------------------------------------------ the run
+# A checkpoint by the clock when no --save-every is given: by time, since a step lasts from milliseconds to seconds by
+# model and device.  A kill that leaves no time to save (kill -9, a power cut) then costs at most this much work, while
+# writing a checkpoint (the weights, Adam's two moments, fine-tuning's best weights) stays a small share of it even
+# for a large model on a slow disk.
+SAVE_INTERVAL = 15 * 60
+
+
 class TrainingRun:
     """One training run on one :class:`~bertforge.engine.Engine`.  Subclasses give:
 
@@ -239,7 +254,6 @@ class TrainingRun:
     checkpoints = True  # whether the run writes checkpoints (where an interrupted run saves one)
     restarts = False  # whether --resume without a checkpoint starts again from step 0 (the model is built
     # afresh from the run's settings), rather than being refused
-    save_interval: float | None = None  # seconds of the run between checkpoints, when not by save_every steps
 
     def __init__(self, out: str, d: Dist, engine: Engine, t: TrainConfig, progress: bool | None, tensorboard: bool,
                  total: int | None = None):
@@ -250,6 +264,9 @@ class TrainingRun:
         self.metrics = MetricsLog(out, d.is_main, tensorboard=tensorboard)
         self.evaluated_at = None  # the step of the last evaluation
         self.saved_step, self.saved_clock = None, time.monotonic()  # the last checkpoint's step, and when
+        # save_every, the same in every command: N steps; 0 none between the start and the end; None (fine-tuning's
+        # default) by the clock, every SAVE_INTERVAL seconds of the run
+        self.save_interval = SAVE_INTERVAL if t.save_every is None else None
 
     # ---- hooks
     def next_batches(self) -> list[dict]:

@@ -5,6 +5,7 @@ a lock keeps a second run out; what an interrupted write left beside it is put r
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 
@@ -140,14 +141,15 @@ def remove_output(path: str, kind: str) -> None:
 
 
 class OutputLock:
-    """An advisory lock on an output folder, so that a second run writing there is refused at once.  The
+    """An advisory lock on an output folder, so that a second run writing there is refused at once (or, with a
+    ``wait`` message, waited for: several processes that need the same prepared corpus).  The
     lock file lies beside the folder (``.NAME.lock``, removed at the end); the operating system releases the
     lock when the process ends, however it ends (a killed run leaves the file, unlocked, for the next)."""
 
-    def __init__(self, path: str, enabled: bool = True):
+    def __init__(self, path: str, enabled: bool = True, wait: str | None = None):
         path = os.path.abspath(path)
         self.file = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.lock")
-        self.path, self.enabled, self.fd, self.made = path, enabled, None, []
+        self.path, self.enabled, self.fd, self.made, self.wait = path, enabled, None, [], wait
 
     def __enter__(self):
         if not self.enabled:
@@ -157,6 +159,9 @@ class OutputLock:
             with creating(self.path):
                 os.makedirs(os.path.dirname(self.file), exist_ok=True)
                 self.fd = lock_file(self.file)
+                if self.fd is None and self.wait:  # (preparing a corpus: waited for, saying so)
+                    logging.getLogger("bertforge").info(self.wait, self.path)
+                    self.fd = lock_file(self.file, wait=True)
         except UserError:
             remove_folders(self.made)
             raise

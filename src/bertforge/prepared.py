@@ -49,10 +49,10 @@ import numpy as np
 from tokenizers import Tokenizer
 from tqdm import tqdm
 
-from .atomic import atomic_write_json, fault_point, lock_file, unlock_file
+from .atomic import atomic_write_json, fault_point
 from .corpus import END, expand_paths, input_signature, line_based, read_part, sentences_of
 from .errors import TrainingError, UserError
-from .outputs import MARKER, marker_kind, register_output, write_marker
+from .outputs import MARKER, OutputLock, marker_kind, register_output, write_marker
 
 log = logging.getLogger("bertforge")
 
@@ -473,7 +473,8 @@ def prepare_corpus(data: list[str], tok: Tokenizer, out: str, reading: Reading =
                             "raw text")
     files = expand_paths(data)
     out = os.path.abspath(out)
-    with _folder_lock(out, wait_message):
+    who = f"rank {os.environ['RANK']}: " if "RANK" in os.environ else ""
+    with OutputLock(out, wait=who + (wait_message or "waiting for another process preparing %s")):
         state = _state(out, files, tok, reading, overwrite)
         if state == "finished":
             log.info("prepared corpus in %s", out)
@@ -501,21 +502,6 @@ def prepare_corpus(data: list[str], tok: Tokenizer, out: str, reading: Reading =
              f"{manifest['documents']:,}", f"{manifest['sentences']:,}", f"{manifest['tokens']:,}", mb, took,
              mb / took, out, who)
     return open_prepared(out)
-
-
-@contextlib.contextmanager
-def _folder_lock(out: str, wait_message: str | None) -> Iterator[None]:
-    path = os.path.join(os.path.dirname(out), f".{os.path.basename(out)}.lock")
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    fd = lock_file(path)
-    if fd is None:
-        who = f"rank {os.environ['RANK']}: " if "RANK" in os.environ else ""
-        log.info(who + (wait_message or "waiting for another process preparing %s"), out)
-        fd = lock_file(path, wait=True)
-    try:
-        yield
-    finally:
-        unlock_file(path, fd)
 
 
 def _settings(files: list[str], tok: Tokenizer, reading: Reading) -> dict:

@@ -22,9 +22,8 @@ model's starting values (:mod:`bertforge.initialization`): sinusoidal positions 
 look at the neighbouring tokens, where BERT starts every weight at random and leaves the most-frequent-token
 plateau only after thousands of steps.  ``--recipe bert`` restores BERT's; the architecture is BERT's under
 every recipe.  A run from a trained model (``--init``) defaults to ``--recipe continue``: masked LM only, 15%
-masked, the model's own dropout, a short warmup (2% of the run), Adam beta2 0.999, peak lr 1e-4 (the middle
-of the screen 3e-5, 1e-4, 3e-4 that benchmarks/domain_adaptation.py is to run), and none of the new-model
-starting values; a masked-LM head the model lacks starts tied to its word embeddings (the log says so).
+masked, the model's own dropout, a short warmup (2% of the run), Adam beta2 0.999, peak lr 1e-4 (kept after a
+screen of 3e-5, 1e-4 and 3e-4), and none of the new-model starting values; a masked-LM head the model lacks starts tied to its word embeddings (the log says so).
 """
 
 from __future__ import annotations
@@ -36,35 +35,32 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from tokenizers import Tokenizer
 
 from . import checkpoint as ckpt
 from . import modelcard, vocabulary
+from .atomic import atomic_write_json
 from .batching import to_device
-from .config import PRETRAIN_CONFIG, BertConfig, PretrainConfig, progress_shown
-from .corpus import iter_texts
+from .config import BertConfig, PretrainConfig
 from .data import PretrainingData
-from .prepared import is_prepared, tokenizer_fingerprint
-from .devices import Dist, init_distributed, resolve_device, setup_backend
+from .devices import Dist
 from .engine import Engine, LinearSchedule
 from .errors import UserError, shown
 from .evaluation import fill_mask_samples
-from .atomic import atomic_write_json
-from .initialization import local_attention_heads_, set_dropout, sinusoidal_positions_
-from .lifecycle import TrainingRun, finish, locked_output, preflight, run_folder
+from .lifecycle import TrainingRun, finish, preflight, run_folder, start_run
 from .logs import duration, rounded
-from .objectives import OBJECTIVES, PretrainingObjective, objective_class
+from .objectives import OBJECTIVES, objective_class
 from .objectives.mlm import new_head_said
 from .outputs import MODEL_FILES, register_output
+from .plan import StartPlan, pretraining_config, pretraining_objective, pretraining_plan, pretraining_tokenizer
 from .plots import plot_pretraining
-from .settings import COMMAND, CORPUS, recipe_said, saved_command, saved_corpus, warn_if_schedule_changed
-from .tokenizer import check_vocab_fits, load_tokenizer, save_tokenizer, special_ids, train_vocabulary
+from .runfolder import COMMAND, CORPUS, SETTINGS_FILES, RunFolder
+from .settings import as_run, check_resumed, recipe_said, say_schedule_changed
+from .tokenizer import save_tokenizer, special_ids
 
 log = logging.getLogger("bertforge")
 
-CONFIG_FILE = PRETRAIN_CONFIG
-register_output("pretrain", MODEL_FILES | {CONFIG_FILE, "metrics.jsonl", "metrics.json", "train.log", "plots",
+register_output("pretrain", MODEL_FILES | {SETTINGS_FILES["pretrain"], "metrics.jsonl", "metrics.json", "train.log", "plots",
                                            "checkpoints", "tensorboard", "README.md"}
                 | {name for o in OBJECTIVES.values() for name in o.outputs})
 
@@ -77,140 +73,77 @@ def pretrain(cfg: PretrainConfig, resume: bool = False, overwrite: bool = False)
     an earlier pretraining output there.  Any other existing, non-empty ``cfg.out`` is refused; everything
     that can fail on bad input fails before the output folder is written.
     """
-    check_run(cfg, resume, overwrite)
-    d = init_distributed(cfg.impl)
-    with locked_output(cfg.out, "pretrain", d, overwrite, resume) as replace:
-        device = resolve_device(cfg.impl, d)
-        setup_backend(device, cfg.impl, d)
+    folder = RunFolder(cfg.out, "pretrain")
+    schedule = check_run(cfg, folder, resume, overwrite)
+    with start_run(cfg.out, "pretrain", cfg.impl, overwrite, resume) as (d, device, replace):
         if resume and d.is_main:  # decided on the checkpoints that load whole
             ckpt.set_aside_incomplete(cfg.out)
         d.barrier()
-        # a run killed before its first checkpoint starts again from step 0 (TrainingRun.restore says so), with
-        # the vocabulary it had trained (a vocabulary trained again may break its ties another way)
-        continued = resume and bool(ckpt.list_checkpoints(cfg.out))
-        if continued and cfg.train.max_steps and ckpt.list_checkpoints(cfg.out)[-1][0] >= cfg.train.max_steps:
-            raise UserError(f"the run in {cfg.out} is at step {ckpt.list_checkpoints(cfg.out)[-1][0]} already; "
-                            f"--resume trains on to a larger --max-steps (not {cfg.train.max_steps})")
-        tok = prepare_tokenizer(cfg, resume and os.path.isfile(os.path.join(cfg.out, "tokenizer.json")), d)
+        # (a run killed before its first checkpoint starts again from step 0, with the vocabulary it had trained:
+        # one trained again may break its ties another way)
+        plan = pretraining_plan(cfg, resume, folder)
+        newest = folder.newest_step()
+        if plan.continued and cfg.train.max_steps and newest >= cfg.train.max_steps:
+            raise UserError(f"the run in {cfg.out} is at step {newest} already; --resume trains on to a larger "
+                            f"--max-steps (not {cfg.train.max_steps})")
+        tok = pretraining_tokenizer(cfg, plan, d)
         special_ids(tok)  # a vocabulary without [CLS], [SEP], [MASK]... fails here
-        config = prepare_model_config(cfg, tok, continued)
-        data = PretrainingData(cfg, tok, d, continued)
-        corpus = corpus_identity(cfg, data, d, resume)
-        objective = build_objective(cfg, config, continued, tok).to(device)
+        config = pretraining_config(cfg, plan, tok)
+        data = PretrainingData(cfg, tok, d, plan.continued)
+        corpus = corpus_identity(cfg, data, d, folder if resume else None)
+        objective = pretraining_objective(cfg, plan, config, tok).to(device)
         torch.manual_seed(cfg.train.seed + d.rank)  # dropout streams differ by rank
         with run_folder(cfg.out, "pretrain", d, replace, resume, in_place=True):
             if d.is_main:
-                if not continued:
+                if not plan.continued:
                     save_tokenizer(tok, cfg.out, model_max_length=config.max_position_embeddings)
                     objective.save_pretrained(cfg.out, tok)
                 else:
-                    warn_if_schedule_changed(cfg.out, cfg)
-                started_by = saved_command(cfg.out) if resume else modelcard.COMMAND  # (not the --resume's)
-                atomic_write_json(os.path.join(cfg.out, CONFIG_FILE),
-                                  {**cfg.to_dict(), CORPUS: corpus, COMMAND: started_by})
+                    say_schedule_changed(schedule)
+                started_by = folder.command() if resume else modelcard.COMMAND  # (not the --resume's)
+                atomic_write_json(folder.settings_file, {**cfg.to_dict(), CORPUS: corpus, COMMAND: started_by})
             d.barrier()
             t = cfg.train
             steps = t.max_steps or (data.loader.steps_in_epochs(t.epochs) if t.epochs else None)  # as run_mlm's
-            schedule = LinearSchedule(t.lr, steps, t.max_time, t.warmup_steps, t.warmup_ratio)
-            run = Pretraining(cfg, d, Engine(objective, t, cfg.impl, device, d, schedule), data, tok)
+            lr = LinearSchedule(t.lr, steps, t.max_time, t.warmup_steps, t.warmup_ratio)
+            run = Pretraining(cfg, d, Engine(objective, t, cfg.impl, device, d, lr), data, tok, plan, folder)
             return run.train(resume)
 
 
-def check_run(cfg: PretrainConfig, resume: bool, overwrite: bool = False) -> None:
-    """Every check that needs no heavy work, done before anything is read or written."""
+def check_run(cfg: PretrainConfig, folder: RunFolder, resume: bool, overwrite: bool = False) -> list[str]:
+    """Every check that needs no heavy work, done before anything is read or written; returns the schedule's
+    changes on ``resume``."""
     if not cfg.out:
         raise UserError("--out is required")
-    if not resume and not overwrite and ckpt.list_checkpoints(cfg.out):
+    if not resume and not overwrite and folder.checkpoints():
         raise UserError(f"{cfg.out} already holds a training run; pass --resume to continue it, --overwrite to "
                         "replace it, or choose another --out")
     m, dc = cfg.model, cfg.data
-    started = os.path.isfile(os.path.join(cfg.out, CONFIG_FILE))  # with its settings: it can start again
-    preflight(cfg.out, "pretrain", [*dc.data, *(dc.eval_data or []), dc.tokenizer, m.init, m.model_config],
-              overwrite, resume, started=started)
+    preflight(folder, [*dc.data, *(dc.eval_data or []), dc.tokenizer, m.init, m.model_config], overwrite, resume,
+              restarts=True)
+    saved = folder.settings() if resume else None  # the resume rule first: it names what changed
+    schedule = [] if saved is None else check_resumed(cfg.out, as_run(PretrainConfig.from_dict(saved)), cfg)
     cfg.validate(resume)
-    objective_class(m.objective).check(cfg, resume)
-    if m.init and not (resume and ckpt.list_checkpoints(cfg.out)):  # (a checkpoint holds all a resumed run needs)
+    plan = pretraining_plan(cfg, resume, folder)
+    objective_class(m.objective).check(cfg, plan.weights == "init")
+    if plan.weights == "init":  # (a checkpoint holds all a resumed run needs)
         if not os.path.isdir(m.init):
             raise UserError(f"--init directory not found: {m.init}")
         ckpt.require_weights(m.init)  # before the data is read
+    return schedule
 
 
 # ------------------------------------------------------------------------------------------------ set-up
-def _broadcast_str(d: Dist, text: str | None) -> str:
-    if not d.enabled:
-        return text or ""
-    obj = [text]
-    dist.broadcast_object_list(obj, src=0)
-    return obj[0]
-
-
-def prepare_tokenizer(cfg: PretrainConfig, resume: bool, d: Dist) -> Tokenizer:
-    """The run's tokenizer: the output folder's on resume, then --tokenizer, then --init's, else trained."""
-    dc = cfg.data
-    if resume:
-        return load_tokenizer(cfg.out)
-    prepared = [p for p in dc.data if is_prepared(p)]
-    if prepared:
-        return prepared_tokenizer(cfg, prepared[0])
-    if dc.tokenizer or cfg.model.init:
-        tok = load_tokenizer(dc.tokenizer or cfg.model.init)
-        return extended_tokenizer(cfg, tok, d) if cfg.model.add_vocab else tok
-    text = None
-    if d.is_main:
-        log.info("training a %s vocabulary of %d tokens on the data", dc.tokenizer_model, dc.vocab_size)
-        tok = train_vocabulary(iter_texts(dc.data, dc.text_field, dc.doc_separator), dc.vocab_size,
-                              kind=dc.tokenizer_model, lowercase=dc.lowercase,
-                              show_progress=progress_shown(cfg.impl.progress))
-        size = tok.get_vocab_size(with_added_tokens=True)
-        if size < dc.vocab_size:
-            log.warning("asked for a vocabulary of %d tokens; the corpus gave %d (too little text or too few "
-                        "distinct words): the model is built for %d", dc.vocab_size, size, size)
-        text = tok.to_str()
-    return Tokenizer.from_str(_broadcast_str(d, text))
-
-
-def prepared_tokenizer(cfg: PretrainConfig, folder: str) -> Tokenizer:
-    """A prepared corpus's own tokenizer; a --tokenizer (or --init's) that is another is refused."""
-    dc, mc = cfg.data, cfg.model
-    tok = load_tokenizer(folder)
-    given = dc.tokenizer or mc.init
-    if mc.add_vocab:
-        raise UserError(f"--add-vocab changes the vocabulary, and {folder} is tokenized with its own: give the raw "
-                        "text as --data")
-    if given and tokenizer_fingerprint(load_tokenizer(given)) != tokenizer_fingerprint(tok):
-        flag, hint = (("--tokenizer", "leave --tokenizer out (a prepared corpus brings its own)") if dc.tokenizer else
-                      ("--init", "continue from a model of the corpus's vocabulary"))
-        raise UserError(f"{flag} {shown(given)} has another tokenizer than the prepared corpus {folder}; {hint}, or "
-                        "prepare the corpus with its tokenizer")
-    log.info("the tokenizer of the prepared corpus %s", folder)
-    return tok
-
-
-def extended_tokenizer(cfg: PretrainConfig, tok: Tokenizer, d: Dist) -> Tokenizer:
-    """``--add-vocab N``: ``tok``, the tokenizer of --init's model, with up to N words and subwords of the data
-    appended to its vocabulary (:mod:`bertforge.vocabulary`); build_objective grows the model to match."""
-    mc, dc = cfg.model, cfg.data
-    vocabulary.check_extensible(tok, f"the tokenizer of {shown(dc.tokenizer or mc.init)}")
-    check_vocab_fits(tok, BertConfig.load(mc.init).vocab_size, _vocab_pair(cfg))
-    text = None
-    if d.is_main:  # Pretraining.train says what was added, in train.log
-        log.info("looking in the data for up to %d words and subwords that the vocabulary lacks", mc.add_vocab)
-        new = vocabulary.new_tokens(tok, iter_texts(dc.data, dc.text_field, dc.doc_separator), mc.add_vocab,
-                                    show_progress=progress_shown(cfg.impl.progress))
-        text = vocabulary.extend_tokenizer(tok, new).to_str()
-    return Tokenizer.from_str(_broadcast_str(d, text))
-
-
-def corpus_identity(cfg: PretrainConfig, data: PretrainingData, d: Dist, resume: bool) -> dict[str, Any]:
+def corpus_identity(cfg: PretrainConfig, data: PretrainingData, d: Dist, folder: RunFolder | None) -> dict[str, Any]:
     """What the run trains on, by content, whatever the files are called: a digest of the tokenized corpus's
     checksums (the cache's, of its tokens and its sentence and document boundaries, checked when it was
-    opened: no second reading of the corpus) and of its counts.  On ``resume`` a corpus whose content differs
-    from the run's is refused, before anything of the run is loaded."""
+    opened: no second reading of the corpus) and of its counts.  A resumed run (its ``folder``) whose corpus
+    differs in content is refused, before anything of the run is loaded."""
     found = None
     if d.is_main:  # the others take rank 0's: one answer for all
         found = json.dumps(data.corpus.identity())
-    now = json.loads(_broadcast_str(d, found))
-    saved = saved_corpus(cfg.out) if resume else None
+    now = json.loads(d.broadcast(found))
+    saved = folder.corpus() if folder is not None else None
     if saved is not None and saved.get("digest") != now["digest"]:
         raise UserError(f"--resume continues the run in {cfg.out} on the corpus it was started on, and --data "
                         f"{shown(cfg.data.data)} now reads as another: {_corpus_said(saved)} -> {_corpus_said(now)}")
@@ -222,51 +155,6 @@ def _corpus_said(c: dict) -> str:
     return f"{n.get('documents')} documents, {n.get('tokens')} tokens, digest {str(c.get('digest'))[:12]}"
 
 
-def prepare_model_config(cfg: PretrainConfig, tok: Tokenizer, resume: bool) -> BertConfig:
-    mc = cfg.model
-    if resume:
-        config = BertConfig.load(cfg.out)
-    elif mc.init:
-        config = BertConfig.load(mc.init)
-    elif mc.model_config:
-        config = BertConfig.load(mc.model_config)
-    else:
-        config = BertConfig.preset(mc.preset, vocab_size=tok.get_vocab_size(with_added_tokens=True))
-    if mc.add_vocab and not resume:  # --init's model, grown to the extended vocabulary by build_objective
-        config.vocab_size = tok.get_vocab_size(with_added_tokens=True)
-    check_vocab_fits(tok, config.vocab_size, "--tokenizer and the model" if resume else _vocab_pair(cfg))
-    if cfg.data.max_seq_length > config.max_position_embeddings:
-        raise UserError(f"--max-seq-length {cfg.data.max_seq_length} exceeds the model's max_position_embeddings "
-                        f"{config.max_position_embeddings}")
-    return config
-
-
-def _vocab_pair(cfg: PretrainConfig) -> str:
-    """Whose tokenizer and model an error about their vocabularies names: --init's own when no --tokenizer is given."""
-    if cfg.model.init and not cfg.data.tokenizer:
-        return f"--init {shown(cfg.model.init)}: its tokenizer and its model"
-    return "--tokenizer and the model"
-
-
-def build_objective(cfg: PretrainConfig, config: BertConfig, resume: bool,
-                    tok: Tokenizer | None = None) -> PretrainingObjective:
-    """The run's objective around its model: a new one starts from the recipe's starting values; with
-    ``--add-vocab``, --init's model grown to ``tok``'s vocabulary."""
-    mc = cfg.model
-    torch.manual_seed(cfg.train.seed)
-    grow = bool(mc.add_vocab) and not resume and tok is not None
-    objective = objective_class(mc.objective).build(cfg, BertConfig.load(mc.init) if grow else config, resume)
-    if grow:
-        vocabulary.extend_model(objective.model, tok)
-    if mc.position_init == "sinusoidal" and not mc.init and not resume:
-        sinusoidal_positions_(objective.model)
-        if mc.attention_init == "local":
-            local_attention_heads_(objective.model)
-    if mc.dropout is not None:  # pretraining's own; config.json keeps the model's, for fine-tuning
-        set_dropout(objective.model, mc.dropout)
-    return objective
-
-
 # ------------------------------------------------------------------------------------------------ the run
 class Pretraining(TrainingRun):
     """One pretraining run: the loop of :class:`~bertforge.lifecycle.TrainingRun` over the loader's batches."""
@@ -275,10 +163,12 @@ class Pretraining(TrainingRun):
     required = ("loader",)
     restarts = True  # the model is built from the run's settings as a new run builds it
 
-    def __init__(self, cfg: PretrainConfig, d: Dist, engine: Engine, data: PretrainingData, tok: Tokenizer):
+    def __init__(self, cfg: PretrainConfig, d: Dist, engine: Engine, data: PretrainingData, tok: Tokenizer,
+                 plan: StartPlan, folder: RunFolder):
         super().__init__(cfg.out, d, engine, cfg.train, cfg.impl.progress, cfg.impl.report_to == "tensorboard",
                          total=cfg.train.max_steps)
         self.cfg, self.data, self.tok, self.objective = cfg, data, tok, engine.objective
+        self.plan, self.folder = plan, folder
         self.session_tokens, self.session_time, self.last_eval = 0, 0.0, {}
 
     def train(self, resume: bool) -> dict[str, Any]:
@@ -392,4 +282,4 @@ class Pretraining(TrainingRun):
         return modelcard.render(f"bertforge BERT ({cfg.out.rstrip('/').split('/')[-1]})", summary,
                                 self.objective.pipeline_tag, {k: final[k] for k in keys if k in final}, settings,
                                 list(dc.data), mc.init, modelcard.base_license(mc.init), load=load,
-                                command=saved_command(cfg.out))
+                                command=self.folder.command())

@@ -3,8 +3,11 @@
 Pretraining: the recipe's defaults (``--recipe``; without one, ``continue`` for a run from ``--init``'s trained
 model, ``budget`` for a new one), then a ``--config`` file, then the explicit settings
 (flags, or keyword arguments of :func:`bertforge.run_pretraining`); on ``--resume`` the run's saved
-``pretrain_config.json`` takes the recipe's place, so that a resumed run keeps its settings: one that changes
-what is trained is refused (:func:`check_resumed_settings`), one that reshapes the schedule is said.
+``pretrain_config.json`` takes the recipe's place, so that a resumed run keeps its settings.
+
+``--resume``, for every command: one table of what may change (:data:`RESUMABLE`); a change to anything else is
+refused (:func:`check_resumed`) before any data is read, one that reshapes the schedule is said once
+(:func:`say_schedule_changed`).
 
 Fine-tuning: the task's defaults, then a ``--config`` file (or a run's own ``finetune_config.json``), then
 the explicit settings; the learning rate, when none is given, follows the model's width
@@ -20,11 +23,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import sys
 from typing import Any
 
 from .config import (
-    PRETRAIN_CONFIG,
     RECIPE_WITH_INIT,
     RECIPES,
     BertConfig,
@@ -35,21 +36,13 @@ from .config import (
     flag_of,
     parse_duration,
     read_config_file,
+    Sections,
     taken_by,
 )
 from .errors import UserError, shown
-from .files import read_json_object
+from .runfolder import COMMAND, CORPUS, RunFolder
 
 log = logging.getLogger("bertforge")
-
-CORPUS = "corpus"  # beside the settings in pretrain_config.json: what the run trains on (pretrain.corpus_identity)
-COMMAND = "command"  # and the command line that started the run (its model card's, when it is resumed)
-
-
-def progress_default(flag: bool | None) -> dict[str, bool]:
-    """The command line's progress bar: without ``--progress``/``--no-progress``, none when stderr is not
-    a terminal (over a config file's choice); else whatever the settings say."""
-    return {"progress": False} if flag is None and not sys.stderr.isatty() else {}
 
 
 # ------------------------------------------------------------------------------------------------ pretraining
@@ -59,7 +52,7 @@ def pretrain_settings(out: str, data: list[str] | str | None = None, resume: boo
     in ``out``), then the ``config`` file's settings, then ``settings`` (flat names, as the flags)."""
     from_file = _pretrain_values(read_config_file(config)) if config else {}
     settings = _pretrain_values(settings)
-    saved = _saved_pretraining(out) if resume else None  # none: pretrain.check_run says there is nothing to resume
+    saved = RunFolder(out, "pretrain").settings() if resume else None  # none: as a new run (pretrain.check_run)
     if saved is not None:
         cfg = PretrainConfig.from_dict(saved)
     else:  # the recipe's defaults, then the config file's and the explicit settings over them
@@ -69,10 +62,7 @@ def pretrain_settings(out: str, data: list[str] | str | None = None, resume: boo
     if data is not None:
         cfg.data.data = [data] if isinstance(data, str) else list(data)
     cfg.out = out
-    _as_run(cfg)
-    if saved is not None:
-        check_resumed_settings(out, _as_run(PretrainConfig.from_dict(saved)), cfg)
-    return cfg
+    return as_run(cfg)
 
 
 def default_recipe(given: dict[str, Any]) -> Any:
@@ -104,81 +94,87 @@ def recipe_said(cfg: PretrainConfig, config: BertConfig) -> str:
     return f"the {cfg.recipe} recipe: {', '.join(parts)}"
 
 
-def _as_run(cfg: PretrainConfig) -> PretrainConfig:
-    """``cfg`` as the run has it: 0 for "only at the end" as None, and no preset when the model comes from
-    ``--init`` or ``--model-config`` (a preset given then does not describe the model)."""
-    if cfg.train.eval_every == 0:
-        cfg.train.eval_every = None
-    if cfg.train.save_every == 0:
-        cfg.train.save_every = None
+def as_run(cfg: PretrainConfig) -> PretrainConfig:
+    """``cfg`` as the run has it: no preset when the model comes from ``--init`` or ``--model-config`` (a preset
+    given then does not describe the model)."""
     if cfg.model.init or cfg.model.model_config:
         cfg.model.preset = None
     return cfg
 
 
-# What --resume may change: the schedule (said when it changes), and when the run evaluates, logs and saves,
-# and how it runs (a global batch is the same in any number of accumulation steps).  Every other setting decides
-# what is trained, and a resumed run keeps the one it was started with.
+# ------------------------------------------------------------------------------------------------ --resume
+# What --resume may change, for every command: the schedule (said when it changes), when the run evaluates, logs and
+# saves, and how it runs (every implementation setting: device, precision, threads...; a global batch is the same in
+# any number of accumulation steps).  Every other setting decides what is trained, and a resumed run keeps the one it
+# was started with.  Fine-tuning's files are compared by what they hold (:func:`files_digest`), not by their names.
 SCHEDULE = ("lr", "max_steps", "max_time", "epochs", "warmup_steps", "warmup_ratio")
 RESUMABLE = (*SCHEDULE, "out", "eval_every", "save_every", "keep_checkpoints", "log_every", "max_eval_instances",
-             "cache_dir", "grad_accum")
+             "cache_dir", "grad_accum", "eval_batch_size")
+BY_CONTENT = ("train_file", "validation_file")
 
 
-def check_resumed_settings(out: str, saved: PretrainConfig, cfg: PretrainConfig) -> None:
-    """Refuse, before anything is read, a resumed run whose settings change what is trained, naming each
-    changed setting with the run's value and the new one."""
-    before = saved.flat_fields()
-    changed = []
-    for name, (holder, f) in cfg.flat_fields().items():
-        if name in RESUMABLE or isinstance(holder, ImplConfig):
+def check_resumed(out: str, saved: Sections, now: Sections, saved_task: Any = None, now_task: Any = None) -> list[str]:
+    """Refuse, before anything is read, a resumed run whose settings (and task settings) change what is trained,
+    naming each changed setting with the run's value and the new one; return the schedule's changes (for
+    :func:`say_schedule_changed`)."""
+    before, fields = saved.flat_fields(), list(now.flat_fields().items())
+    if now_task is not None:
+        fields += [(f.name, (now_task, f)) for f in dataclasses.fields(now_task)]
+        before = {**before, **{f.name: (saved_task, f) for f in dataclasses.fields(saved_task)}}
+    refused, schedule = [], []
+    for name, (holder, f) in fields:
+        if name in BY_CONTENT or isinstance(holder, ImplConfig) or (name in RESUMABLE and name not in SCHEDULE):
             continue
-        was, now = getattr(before[name][0], f.name), getattr(holder, f.name)
-        if _comparable(name, was) != _comparable(name, now):
-            if name == "lowercase":  # set by its flag --cased
-                changed.append(f"--cased {not was} -> {not now}")
-            else:
-                changed.append(f"{flag_of(f)} {_shown(was)} -> {_shown(now)}")
-    if changed:
+        was, now_value = getattr(before[name][0], f.name), getattr(holder, f.name)
+        if _comparable(name, was) != _comparable(name, now_value):
+            said = (f"--cased {not was} -> {not now_value}" if name == "lowercase"  # set by its flag --cased
+                    else f"{flag_of(f)} {_shown(was)} -> {_shown(now_value)}")
+            (schedule if name in SCHEDULE else refused).append(said)
+    if refused:
         raise UserError(f"--resume continues the run in {out} as it was started, and this changes what it trains: "
-                        f"{', '.join(changed)}; a resumed run may change only its schedule "
+                        f"{', '.join(refused)}; a resumed run may change only its schedule "
                         "(--max-steps, --max-time, --epochs, --lr, --warmup-steps, --warmup-ratio) and how it runs")
+    return schedule
+
+
+def say_schedule_changed(changes: list[str]) -> None:
+    if changes:
+        log.warning("resuming with %s: the learning-rate schedule is recomputed from this step on with the new "
+                    "values, so the run no longer reproduces an uninterrupted run of either setting",
+                    ", ".join(changes))
 
 
 def _comparable(name: str, value: Any) -> Any:
-    if name in ("data", "eval_data") and isinstance(value, list):  # ./a.txt is a.txt
+    """A setting's value as a resumed run compares it: a path as the file it names (./a.txt is a.txt)."""
+    if isinstance(value, str) and name in ("init", "model", "model_config", "tokenizer") and value:
+        return os.path.normpath(value)
+    if name in ("data", "eval_data") and isinstance(value, list):
         return [p if p.startswith("hf:") else os.path.normpath(p) for p in value if isinstance(p, str)]
     return value
+
+
+def files_digest(paths: list[str]) -> dict[str, str | None]:
+    """{path: sha256 of its bytes} of each file among ``paths`` (None for a dataset that is no file): what a
+    fine-tuning run trains and validates on, recorded when it starts, compared on --resume before it is read."""
+    import hashlib
+
+    out: dict[str, str | None] = {}
+    for p in paths:
+        if p and os.path.isfile(p):
+            h = hashlib.sha256()
+            with open(p, "rb") as fh:
+                for block in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(block)
+            out[p] = h.hexdigest()
+        elif p:
+            out[p] = None
+    return out
 
 
 def _shown(value: Any) -> str:
     """A setting's value in a message: as a flag takes it (a path without quotes), bounded."""
     text = shown(value)
     return text[1:-1] if isinstance(value, str) and text[:1] == text[-1:] and text[:1] in "'\"" else text
-
-
-def _saved_pretraining(out: str) -> dict | None:
-    """The settings a pretraining run saved in ``out`` (None when there are none)."""
-    saved = _saved_run(out)
-    return None if saved is None else {k: v for k, v in saved.items() if k not in (CORPUS, COMMAND)}
-
-
-def saved_corpus(out: str) -> dict | None:
-    """What the run saved in ``out`` trains on (:data:`CORPUS`; None when not recorded)."""
-    saved = _saved_run(out)
-    corpus = saved.get(CORPUS) if saved is not None else None
-    return corpus if isinstance(corpus, dict) else None
-
-
-def saved_command(out: str) -> list[str] | None:
-    """The command line that started the run saved in ``out`` (:data:`COMMAND`; None when not recorded)."""
-    saved = _saved_run(out)
-    command = saved.get(COMMAND) if saved is not None else None
-    return command if isinstance(command, list) and all(isinstance(a, str) for a in command) else None
-
-
-def _saved_run(out: str) -> dict | None:
-    path = os.path.join(out, PRETRAIN_CONFIG) if out else ""
-    return read_json_object(path, PRETRAIN_CONFIG) if path and os.path.isfile(path) else None
 
 
 def _pretrain_values(flat: dict[str, Any]) -> dict[str, Any]:
@@ -227,7 +223,8 @@ def finetune_file_settings(d: dict[str, Any], path: str) -> dict[str, Any]:
     ``finetune_config.json`` (``{"finetune": {...}, "task": {...}}``), so a run can be repeated from it."""
     d = dict(d)
     if isinstance(d.get("finetune"), dict):  # a run's finetune_config.json
-        d.pop("processes", None)  # how the run was launched, not a setting
+        for k in ("processes", CORPUS, COMMAND):  # how the run was launched and what it read: not settings
+            d.pop(k, None)
         d = {**d.pop("finetune"), **(d.pop("task", None) or {}), **d}
     flat: dict[str, Any] = {}
     alias = {"train": "train_file", "validation": "validation_file"}
@@ -243,18 +240,3 @@ def finetune_file_settings(d: dict[str, Any], path: str) -> dict[str, Any]:
     if changed:  # saved with their defaults in finetune_config.json; not settings of fine-tuning
         raise UserError(f"config file {path}: {', '.join(changed)} cannot be set for fine-tuning")
     return {k: v for k, v in flat.items() if k not in other}
-
-
-def warn_if_schedule_changed(out: str, cfg: PretrainConfig) -> None:
-    """On resume: say so when the settings that shape the learning-rate schedule differ from the saved run's."""
-    try:
-        found = _saved_pretraining(out)
-        saved = PretrainConfig.from_dict(found).train if found is not None else cfg.train
-    except UserError:
-        return
-    changed = [f"--{k.replace('_', '-')} {_shown(getattr(saved, k))} -> {_shown(getattr(cfg.train, k))}"
-               for k in SCHEDULE if getattr(saved, k) != getattr(cfg.train, k)]
-    if changed:
-        log.warning("resuming with %s: the learning-rate schedule is recomputed from this step on with the new "
-                    "values, so the run no longer reproduces an uninterrupted run of either setting",
-                    ", ".join(changed))

@@ -32,7 +32,7 @@ from tokenizers import (
 )
 from tokenizers.models import WordLevel, WordPiece
 
-from .atomic import atomic_dir
+from .atomic import atomic_dir, write_file
 from .errors import UserError, require_type, shown
 from .files import read_json_object, read_text
 from .outputs import (MODEL_FILES, OutputLock, check_inputs_outside, check_output, recover_beside, register_output,
@@ -193,7 +193,7 @@ def save_tokenizer(tok: Tokenizer, folder: str, model_max_length: int = 512) -> 
     tok = Tokenizer.from_str(tok.to_str())  # a copy: never save padding/truncation settings
     tok.no_padding()
     tok.no_truncation()
-    tok.save(os.path.join(folder, "tokenizer.json"))
+    write_file(os.path.join(folder, "tokenizer.json"), lambda f: f.write(tok.to_str(pretty=True).encode()))
     with open(os.path.join(folder, "vocab.txt"), "w", encoding="utf-8") as f:
         f.write("\n".join(vocab_tokens(tok)) + "\n")
     kind = model_kind(tok)

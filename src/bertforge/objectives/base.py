@@ -30,12 +30,13 @@ class PretrainingObjective(nn.Module):
 
     # ---- the model
     @classmethod
-    def build(cls, cfg: PretrainConfig, config: BertConfig, resume: bool) -> PretrainingObjective:
-        """The objective around a new model (or ``--init``'s), built from the current random state."""
+    def build(cls, cfg: PretrainConfig, config: BertConfig, from_init: bool) -> PretrainingObjective:
+        """The objective around a new model (``from_init``: --init's weights), built from the current random
+        state (:func:`bertforge.plan.pretraining_objective`)."""
         raise NotImplementedError
 
     @classmethod
-    def check(cls, cfg: PretrainConfig, resume: bool) -> None:
+    def check(cls, cfg: PretrainConfig, from_init: bool) -> None:
         """Settings this objective cannot train with (a UserError), before anything is read."""
 
     @classmethod

@@ -36,14 +36,14 @@ class Electra(PretrainingObjective):
     outputs = frozenset({GENERATOR_DIR})
 
     @classmethod
-    def check(cls, cfg: PretrainConfig, resume: bool) -> None:
+    def check(cls, cfg: PretrainConfig, from_init: bool) -> None:
         if cfg.data.nsp:
             raise UserError("--objective electra trains without next sentence prediction; pass --no-nsp")
-        if cfg.model.init and not resume:
+        if from_init:
             raise UserError("--objective electra starts from scratch; --init is not supported with it")
 
     @classmethod
-    def build(cls, cfg: PretrainConfig, config: BertConfig, resume: bool) -> Electra:
+    def build(cls, cfg: PretrainConfig, config: BertConfig, from_init: bool) -> Electra:
         return cls(ElectraPretraining(config, cfg.model.generator_size), cfg)
 
     @classmethod

@@ -25,9 +25,9 @@ class MaskedLM(PretrainingObjective):
     meter_keys = ()
 
     @classmethod
-    def build(cls, cfg: PretrainConfig, config: BertConfig, resume: bool) -> MaskedLM:
+    def build(cls, cfg: PretrainConfig, config: BertConfig, from_init: bool) -> MaskedLM:
         model_cls = BertForPreTraining if cfg.data.nsp else BertForMaskedLM
-        if cfg.model.init and not resume:
+        if from_init:
             return cls(model_cls.from_pretrained(cfg.model.init, config=config), cfg)
         return cls(model_cls(config), cfg)
 

@@ -1,0 +1,141 @@
+"""The run's lifecycle on a toy :class:`~bertforge.lifecycle.TrainingRun` (a linear regression, no data files, no
+BERT): what every command's run inherits, tested once at the seam, in-process and in milliseconds: a signal
+stops the run after a whole step with a checkpoint of it, and the run resumed from it ends exactly as the
+uninterrupted one; ``save_every`` means the same for every command; a non-finite loss names the last good
+checkpoint."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+import torch
+
+import bertforge.lifecycle as lifecycle
+from bertforge import checkpoint as ckpt
+from bertforge.config import ImplConfig, TrainConfig
+from bertforge.devices import Dist
+from bertforge.engine import Engine, LinearSchedule
+from bertforge.errors import TrainingError
+from bertforge.lifecycle import TrainingRun
+
+
+class Linear(torch.nn.Linear):
+    def tie_weights(self) -> None:  # (what the checkpoint asks of a model: nothing to tie here)
+        pass
+
+
+class Regression(torch.nn.Module):
+    """The engine's objective protocol around a linear model: a sum of squared errors, averaged over the batch."""
+
+    def __init__(self):
+        super().__init__()
+        self.model = Linear(4, 1)
+
+    @staticmethod
+    def counts(b: dict) -> dict[str, float]:
+        return {"n": float(b["x"].shape[0])}
+
+    def forward(self, b: dict, step: int) -> dict:
+        return {"sse": ((self.model(b["x"]) - b["y"]) ** 2).sum()}
+
+    @staticmethod
+    def loss(out: dict, totals: dict) -> tuple[torch.Tensor, dict]:
+        return out["sse"] / totals["n"], {"sse": out["sse"].detach()}
+
+
+class ToyRun(TrainingRun):
+    """Batches of 8 rows of a fixed random table, in order; the position in it is the run's own state."""
+
+    required = ("position",)
+
+    def __init__(self, out, t: TrainConfig, signal_at: int | None = None, lr: float = 0.05):
+        torch.manual_seed(0)
+        engine = Engine(Regression(), t, ImplConfig(), torch.device("cpu"), Dist(),
+                        LinearSchedule(lr, t.max_steps, None, 0, 0.0))
+        super().__init__(str(out), Dist(), engine, t, progress=False, tensorboard=False)
+        self.table = torch.randn(64, 5, generator=torch.Generator().manual_seed(1))
+        self.position, self.signal_at, self.evaluations = 0, signal_at, []
+
+    def next_batches(self) -> list[dict]:
+        if self.signal_at == self.engine.state.step + 1:  # arrives during this step: it ends, then the run stops
+            os.kill(os.getpid(), signal.SIGINT)
+        rows = self.table[(8 * self.position) % 64:][:8]
+        self.position += 1
+        return [{"x": rows[:, :4], "y": rows[:, 4:]}]
+
+    def record(self, out: dict, seconds: float) -> None:
+        self.engine.state.add(sse=float(out["sse"]), steps=1)
+
+    def log_line(self, out: dict) -> tuple[dict, str, dict]:
+        st, m = self.engine.state, self.engine.state.take_meters()
+        return {"type": "train", "step": st.step, "sse": m["sse"] / m["steps"], "lr": out["lr"]}, "", {}
+
+    def evaluate(self) -> None:
+        self.evaluations.append(self.engine.state.step)
+        self.log_eval({"weight": float(self.engine.objective.model.weight.sum())}, "eval")
+
+    def run_state(self) -> tuple[dict, dict | None]:
+        return {"position": self.position}, None
+
+    def load_run_state(self, state: dict, path: str) -> None:
+        self.position = state["position"]
+
+
+def _train(**kw) -> TrainConfig:
+    return TrainConfig(**{"max_steps": 12, "save_every": 4, "eval_every": 5, "log_every": 1, "keep_checkpoints": 0,
+                          **kw})
+
+
+def _rows(out) -> list[str]:
+    return [line for line in (out / "metrics.jsonl").read_text().splitlines() if '"elapsed"' not in line]
+
+
+@pytest.fixture(autouse=True)
+def _python_sigint():
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_a_signal_saves_the_step_and_the_resumed_run_ends_as_the_uninterrupted_one(tmp_path):
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    for out in (straight, stopped):
+        out.mkdir()
+    run = ToyRun(straight, _train())
+    run.fit()
+    assert [s for s, _ in ckpt.list_checkpoints(str(straight))] == [4, 8]  # (the last: the command's own)
+    assert run.evaluations == [5, 10, 12]
+
+    with pytest.raises(TrainingError, match="interrupted at step 6 by SIGINT; saved a checkpoint of it"):
+        ToyRun(stopped, _train(), signal_at=6).fit()
+    assert [s for s, _ in ckpt.list_checkpoints(str(stopped))] == [4, 6]
+    resumed = ToyRun(stopped, _train())
+    resumed.restore()
+    assert resumed.engine.state.step == 6 and resumed.position == 6
+    resumed.fit()
+    assert resumed.engine.state.step == 12
+    assert torch.equal(resumed.engine.objective.model.weight, run.engine.objective.model.weight)
+    assert _rows(stopped) == _rows(straight)  # every logged row and evaluation, as if never stopped
+
+
+def test_save_every_is_steps_or_the_clock_and_zero_saves_nothing_before_the_end(tmp_path, monkeypatch):
+    saved: list[int] = []
+    save = ckpt.save_checkpoint
+    monkeypatch.setattr(ckpt, "save_checkpoint", lambda out, step, *a, **k: saved.append(step) or save(out, step, *a,
+                                                                                                        **k))
+    for every, expected in ((4, [4, 8]), (0, []), (None, list(range(1, 12)))):
+        out = tmp_path / str(every)
+        out.mkdir()
+        monkeypatch.setattr(lifecycle, "SAVE_INTERVAL", 0)  # None: by the clock, due after every step
+        saved.clear()
+        ToyRun(out, _train(save_every=every)).fit()
+        assert saved == expected, every
+
+
+def test_a_non_finite_loss_names_the_last_good_checkpoint(tmp_path):
+    (tmp_path / "o").mkdir()
+    run = ToyRun(tmp_path / "o", _train(max_grad_norm=1e30), lr=1e30)  # diverges within a few steps
+    with pytest.raises(TrainingError, match="the loss is not finite at step"):
+        run.fit()
