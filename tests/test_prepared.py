@@ -173,6 +173,14 @@ def test_other_settings_need_overwrite(small_text_corpus, minilm_dir, story_toke
     (tmp_path / "mine" / "notes.txt").write_text("keep me\n")
     _prepare(["--data", str(small_text_corpus), "--tokenizer", minilm_dir], tmp_path, name="mine", expect=2)
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me\n"
+    # --overwrite of a prepared folder follows the output rule of every command: a file or folder of the user's
+    # in it is never deleted (the command is refused, naming it)
+    (out / "notes.txt").write_text("keep me too\n")
+    (out / "mine").mkdir()
+    capsys.readouterr()
+    _prepare(["--data", str(small_text_corpus), "--tokenizer", minilm_dir, "--overwrite"], tmp_path, expect=2)
+    assert "also holds files bertforge did not write (mine, notes.txt)" in capsys.readouterr().err
+    assert (out / "notes.txt").read_text() == "keep me too\n" and (out / "mine").is_dir()
 
 
 def test_duplicates_are_counted_and_dropped_with_dedup(minilm_dir, tmp_path):

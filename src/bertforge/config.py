@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import UserError, require_type, shown
+from .errors import UserError, require_type, shown, type_parts
 
 # name -> (layers, hidden, heads); intermediate = 4 x hidden.  tiny/mini/small/medium are the sizes of
 # Turc et al. (2019) "Well-Read Students Learn Better"; base is BERT-base.
@@ -31,7 +31,6 @@ PRESETS: dict[str, tuple[int, int, int]] = {
 SUPPORTED_ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
 TOKENIZER_MODELS = ("wordpiece", "wordlevel")
 OBJECTIVES = ("mlm", "electra")
-PRETRAIN_CONFIG = "pretrain_config.json"  # a pretraining run's resolved settings, saved in its folder
 DOC_SEPARATORS = ("file", "blank-line", "line")
 
 
@@ -216,37 +215,24 @@ def flag_of(f: dataclasses.Field) -> str:
 
 
 def validate_fields(obj: Any) -> None:
-    """Type and range of every field of dataclass ``obj`` (values from flags, config files or Python),
-    each error naming the flag."""
+    """Type and range of every field of dataclass ``obj`` (values from flags, config files or Python), each error
+    naming the flag; the types are checked by :func:`~bertforge.errors.require_type`, as the API's arguments."""
+    import typing
+
+    hints = typing.get_type_hints(type(obj))
     for f in dataclasses.fields(obj):
-        v = getattr(obj, f.name)
-        typ = str(f.type)
-        if v is None:
-            if "None" not in typ:
-                raise UserError(f"{flag_of(f)} needs a value")
-            continue
-        base = typ.replace(" | None", "")
-        if base == "bool" and not isinstance(v, bool):
-            raise UserError(f"{flag_of(f)} must be true or false, not {shown(v)}")
-        if base in ("int", "float"):
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or (base == "int" and not float(v).is_integer()):
-                kind = "an integer" if base == "int" else "a number"
-                raise UserError(f"{flag_of(f)} must be {kind}, not {shown(v)}")
-            if not math.isfinite(v):
-                raise UserError(f"{flag_of(f)} must be a finite number, not {shown(v)}")
-            if base == "int" and isinstance(v, float):  # a config file's 2.0: the 2 that the code after takes
-                v = int(v)
-                setattr(obj, f.name, v)
-            check = f.metadata.get("check")
-            if check and not CHECKS[check][0](v):
-                raise UserError(f"{flag_of(f)} must be {CHECKS[check][1]}, not {shown(v)}")
-        if base == "str" and not isinstance(v, str):
-            raise UserError(f"{flag_of(f)} must be a string, not {shown(v)}")
-        if base == "list[str]" and not (isinstance(v, list) and all(isinstance(x, str) for x in v)):
-            raise UserError(f"{flag_of(f)} must be a list of paths, not {shown(v)}")
-        choices = f.metadata.get("choices")
+        v, hint, flag = getattr(obj, f.name), hints[f.name], flag_of(f)
+        if isinstance(v, float) and v.is_integer() and int in type_parts(hint) and float not in type_parts(hint):
+            v = int(v)  # a config file's 2.0: the 2 that the code after takes
+            setattr(obj, f.name, v)
+        require_type(v, hint, flag)
+        if isinstance(v, float) and not math.isfinite(v):
+            raise UserError(f"{flag} must be a finite number, not {shown(v)}")
+        check, choices = f.metadata.get("check"), f.metadata.get("choices")
+        if check and v is not None and not CHECKS[check][0](v):
+            raise UserError(f"{flag} must be {CHECKS[check][1]}, not {shown(v)}")
         if choices and v not in choices:
-            raise UserError(f"{flag_of(f)} must be one of {', '.join(choices)}, not {shown(v)}")
+            raise UserError(f"{flag} must be one of {', '.join(choices)}, not {shown(v)}")
 
 
 def check_preset(name: str) -> tuple[int, int, int]:

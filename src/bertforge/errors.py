@@ -58,7 +58,7 @@ _NAMES = {str: ("a string", "strings"), int: ("an integer", "integers"), float: 
           type(None): ("None", "None")}
 
 
-def _parts(hint) -> tuple:
+def type_parts(hint) -> tuple:
     """The alternatives of a type hint (``str | None``, or a tuple of types)."""
     import types
     import typing
@@ -71,7 +71,7 @@ def _parts(hint) -> tuple:
 def _fits(value, hint) -> bool:
     import typing
 
-    for h in _parts(hint):
+    for h in type_parts(hint):
         origin, args = typing.get_origin(h), typing.get_args(h)
         if h is typing.Any or h is None and value is None:
             return True
@@ -90,7 +90,7 @@ def _described(hint, plural: bool = False) -> str:
     import typing
 
     said = []
-    for h in _parts(hint):
+    for h in type_parts(hint):
         if typing.get_origin(h) in (list, tuple):
             said.append(f"{'lists' if plural else 'a list'} of {_described(typing.get_args(h)[0], plural=True)}")
         else:

@@ -36,8 +36,8 @@ from .devices import Dist
 from .engine import Engine, LinearSchedule
 from .errors import TrainingError, UserError, shown
 from .lifecycle import TrainingRun, finish, preflight, run_folder, start_run
-from .loading import pretrained_length
-from .ops.dropout import batch_keys
+from .loading import warn_untrained_positions
+from .objectives.task import TaskLoss
 from .outputs import MODEL_FILES, register_output
 from .plots import plot_finetuning
 from .runfolder import COMMAND, CORPUS, SETTINGS_FILES, RunFolder
@@ -193,39 +193,6 @@ def _card(task: FinetuneTask, cfg: FinetuneConfig, metrics: dict) -> str:
                             "question-answering" if task.name == "squad" else "text-classification", shown, settings,
                             [dc.train_file, dc.validation_file], cfg.model,
                             modelcard.base_license(cfg.model), load=task.model_class.__name__)
-
-
-def warn_untrained_positions(model_dir: str, longest: int, d: Dist) -> None:
-    """Warn when the fine-tuning sequences reach positions the model was never pretrained at."""
-    trained = pretrained_length(model_dir)
-    if trained and longest > trained and d.is_main:
-        log.warning("%s was pretrained on sequences of at most %d tokens and these reach %d: positions %d-%d start "
-                    "untrained (a shorter --max-seq-length keeps to what it learned)", model_dir, trained, longest,
-                    trained, longest - 1)
-
-
-class TaskLoss(torch.nn.Module):
-    """The task model's loss as the engine's objective: the model's mean loss of a micro-batch, weighted by its
-    share of the global batch's examples.  A process without examples in a step (the last, small batch of an
-    epoch) takes part with one example of ``weight`` 0."""
-
-    def __init__(self, model: torch.nn.Module, seed: int | None):
-        super().__init__()
-        self.model, self.seed = model, seed
-
-    @staticmethod
-    def counts(b: dict) -> dict[str, float]:
-        return {"examples": b["input_ids"].shape[0] * b.get("weight", 1.0)}
-
-    def forward(self, b: dict, step: int) -> dict:
-        inputs = {k: v for k, v in b.items() if k not in ("sequence_ids", "weight")}
-        loss = self.model(**inputs, dropout_keys=batch_keys(b, self.seed, step)).loss
-        return {"loss": loss, "n": b["input_ids"].shape[0] * b.get("weight", 1.0)}
-
-    @staticmethod
-    def loss(out: dict, totals: dict[str, float]) -> tuple[torch.Tensor, dict]:
-        loss, n = out["loss"], out["n"]
-        return loss * (n / totals["examples"]), {"loss": loss.detach() * n}
 
 
 class FineTuning(TrainingRun):

@@ -5,6 +5,7 @@ generator) are recognised."""
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -13,11 +14,12 @@ import torch
 from tokenizers import Tokenizer
 
 from .checkpoint import has_weight
-from .config import PRETRAIN_CONFIG, BertConfig, ImplConfig
+from .config import BertConfig, ImplConfig
 from .devices import resolve_device
 from .errors import UserError, require_type
-from .files import read_json_object
 from .tokenizer import check_vocab_fits, load_tokenizer
+
+log = logging.getLogger("bertforge")
 
 
 def model_dir(path: str | os.PathLike) -> str:
@@ -93,8 +95,19 @@ def load_for_inference(path: str | os.PathLike, model_class: type, device: str =
 def pretrained_length(model_dir: str) -> int | None:
     """The longest sequence ``bertforge pretrain`` trained the model in ``model_dir`` on, when it trained it
     from its start (positions beyond it are still at their starting values); None when unknown."""
+    from .runfolder import RunFolder
+
     try:
-        saved = read_json_object(os.path.join(model_dir, PRETRAIN_CONFIG), PRETRAIN_CONFIG)
+        saved = RunFolder(model_dir, "pretrain").saved()
         return None if saved["model"].get("init") else int(saved["data"]["max_seq_length"])
     except (UserError, ValueError, KeyError, TypeError, AttributeError):
         return None
+
+
+def warn_untrained_positions(model_dir: str, longest: int, d) -> None:
+    """Warn when the fine-tuning sequences reach positions the model was never pretrained at."""
+    trained = pretrained_length(model_dir)
+    if trained and longest > trained and d.is_main:
+        log.warning("%s was pretrained on sequences of at most %d tokens and these reach %d: positions %d-%d start "
+                    "untrained (a shorter --max-seq-length keeps to what it learned)", model_dir, trained, longest,
+                    trained, longest - 1)

@@ -52,7 +52,7 @@ from tqdm import tqdm
 from .atomic import atomic_write_json, fault_point
 from .corpus import END, expand_paths, input_signature, line_based, read_part, sentences_of
 from .errors import TrainingError, UserError
-from .outputs import MARKER, OutputLock, marker_kind, register_output, write_marker
+from .outputs import MARKER, OutputLock, check_output, marker_kind, register_output, write_marker
 
 log = logging.getLogger("bertforge")
 
@@ -480,6 +480,7 @@ def prepare_corpus(data: list[str], tok: Tokenizer, out: str, reading: Reading =
             log.info("prepared corpus in %s", out)
             return open_prepared(out)
         if state == "replace":
+            check_output(out, KIND, overwrite=True)  # the output rule: never a file bertforge did not write
             shutil.rmtree(out)
         created = not os.path.lexists(out)
         t0 = time.monotonic()

@@ -23,7 +23,8 @@ look at the neighbouring tokens, where BERT starts every weight at random and le
 plateau only after thousands of steps.  ``--recipe bert`` restores BERT's; the architecture is BERT's under
 every recipe.  A run from a trained model (``--init``) defaults to ``--recipe continue``: masked LM only, 15%
 masked, the model's own dropout, a short warmup (2% of the run), Adam beta2 0.999, peak lr 1e-4 (kept after a
-screen of 3e-5, 1e-4 and 3e-4), and none of the new-model starting values; a masked-LM head the model lacks starts tied to its word embeddings (the log says so).
+screen of 3e-5, 1e-4 and 3e-4), and none of the new-model starting values; a masked-LM head the model lacks
+starts tied to its word embeddings (the log says so).
 """
 
 from __future__ import annotations
@@ -60,8 +61,8 @@ from .tokenizer import save_tokenizer, special_ids
 
 log = logging.getLogger("bertforge")
 
-register_output("pretrain", MODEL_FILES | {SETTINGS_FILES["pretrain"], "metrics.jsonl", "metrics.json", "train.log", "plots",
-                                           "checkpoints", "tensorboard", "README.md"}
+register_output("pretrain", MODEL_FILES | {SETTINGS_FILES["pretrain"], "metrics.jsonl", "metrics.json", "train.log",
+                                           "plots", "checkpoints", "tensorboard", "README.md"}
                 | {name for o in OBJECTIVES.values() for name in o.outputs})
 
 
