@@ -198,3 +198,29 @@ def test_the_training_entry_points_take_paths(tmp_path):
     m = bertforge.run_finetuning("classify", d / "pt", d / "cls.jsonl", d / "cls.jsonl", d / "ft", epochs=1,
                                  max_seq_length=16)
     assert (d / "ft" / "model.safetensors").is_file() and "accuracy" in m
+
+
+def test_api_inputs_of_other_types_are_taken_or_refused_in_one_line(tmp_path, monkeypatch):
+    """What hostile testing found ending in a traceback: max_time as a timedelta, evaluate_mlm's data as a
+    pathlib.Path, and a BERTFORGE_DIST_TIMEOUT that is no positive number under torchrun."""
+    import datetime
+    import pathlib
+
+    from bertforge.config import parse_duration
+    from bertforge.devices import dist_timeout
+
+    assert parse_duration(datetime.timedelta(minutes=2)) == 120.0
+    assert bertforge.api._paths(pathlib.Path("a.txt"), listed=True) == ["a.txt"]
+    from .helpers import SENTENCES, tiny_model_dir
+
+    model = tiny_model_dir(tmp_path / "m", SENTENCES)
+    (tmp_path / "t.txt").write_text(" ".join(SENTENCES))
+    assert 0 <= bertforge.evaluate_mlm(model, pathlib.Path(tmp_path / "t.txt"), max_seq_length=16)["mlm_accuracy"] <= 1
+    with pytest.raises(UserError, match="data path not found"):
+        bertforge.evaluate_mlm(model, pathlib.Path(tmp_path / "missing.txt"))
+    for bad in ("ten", "0", "-5", "inf"):
+        monkeypatch.setenv("BERTFORGE_DIST_TIMEOUT", bad)
+        with pytest.raises(UserError, match="BERTFORGE_DIST_TIMEOUT must be a positive number of seconds"):
+            dist_timeout()
+    monkeypatch.setenv("BERTFORGE_DIST_TIMEOUT", "30")
+    assert dist_timeout() == 30.0

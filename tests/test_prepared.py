@@ -289,3 +289,22 @@ def test_a_damaged_shard_is_prepared_again_and_bad_input_leaves_nothing(small_te
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and said in err, err
         assert not (tmp_path / "new").exists() and not [p for p in os.listdir(tmp_path) if p.startswith(".new")]
+
+
+def test_a_prepared_folder_is_recognised_by_every_command_that_takes_a_corpus(small_text_corpus, minilm_dir,
+                                                                              tmp_path, capsys):
+    """Found by hostile testing: the commands that read raw text read a prepared folder as text (its vocab.txt
+    became the corpus, exit 0), and a copy that lost the marker dotfile was read as text by pretraining too."""
+    out = _prepare(["--data", str(small_text_corpus), "--tokenizer", minilm_dir], tmp_path)
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    (copy / ".bertforge").unlink()  # as `cp -r prep/* dst/` leaves it
+    assert main(["--quiet", "pretrain", "--data", str(copy), "--out", str(tmp_path / "run"), "--preset", "tiny",
+                 "--max-steps", "1", "--batch-size", "4", "--max-seq-length", "32", "--eval-every", "0",
+                 "--max-eval-instances", "4", "--no-progress"]) == 0, capsys.readouterr().err
+    assert (tmp_path / "run" / "vocab.txt").read_text() == (copy / "vocab.txt").read_text()  # the folder's own
+    for argv in (["tokenizer", "train", "--input", str(out), "--vocab-size", "100", "--out", str(tmp_path / "tok")],
+                 ["evaluate", "mlm", "--model", str(tmp_path / "run"), "--data", str(copy)]):
+        capsys.readouterr()
+        assert main(["--quiet", *argv]) == 2
+        assert "is a prepared corpus (token shards, not text)" in capsys.readouterr().err

@@ -278,3 +278,43 @@ def test_a_run_from_init_resumes_without_its_base_model(tmp_path, capsys):
     assert main(["--quiet", "pretrain", "--out", str(out), "--resume", "--max-steps", "3", "--no-progress"]) == 0, \
         capsys.readouterr().err
     assert json.loads((out / "metrics.json").read_text())["steps"] == 3
+
+
+def test_a_run_killed_after_its_final_checkpoint_is_finished_by_resume(inputs, tmp_path, capsys):
+    """Killed after its last checkpoint but before metrics.json and the card: --resume writes them (and evaluates
+    its last step once more, logging that evaluation once); a finished run is refused as before."""
+    out = tmp_path / "run"
+    assert main(_args(inputs, out, "--eval-every", "1")) == 0
+    rows = [json.loads(r) for r in (out / "metrics.jsonl").read_text().splitlines()]
+    final = json.loads((out / "metrics.json").read_text())
+    for name in ("metrics.json", "README.md"):
+        (out / name).unlink()
+    assert main(["--quiet", "pretrain", "--out", str(out), "--resume", "--no-progress"]) == 0, capsys.readouterr().err
+    again = [json.loads(r) for r in (out / "metrics.jsonl").read_text().splitlines()]
+    untimed = [{k: v for k, v in r.items() if k != "elapsed"} for r in rows]
+    assert [{k: v for k, v in r.items() if k != "elapsed"} for r in again] == untimed
+    assert json.loads((out / "metrics.json").read_text())["mlm_accuracy"] == final["mlm_accuracy"]
+    assert (out / "README.md").is_file() and [s for s, _ in list_checkpoints(str(out))] == [1, 2]
+    assert main(["--quiet", "pretrain", "--out", str(out), "--resume", "--no-progress"]) == 2
+    assert "is at step 2 already" in capsys.readouterr().err
+
+
+def test_ctrl_c_during_the_final_evaluation_lets_the_run_finish(inputs, tmp_path, capsys, monkeypatch):
+    """The stop handler holds through the end: a run without a checkpoint yet (--save-every 0) that gets Ctrl-C
+    while it evaluates its last step finishes and keeps its output, instead of being removed."""
+    import bertforge.pretrain as pretrain
+
+    evaluate = pretrain.Pretraining.evaluate
+
+    def interrupted(self):
+        if self.engine.state.step == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+        return evaluate(self)
+
+    monkeypatch.setattr(pretrain.Pretraining, "evaluate", interrupted)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        assert main(_args(inputs, tmp_path / "run", "--save-every", "0")) == 0, capsys.readouterr().err
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert (tmp_path / "run" / "metrics.json").is_file() and (tmp_path / "run" / "model.safetensors").is_file()

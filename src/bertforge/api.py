@@ -145,9 +145,9 @@ def evaluate_squad(data: str | os.PathLike, predictions: str | os.PathLike | Non
 
 
 @checked(seed=0, batch_size=1, max_blocks=1)
-def evaluate_mlm(model: str | os.PathLike, data: list[str] | str, max_seq_length: int = 128, seed: int = 0,
-                 batch_size: int = 32, max_blocks: int | None = None, text_field: str = "text",
-                 doc_separator: str = "file", device: str = "auto") -> dict:
+def evaluate_mlm(model: str | os.PathLike, data: list[str | os.PathLike] | str | os.PathLike,
+                 max_seq_length: int = 128, seed: int = 0, batch_size: int = 32, max_blocks: int | None = None,
+                 text_field: str = "text", doc_separator: str = "file", device: str = "auto") -> dict:
     """``bertforge evaluate mlm``: held-out masked-LM accuracy on a fixed protocol
     (:func:`bertforge.evaluation.mlm_blocks`: running text in blocks, 15% of the tokens replaced by [MASK],
     seeded), the same tokens for any two models with one tokenizer: ours, or a transformers checkpoint with
@@ -164,7 +164,7 @@ def evaluate_mlm(model: str | os.PathLike, data: list[str] | str, max_seq_length
                         "run, evaluate its generator/ folder)")
     check_max_seq_length(found.config, max_seq_length, model)
     m = load_for_inference(model, found.model_class, device, found.config)
-    paths = [data] if isinstance(data, str) else list(data)
+    paths = _paths(data, listed=True)
     ids, labels = mlm_blocks(m.tokenizer, iter_documents(paths, text_field, doc_separator), max_seq_length, seed,
                              max_blocks=max_blocks)
     return {**masked_lm_accuracy(m.model, ids, labels, m.device, batch_size), "max_seq_length": max_seq_length,

@@ -258,7 +258,6 @@ PRETRAIN_PRINTED = ("mlm_accuracy", "mlm_accuracy_masked", "nsp_accuracy", "mlm_
 def cmd_pretrain(a: argparse.Namespace) -> int:
     """The settings as :func:`bertforge.settings.pretrain_settings` decides them, from the explicit flags."""
     from .api import run_pretraining
-    from .lifecycle import sigterm_as_interrupt
 
     explicit = explicit_flags(a, a.setting_flags)
     out = explicit.pop("out", None)
@@ -266,8 +265,7 @@ def cmd_pretrain(a: argparse.Namespace) -> int:
         raise UserError("--out is required")
     if a.cased:
         explicit["cased"] = True
-    with sigterm_as_interrupt():
-        metrics = run_pretraining(out, resume=a.resume, overwrite=a.overwrite, config=a.config, **explicit)
+    metrics = run_pretraining(out, resume=a.resume, overwrite=a.overwrite, config=a.config, **explicit)
     if metrics:
         _print_json({k: metrics[k] for k in PRETRAIN_PRINTED if k in metrics})
     return 0
@@ -282,13 +280,11 @@ FINETUNE_PRINTED = {"classify": ("accuracy", "macro_f1", "loss"), "squad": ("exa
 def cmd_finetune(a: argparse.Namespace) -> int:
     """The settings as :func:`bertforge.settings.finetune_settings` decides them, from the explicit flags."""
     from .api import run_finetuning
-    from .lifecycle import sigterm_as_interrupt
 
     flags = explicit_flags(a, a.setting_flags)
     given = [flags.pop(k, None) or "" for k in ("model", "train_file", "validation_file", "out")]
-    with sigterm_as_interrupt():
-        m = run_finetuning(a.task, *given, overwrite=a.overwrite, resume=a.resume, config=a.config, **flags,
-                           **explicit_flags(a, a.task_flags))
+    m = run_finetuning(a.task, *given, overwrite=a.overwrite, resume=a.resume, config=a.config, **flags,
+                       **explicit_flags(a, a.task_flags))
     if not m:  # a process other than rank 0 under torchrun: rank 0 reports
         return 0
     printed = (*FINETUNE_PRINTED[a.task], "best_epoch", "epoch", "step", "train_seconds")
@@ -651,8 +647,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .atomic import path_shown, write_failure
 
     modelcard.COMMAND = ["bertforge", *(sys.argv[1:] if argv is None else argv)]  # for the model cards
-    try:
-        with _file_size_limit_as_error():
+    from .lifecycle import sigterm_as_interrupt
+
+    try:  # one signal handler for every command: SIGTERM cleans up as Ctrl-C does (a training loop: StopSignals)
+        with _file_size_limit_as_error(), sigterm_as_interrupt():
             return int(a.func(a) or 0)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)

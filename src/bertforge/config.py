@@ -503,7 +503,11 @@ class PretrainConfig(Sections):
 
 
 def parse_duration(text: str | float | int | None) -> float | None:
-    """'90', '90s', '30m', '2h', '1h30m' -> seconds."""
+    """'90', '90s', '30m', '2h', '1h30m' (or a ``datetime.timedelta``) -> seconds."""
+    import datetime
+
+    if isinstance(text, datetime.timedelta):
+        return text.total_seconds()
     if text is None or isinstance(text, (int, float)):
         return None if text is None else float(text)
     import re

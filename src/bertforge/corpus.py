@@ -31,7 +31,7 @@ from collections.abc import Iterator
 
 from .errors import UserError, require_file, shown
 
-from .outputs import MARKER
+from .outputs import MARKER, marker_kind
 
 TEXT_SUFFIXES = (".txt", ".jsonl", ".txt.gz", ".jsonl.gz", ".parquet")
 
@@ -104,6 +104,13 @@ def _walk_texts(top: str) -> list[str]:
     return sorted(found)
 
 
+def is_prepared_folder(path: str) -> bool:
+    """Whether ``path`` is a folder that ``bertforge prepare`` wrote (finished or not): its marker says so, or,
+    when a copy lost the marker (``cp -r prep/* dst/``), it holds a manifest and shards."""
+    return os.path.isdir(path) and (marker_kind(path) == "prepared" or (
+        os.path.isfile(os.path.join(path, "manifest.json")) and os.path.isdir(os.path.join(path, "shards"))))
+
+
 def expand_paths(paths: list[str]) -> list[str]:
     """Files named by paths, directories (recursively, text suffixes only) and glob patterns, sorted."""
     files: list[str] = []
@@ -112,6 +119,9 @@ def expand_paths(paths: list[str]) -> list[str]:
             hf_spec(p)
             files.append(p)
         elif os.path.isdir(p):
+            if is_prepared_folder(p):
+                raise UserError(f"{p} is a prepared corpus (token shards, not text): pretrain --data {p} trains from "
+                                "it; give its raw text here")
             found = _walk_texts(p)
             if not found:
                 raise UserError(f"no .txt, .jsonl, .gz or .parquet files in directory {p}")

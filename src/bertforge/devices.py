@@ -65,9 +65,21 @@ def init_distributed(impl: ImplConfig) -> Dist:
         # rank 0 alone evaluates a fine-tuning run while the others wait in the next all-reduce: a CPU evaluation
         # of a large validation set can outlast the default timeout (10 minutes on NCCL, 30 on gloo).  Preparing
         # the data waits on a lock file, never in a collective (bertforge.data.build_corpus).
-        seconds = float(os.environ.get("BERTFORGE_DIST_TIMEOUT") or 7200)
+        seconds = dist_timeout()
         dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=seconds))
     return Dist(rank, world, local_rank)
+
+
+def dist_timeout() -> float:
+    """``BERTFORGE_DIST_TIMEOUT``: the process group's timeout in seconds (2 hours when unset)."""
+    text = os.environ.get("BERTFORGE_DIST_TIMEOUT") or "7200"
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = float("nan")
+    if not 0 < seconds < float("inf"):
+        raise UserError(f"BERTFORGE_DIST_TIMEOUT must be a positive number of seconds, not {text!r}")
+    return seconds
 
 
 def resolve_device(impl: ImplConfig, d: Dist | None = None) -> torch.device:

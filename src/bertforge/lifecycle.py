@@ -302,11 +302,13 @@ class TrainingRun:
         return "; try a lower --lr"
 
     # ---- the loop
-    def fit(self) -> None:
+    def fit(self) -> Any:
         """Train until the schedule ends: a log line every ``log_every`` steps, an evaluation every
         ``eval_every`` steps, at each epoch's end and at the end, a checkpoint every ``save_every`` steps (or
-        every ``save_interval`` seconds).  SIGINT or SIGTERM stops the run after its current step with a
-        checkpoint of it (:class:`StopSignals`): a TrainingError that says how to continue."""
+        every ``save_interval`` seconds); then :meth:`finish`, whose result it returns.  SIGINT or SIGTERM stops
+        the run after its current step with a checkpoint of it (:class:`StopSignals`): a TrainingError that says
+        how to continue; once the last step is taken, the run finishes instead (the final evaluation and what
+        :meth:`finish` saves are not cut short; a second Ctrl-C still stops it at once)."""
         e, st = self.engine, self.engine.state
         e.start_clock()  # the run's clock counts training, evaluation and saves, not the set-up
         self.progress = Progress(e, self.desc, self.total, self.show_progress)
@@ -325,8 +327,12 @@ class TrainingRun:
                 raise TrainingError(f"interrupted at step {st.step}{where}") from None
             finally:
                 self.progress.bar.close()
-        if self.evaluated_at != st.step:
-            self._evaluate()
+            if self.evaluated_at != st.step:
+                self._evaluate()
+            return self.finish()
+
+    def finish(self) -> Any:
+        """What the run saves once trained, under the stop handler (pretraining: its final checkpoint and files)."""
 
     def _step(self) -> None:
         """One optimizer step, and the log line and evaluation that fall after it."""
@@ -387,7 +393,10 @@ class TrainingRun:
 
     # ---- checkpoints
     def save(self) -> None:
-        """A checkpoint of everything that decides the rest of the run (a collective: every process calls it)."""
+        """A checkpoint of everything that decides the rest of the run (a collective: every process calls it); none
+        when the newest is of this step already (a run resumed at its end)."""
+        if self.saved_step == self.engine.state.step:
+            return
         engine_state = self.engine.state_dict()
         if self.d.is_main:
             state, extra = self.run_state()
@@ -433,7 +442,8 @@ class TrainingRun:
             detail = " ".join(str(e).split())[:200]
             raise UserError(f"checkpoint {path} does not fit this run's model ({detail})") from None
         self.load_run_state(state, path)
-        self.metrics.truncate_after(step)
+        self.saved_step = step
+        self.metrics.truncate_after(step, ended=self.engine.done())
         log.info("resumed from %s (step %d%s)", path, step, f" of {self.total}" if self.total else "")
 
     def last_checkpoint(self, fmt: str = "; the last good checkpoint is {path}") -> str:

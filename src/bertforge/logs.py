@@ -56,13 +56,15 @@ class MetricsLog:
                 log.warning("--report-to tensorboard: TensorBoard cannot be used (%s; pip install tensorboard); "
                             "metrics go to metrics.jsonl only", e)
 
-    def truncate_after(self, step: int) -> None:
+    def truncate_after(self, step: int, ended: bool = False) -> None:
         """Drop lines written after ``step`` (by a run that was interrupted before its next checkpoint), and a
-        line torn by a kill in the middle of an append."""
+        line torn by a kill in the middle of an append; ``ended``: also the evaluation of ``step`` (a run resumed
+        at its end evaluates it again, for its final figures)."""
         if not self.enabled or not os.path.isfile(self.path):
             return
         with open(self.path, encoding="utf-8", errors="replace") as f:
-            keep = [json.dumps(row) + "\n" for row in parse_lines(f) if row.get("step", 0) <= step]
+            keep = [json.dumps(row) + "\n" for row in parse_lines(f) if row.get("step", 0) < step
+                    or (row.get("step", 0) == step and not (ended and row.get("type") == "eval"))]
         atomic_write_text(self.path, "".join(keep))
 
     def write(self, row: dict) -> None:

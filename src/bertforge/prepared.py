@@ -49,8 +49,8 @@ import numpy as np
 from tokenizers import Tokenizer
 from tqdm import tqdm
 
-from .atomic import atomic_write_json, fault_point
-from .corpus import END, expand_paths, input_signature, line_based, read_part, sentences_of
+from .atomic import atomic_write_json, current_umask, fault_point
+from .corpus import END, expand_paths, input_signature, is_prepared_folder, line_based, read_part, sentences_of
 from .errors import TrainingError, UserError
 from .outputs import MARKER, OutputLock, check_output, marker_kind, register_output, write_marker
 
@@ -225,9 +225,7 @@ def _crc32(path: str, chunk: int = 1 << 24) -> int:
     return crc
 
 
-def is_prepared(path: str) -> bool:
-    """Whether ``path`` is a folder that ``bertforge prepare`` wrote (finished or not)."""
-    return os.path.isdir(path) and marker_kind(path) == KIND
+is_prepared = is_prepared_folder  # (one recognition, for every command that takes a corpus)
 
 
 def open_prepared(folder: str) -> TokenizedCorpus:
@@ -383,6 +381,7 @@ def prepare_part(job: dict) -> dict:
     reading = Reading(**job["reading"])
     part, path, final = job["part"], job["path"], job["folder"]
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(final)}.tmp-", dir=os.path.dirname(final))
+    os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp makes it private: a shared corpus follows the umask
     try:
         record = _fill_shard(tmp, tok, reading, part, path, job)
         record["identity"] = job["identity"]

@@ -83,8 +83,10 @@ def pretrain(cfg: PretrainConfig, resume: bool = False, overwrite: bool = False)
         # (a run killed before its first checkpoint starts again from step 0, with the vocabulary it had trained:
         # one trained again may break its ties another way)
         plan = pretraining_plan(cfg, resume, folder)
-        newest = folder.newest_step()
-        if plan.continued and cfg.train.max_steps and newest >= cfg.train.max_steps:
+        newest, max_steps = folder.newest_step(), cfg.train.max_steps
+        # a run at --max-steps without metrics.json was killed before its end files: --resume finishes it
+        finished = os.path.isfile(os.path.join(cfg.out, "metrics.json"))
+        if plan.continued and max_steps and (newest > max_steps or (newest == max_steps and finished)):
             raise UserError(f"the run in {cfg.out} is at step {newest} already; --resume trains on to a larger "
                             f"--max-steps (not {cfg.train.max_steps})")
         tok = pretraining_tokenizer(cfg, plan, d)
@@ -191,8 +193,7 @@ class Pretraining(TrainingRun):
         if self.cfg.model.add_vocab and self.d.is_main:  # in train.log, which opens only now
             before = BertConfig.load(self.cfg.model.init).vocab_size
             log.info("%s", vocabulary.describe(self.tok, before, self.cfg.model.add_vocab))
-        self.fit()
-        return self._finish()
+        return self.fit()
 
     # ---- the loop's hooks
     def next_batches(self) -> list[dict]:
@@ -245,7 +246,7 @@ class Pretraining(TrainingRun):
         self.objective.save_pretrained(self.cfg.out, self.tok)
 
     # ---- the end
-    def _finish(self) -> dict[str, Any]:
+    def finish(self) -> dict[str, Any]:
         """The final checkpoint, metrics.json, the model card and the plots."""
         self.save()
         if not self.d.is_main:
