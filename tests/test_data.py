@@ -172,7 +172,9 @@ def test_cache_is_reused_and_keyed(small_text_corpus, story_tokenizer, tmp_path,
     other = train_vocabulary(iter_texts([str(small_text_corpus)]), 200, kind="wordlevel")
     with pytest.raises(AssertionError, match="tokenized again"):  # another tokenizer: another cache
         build_corpus([str(small_text_corpus)], other, cache_dir=str(tmp_path))
-    assert c1.tokens.dtype == np.uint16 and isinstance(c1.tokens, np.memmap)
+    assert c1.tokens.dtype == np.uint16 and not isinstance(c1.tokens, np.memmap)  # small shards are read
+    monkeypatch.setattr(prepared, "MAPPED_BYTES", 0)  # large ones are memory-mapped
+    assert isinstance(build_corpus([str(small_text_corpus)], story_tokenizer, cache_dir=str(tmp_path)).tokens, np.memmap)
 
 
 def test_empty_corpus_and_too_few_documents(tmp_path, story_tokenizer):

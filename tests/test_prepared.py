@@ -20,7 +20,7 @@ from bertforge.tokenizer import load_tokenizer
 
 from . import reference_corpora
 from .conftest import data_path
-from .helpers import torchrun
+from .helpers import DOCUMENTS, torchrun
 
 
 @pytest.fixture(scope="module")
@@ -308,3 +308,37 @@ def test_a_prepared_folder_is_recognised_by_every_command_that_takes_a_corpus(sm
         capsys.readouterr()
         assert main(["--quiet", *argv]) == 2
         assert "is a prepared corpus (token shards, not text)" in capsys.readouterr().err
+
+
+def test_an_input_that_yields_no_tokens_leaves_a_folder_that_trains(minilm_dir, tmp_path, capsys):
+    """Found by hostile testing: a file of spaces (or a JSONL whose text is empty) left an empty shard, and every
+    run from the folder then died on it ("cannot mmap an empty file")."""
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "blank.txt").write_text("   \n\n  \n")
+    (tmp_path / "in" / "empty.jsonl").write_text(json.dumps({"text": ""}) + "\n")
+    (tmp_path / "in" / "story.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in DOCUMENTS))
+    out = _prepare(["--data", str(tmp_path / "in"), "--tokenizer", minilm_dir, "--workers", "1"], tmp_path)
+    assert main(["--quiet", "pretrain", "--data", str(out), "--out", str(tmp_path / "run"), "--preset", "tiny",
+                 "--max-steps", "1", "--batch-size", "4", "--max-seq-length", "32", "--eval-every", "0",
+                 "--max-eval-instances", "4", "--no-progress"]) == 0, capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_corpus_of_many_small_files_prepares_and_trains_under_a_low_open_file_limit(minilm_dir, tmp_path):
+    """Found by hostile testing: every shard held three memory maps (a file descriptor each), one shard per input
+    file, so a folder of a few hundred small files stopped prepare and pretraining with "Too many open files"
+    under the usual limit of 1,024. Here 400 files under a limit of 512."""
+    corpus = tmp_path / "docs"
+    corpus.mkdir()
+    for i in range(400):
+        (corpus / f"doc{i:03d}.txt").write_text(f"The cat sat on mat number {i}. It was warm there, and the sun "
+                                                "was up. A dog ran in the park.\n")
+    prep, run = tmp_path / "prep", tmp_path / "run"
+    script = (f"ulimit -n 512 && {sys.executable} -m bertforge --quiet prepare --data {corpus} --tokenizer "
+              f"{minilm_dir} --out {prep} --workers 1 --no-progress && {sys.executable} -m bertforge --quiet pretrain "
+              f"--data {prep} --out {run} --preset tiny --max-steps 1 --batch-size 4 --max-seq-length 32 "
+              "--eval-every 0 --max-eval-instances 4 --no-progress")
+    r = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads((prep / "manifest.json").read_text())["documents"] == 400
+    assert (run / "metrics.json").is_file()

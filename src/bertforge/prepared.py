@@ -152,13 +152,12 @@ class TokenizedCorpus:
         if m.get("version") != VERSION or m.get("dtype") not in ("uint16", "uint32") or not m.get("shards"):
             raise ValueError(f"manifest.json is not a version {VERSION} prepared corpus's")
         toks, sents, docs = [], [], []
+        _allow_open_files(3 * len(m["shards"]))
         for s in m["shards"]:
             where = os.path.join(folder, "shards", s["name"])
-            toks.append(np.memmap(os.path.join(where, "tokens.bin"), dtype=m["dtype"], mode="r", shape=(s["tokens"],)))
-            sents.append(np.memmap(os.path.join(where, "sent_ends.bin"), dtype=np.int64, mode="r",
-                                   shape=(s["sentences"],)))
-            docs.append(np.memmap(os.path.join(where, "doc_ends.bin"), dtype=np.int64, mode="r",
-                                  shape=(s["documents"],)))
+            toks.append(_shard_array(os.path.join(where, "tokens.bin"), m["dtype"], s["tokens"]))
+            sents.append(_shard_array(os.path.join(where, "sent_ends.bin"), np.int64, s["sentences"]))
+            docs.append(_shard_array(os.path.join(where, "doc_ends.bin"), np.int64, s["documents"]))
         token_starts = np.cumsum([0] + [s["tokens"] for s in m["shards"]]).tolist()
         sentence_starts = np.cumsum([0] + [s["sentences"] for s in m["shards"]]).tolist()
         self._parts = (toks, sents, docs)
@@ -171,10 +170,11 @@ class TokenizedCorpus:
         ending where its arrays do (a truncated file, garbage of the right size, a broken manifest)."""
         for s, tok, sent, doc in zip(self.meta["shards"], *self._parts):
             where = os.path.join(self.folder, "shards", s["name"])
-            for name, arr in zip(ARRAYS, (tok, sent, doc)):
+            sizes = (s["tokens"] * tok.itemsize, s["sentences"] * sent.itemsize, s["documents"] * doc.itemsize)
+            for name, size in zip(ARRAYS, sizes):
                 path = os.path.join(where, name)
-                if os.path.getsize(path) != arr.nbytes:
-                    raise ValueError(f"shard {s['name']}: {name} holds {os.path.getsize(path)} bytes, not {arr.nbytes}")
+                if os.path.getsize(path) != size:
+                    raise ValueError(f"shard {s['name']}: {name} holds {os.path.getsize(path)} bytes, not {size}")
                 if _crc32(path) != s["crc32"][name]:
                     raise ValueError(f"shard {s['name']}: {name} does not match its checksum")
             if len(sent) and (sent[-1] != len(tok) or doc[-1] != len(sent)):
@@ -215,6 +215,28 @@ class TokenizedCorpus:
     def document_text(self, d: int, tok: Tokenizer) -> str:
         s0, s1 = self.doc_range(d)
         return tok.decode(self.tokens[self.sent_start(s0) : int(self.sent_ends[s1 - 1])].tolist())
+
+
+MAPPED_BYTES = 1 << 20  # a shard's array at least this large is memory-mapped; a smaller one is read
+
+
+def _shard_array(path: str, dtype, n: int) -> np.ndarray:
+    """One array of a shard: memory-mapped when large, read when small or empty (a map keeps a file descriptor open,
+    so that a corpus of many small inputs would exceed the open-file limit; and an empty file cannot be mapped)."""
+    if n * np.dtype(dtype).itemsize < MAPPED_BYTES:
+        return np.fromfile(path, dtype=dtype, count=n)
+    return np.memmap(path, dtype=dtype, mode="r", shape=(n,))
+
+
+def _allow_open_files(n: int) -> None:
+    """Raise this process's soft limit of open files towards its hard one when ``n`` maps may need it."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and n + 256 > soft:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard == resource.RLIM_INFINITY else
+                                                        min(hard, max(soft, n + 256)), hard))
 
 
 def _crc32(path: str, chunk: int = 1 << 24) -> int:
