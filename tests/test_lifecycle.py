@@ -139,3 +139,17 @@ def test_a_non_finite_loss_names_the_last_good_checkpoint(tmp_path):
     run = ToyRun(tmp_path / "o", _train(max_grad_norm=1e30), lr=1e30)  # diverges within a few steps
     with pytest.raises(TrainingError, match="the loss is not finite at step"):
         run.fit()
+
+
+def test_a_second_training_run_in_the_same_process_is_refused(tmp_path):
+    """Found by hostile testing: two runs from two threads of the API changed each other's weights (one global
+    random state) and shared one log. While one runs, another is refused before it writes anything."""
+    from bertforge.api import run_pretraining
+    from bertforge.errors import UserError
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("The cat sat on the mat. It was warm. A dog ran in the park. The sun was up.\n" * 20)
+    with lifecycle.ONE_RUN:  # as while another thread's run goes on
+        with pytest.raises(UserError, match="another training run is going on in this process"):
+            run_pretraining(str(tmp_path / "o"), data=[str(corpus)], preset="tiny", max_steps=1, vocab_size=100)
+    assert not (tmp_path / "o").exists()

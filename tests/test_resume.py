@@ -318,3 +318,21 @@ def test_ctrl_c_during_the_final_evaluation_lets_the_run_finish(inputs, tmp_path
     finally:
         signal.signal(signal.SIGINT, previous)
     assert (tmp_path / "run" / "metrics.json").is_file() and (tmp_path / "run" / "model.safetensors").is_file()
+
+
+@pytest.mark.slow
+def test_an_overwrite_killed_before_its_first_checkpoint_gives_the_earlier_output_back(inputs, tmp_path, capsys):
+    """Found by hostile testing: --overwrite moves the earlier output aside until the new run's first checkpoint;
+    killed before it (kill -9), the earlier output stayed hidden in a dot-folder, and the next start removed it.
+    Now the next start puts it back (the new run had nothing to resume), whatever that command is."""
+    out = tmp_path / "run"
+    assert main(_args(inputs, out)) == 0
+    before = (out / "model.safetensors").read_bytes()
+    proc = subprocess.run([sys.executable, "-c", KILLED_AT_FIRST_SAVE, *_args(inputs, out, "--overwrite")[1:]],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=300)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
+    assert [p for p in os.listdir(tmp_path) if p.startswith(".run.replaced-")]  # hidden, as the kill left it
+    assert main(["--quiet", "pretrain", "--out", str(out), "--resume", "--no-progress"]) == 2
+    assert "is at step 2 already" in capsys.readouterr().err  # the earlier run, finished, is what --resume finds
+    assert (out / "model.safetensors").read_bytes() == before and (out / "metrics.json").is_file()
+    assert not [p for p in os.listdir(tmp_path) if p.startswith(".run.")]

@@ -50,12 +50,18 @@ def preflight(folder: RunFolder, inputs: list, overwrite: bool, resume: bool, re
     and excludes ``--overwrite``; an existing output is refused unless ``overwrite`` replaces one of the same kind
     (never one that holds the run's ``inputs``)."""
     out = folder.out
+    if out and os.environ.get("RANK", "0") == "0" and os.path.isdir(os.path.dirname(os.path.abspath(out))):
+        with OutputLock(out):  # (an output that an interrupted run left aside is back before the rule is applied)
+            recover_beside(out)
     if resume and overwrite:
         raise UserError("--resume continues the run in --out and --overwrite replaces it: give one of them")
     if resume and not (restarts and folder.started) and not folder.checkpoints():
         raise UserError(f"nothing to resume: no complete checkpoint in {os.path.join(out, ckpt.CHECKPOINTS)}")
     if check_output(out, folder.kind, overwrite=overwrite, resume=resume):
         check_inputs_outside(out, inputs)
+
+
+ONE_RUN = threading.Lock()  # held by the training run of this process
 
 
 @contextlib.contextmanager
@@ -65,7 +71,15 @@ def start_run(out: str, kind: str, impl: ImplConfig, overwrite: bool, resume: bo
     be replaced).  The process group that torchrun describes is joined; rank 0 holds ``out``'s lock for the
     whole run, and under it what an interrupted earlier run left beside ``out`` is recovered and the output rule
     applied again; the device and its backend (threads, TF32) are set up.  The process group ends with the run."""
-    d = init_distributed(impl)
+    if not ONE_RUN.acquire(blocking=False):
+        raise UserError("another training run is going on in this process (the Python API from another thread): "
+                        "runs in one process share torch's random state, threads and the log; run them one after "
+                        "the other, or in separate processes")
+    try:
+        d = init_distributed(impl)
+    except BaseException:
+        ONE_RUN.release()
+        raise
     try:
         d.barrier()  # every process has checked the output before rank 0 writes there
         with OutputLock(out, enabled=d.is_main):
@@ -78,6 +92,7 @@ def start_run(out: str, kind: str, impl: ImplConfig, overwrite: bool, resume: bo
             setup_backend(device, impl, d)
             yield d, device, replace
     finally:
+        ONE_RUN.release()
         if d.enabled and dist.is_initialized():
             dist.destroy_process_group()
 
@@ -116,7 +131,7 @@ def _in_place(out: str, kind: str, replace: bool, resume: bool) -> Iterator[None
     if replace:
         if marker_kind(out) != kind:  # checked again: never anything else
             raise UserError(f"refusing to replace {out}: it is not a {kind} output that bertforge wrote")
-        aside = tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(out))}.old-",
+        aside = tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(out))}.replaced-",
                                  dir=os.path.dirname(os.path.abspath(out)))
         os.rmdir(aside)
         os.rename(out, aside)

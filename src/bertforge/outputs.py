@@ -45,7 +45,7 @@ def register_output(kind: str, entries) -> None:
 
 
 def _ours(name: str, kind: str) -> bool:
-    leftover = name.startswith(".") and any(t in name for t in (".tmp-", ".old-", ".damaged-"))
+    leftover = name.startswith(".") and any(t in name for t in (".tmp-", ".old-", ".replaced-", ".damaged-"))
     return name in OUTPUT_ENTRIES[kind] or leftover
 
 
@@ -180,19 +180,29 @@ class OutputLock:
 
 
 def recover_beside(path: str) -> None:
-    """What an interrupted :func:`atomic_dir` left beside ``path``: a half-written ``.NAME.tmp-*`` folder is
-    removed; a ``.NAME.old-*`` folder (the previous output, moved aside during the swap) is put back when
-    ``path`` is missing, else removed.  Call only while holding the output's lock."""
+    """What an interrupted write left beside ``path``: a half-written ``.NAME.tmp-*`` folder is removed; a
+    ``.NAME.old-*`` folder (the previous output, moved aside during :func:`atomic_dir`'s swap) is put back when
+    ``path`` is missing, else removed; a ``.NAME.replaced-*`` folder (the output a training run replaces, kept
+    aside until its first checkpoint) is put back unless the run in ``path`` got as far as a checkpoint or its
+    end.  Call only while holding the output's lock."""
     path = os.path.abspath(path)
     parent, name = os.path.dirname(path), os.path.basename(path)
     if not os.path.isdir(parent):
         return
     for entry in sorted(os.listdir(parent)):
         p = os.path.join(parent, entry)
-        if entry.startswith(f".{name}.old-") and os.path.isdir(p):
+        if entry.startswith(f".{name}.replaced-") and os.path.isdir(p) and not _went_on(path):
+            shutil.rmtree(path, ignore_errors=True)  # a run killed before its first checkpoint: nothing to keep
+        if entry.startswith((f".{name}.old-", f".{name}.replaced-")) and os.path.isdir(p):
             if not os.path.exists(path):
                 os.rename(p, path)
             else:
                 shutil.rmtree(p, ignore_errors=True)
         elif entry.startswith(f".{name}.tmp-") and os.path.isdir(p):
             shutil.rmtree(p, ignore_errors=True)
+
+
+def _went_on(run: str) -> bool:
+    """Whether the training run in ``run`` has a checkpoint or has finished (what a replaced output gives way to)."""
+    found = os.listdir(os.path.join(run, "checkpoints")) if os.path.isdir(os.path.join(run, "checkpoints")) else []
+    return os.path.isfile(os.path.join(run, "metrics.json")) or any(n.startswith("step-") for n in found)
