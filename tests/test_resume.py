@@ -336,3 +336,26 @@ def test_an_overwrite_killed_before_its_first_checkpoint_gives_the_earlier_outpu
     assert "is at step 2 already" in capsys.readouterr().err  # the earlier run, finished, is what --resume finds
     assert (out / "model.safetensors").read_bytes() == before and (out / "metrics.json").is_file()
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".run.")]
+
+
+def test_resume_compares_files_by_content_and_runs_from_any_working_folder(inputs, tmp_path, capsys, monkeypatch):
+    """Found by hostile testing: --resume compared paths as strings, so the same corpus and tokenizer under
+    other names were refused as changes, and a run started with relative paths could not be resumed from another
+    working folder. Saved paths are absolute now, and files are compared by what they hold."""
+    work = tmp_path / "work"
+    work.mkdir()
+    for name in ("corpus.jsonl", "tok"):
+        (shutil.copytree if (inputs / name).is_dir() else shutil.copy)(inputs / name, work / name)
+    monkeypatch.chdir(work)
+    args = _args(inputs, "run", data="corpus.jsonl")
+    args[args.index("--tokenizer") + 1] = "tok"
+    assert main(args) == 0
+    saved = json.loads((work / "run" / "pretrain_config.json").read_text())
+    assert saved["data"]["data"] == [str(work / "corpus.jsonl")] and saved["data"]["tokenizer"] == str(work / "tok")
+    monkeypatch.chdir(tmp_path)
+    (work / "corpus.jsonl").rename(work / "renamed.jsonl")  # the same bytes under another name
+    shutil.copytree(work / "tok", tmp_path / "tok-copy")
+    assert main(["--quiet", "pretrain", "--out", str(work / "run"), "--resume", "--max-steps", "3", "--data",
+                 str(work / "renamed.jsonl"), "--tokenizer", str(tmp_path / "tok-copy"), "--no-progress"]) == 0, \
+        capsys.readouterr().err
+    assert json.loads((work / "run" / "metrics.json").read_text())["steps"] == 3

@@ -57,7 +57,8 @@ from .plan import StartPlan, pretraining_config, pretraining_objective, pretrain
 from .plots import plot_pretraining
 from .runfolder import COMMAND, CORPUS, SETTINGS_FILES, RunFolder
 from .settings import as_run, check_resumed, recipe_said, say_schedule_changed
-from .tokenizer import save_tokenizer, special_ids
+from .prepared import tokenizer_fingerprint
+from .tokenizer import load_tokenizer, save_tokenizer, special_ids
 
 log = logging.getLogger("bertforge")
 
@@ -126,6 +127,10 @@ def check_run(cfg: PretrainConfig, folder: RunFolder, resume: bool, overwrite: b
               restarts=True)
     saved = folder.settings() if resume else None  # the resume rule first: it names what changed
     schedule = [] if saved is None else check_resumed(cfg.out, as_run(PretrainConfig.from_dict(saved)), cfg)
+    if resume and folder.has_tokenizer and dc.tokenizer and os.path.exists(dc.tokenizer):  # by content, not name
+        if tokenizer_fingerprint(load_tokenizer(dc.tokenizer)) != tokenizer_fingerprint(load_tokenizer(cfg.out)):
+            raise UserError(f"--resume continues the run in {cfg.out} with its own tokenizer, and --tokenizer "
+                            f"{shown(dc.tokenizer)} is another; leave --tokenizer out")
     cfg.validate(resume)
     plan = pretraining_plan(cfg, resume, folder)
     objective_class(m.objective).check(cfg, plan.weights == "init")

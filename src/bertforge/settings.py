@@ -62,6 +62,7 @@ def pretrain_settings(out: str, data: list[str] | str | None = None, resume: boo
     if data is not None:
         cfg.data.data = [data] if isinstance(data, str) else list(data)
     cfg.out = out
+    _absolute_paths(cfg, ("data", "eval_data", "tokenizer", "init", "model_config"))
     return as_run(cfg)
 
 
@@ -102,15 +103,32 @@ def as_run(cfg: PretrainConfig) -> PretrainConfig:
     return cfg
 
 
+def absolute(path: Any) -> Any:
+    """A path as the saved settings hold it: absolute, so that a run resumes from any working folder (a dataset
+    name, ``hf:...``, and what is no path stay as they are)."""
+    if isinstance(path, list):
+        return [absolute(p) for p in path]
+    return os.path.abspath(path) if isinstance(path, str) and path and not path.startswith("hf:") else path
+
+
+def _absolute_paths(cfg: Any, names: tuple[str, ...]) -> None:
+    for name, (holder, f) in cfg.flat_fields().items():
+        if name in names:
+            setattr(holder, f.name, absolute(getattr(holder, f.name)))
+
+
 # ------------------------------------------------------------------------------------------------ --resume
 # What --resume may change, for every command: the schedule (said when it changes), when the run evaluates, logs and
 # saves, and how it runs (every implementation setting: device, precision, threads...; a global batch is the same in
 # any number of accumulation steps).  Every other setting decides what is trained, and a resumed run keeps the one it
-# was started with.  Fine-tuning's files are compared by what they hold (:func:`files_digest`), not by their names.
+# was started with.
 SCHEDULE = ("lr", "max_steps", "max_time", "epochs", "warmup_steps", "warmup_ratio")
 RESUMABLE = (*SCHEDULE, "out", "eval_every", "save_every", "keep_checkpoints", "log_every", "max_eval_instances",
-             "cache_dir", "grad_accum", "eval_batch_size")
-BY_CONTENT = ("train_file", "validation_file")
+             "cache_dir", "grad_accum", "eval_batch_size", "eval_data")
+# compared by what they hold, not by their names: the files a run trains and validates on (a digest of their
+# bytes or of the tokenized corpus), the tokenizer (its fingerprint, against the run's own), and what a continued
+# run does not read again (its model and config come from its checkpoint and folder)
+BY_CONTENT = ("train_file", "validation_file", "data", "tokenizer", "init", "model_config")
 
 
 def check_resumed(out: str, saved: Sections, now: Sections, saved_task: Any = None, now_task: Any = None) -> list[str]:
@@ -146,10 +164,8 @@ def say_schedule_changed(changes: list[str]) -> None:
 
 def _comparable(name: str, value: Any) -> Any:
     """A setting's value as a resumed run compares it: a path as the file it names (./a.txt is a.txt)."""
-    if isinstance(value, str) and name in ("init", "model", "model_config", "tokenizer") and value:
-        return os.path.normpath(value)
-    if name in ("data", "eval_data") and isinstance(value, list):
-        return [p if p.startswith("hf:") else os.path.normpath(p) for p in value if isinstance(p, str)]
+    if isinstance(value, str) and name == "model" and value:
+        return os.path.realpath(value)
     return value
 
 
@@ -212,6 +228,7 @@ def finetune_settings(task: str, model: str = "", train: str = "", validation: s
     task_settings = kind.settings_class(**{k: v for k, v in settings.items() if k in own})
     cfg = kind.config(model=model, train_file=train, validation_file=validation, out=out,
                       **{k: v for k, v in settings.items() if k not in own})
+    _absolute_paths(cfg, ("model", "train_file", "validation_file"))
     if cfg.train.lr is None and cfg.model and isinstance(cfg.model, str) and os.path.isdir(cfg.model):
         cfg.train.lr = finetune_lr(BertConfig.load(cfg.model).hidden_size)  # the default: by the model's width
     return cfg, task_settings
