@@ -160,3 +160,17 @@ def test_the_log_says_that_a_new_models_starting_values_are_not_used_with_init(i
     assert "position_init sinusoidal (the recipe's: normal; not used: --init's model" in said, said
     assert "not used" not in recipe_said(pretrain_settings(out, data, init=init), config)
     assert "not used" not in recipe_said(pretrain_settings(out, data), config)  # a new model starts from them
+
+
+def test_init_with_a_tokenizer_of_another_vocabulary_of_the_same_size_is_refused(inputs, tmp_path, capsys):
+    """Found by hostile testing: --tokenizer with --init was checked by its size alone, so a vocabulary of the same
+    size (the ids of two tokens swapped here) trained each embedding row as another token's, without a word."""
+    words = (inputs / "headed" / "vocab.txt").read_text().split("\n")
+    words[10], words[11] = words[11], words[10]
+    (tmp_path / "swapped.txt").write_text("\n".join(words))
+    (tmp_path / "same.txt").write_text((inputs / "headed" / "vocab.txt").read_text())
+    init = ["--init", str(inputs / "headed"), "--max-steps", "1"]
+    assert main(_pretrain(inputs, tmp_path / "a", *init, "--tokenizer", str(tmp_path / "swapped.txt"))) == 2
+    assert "maps tokens to other ids than --init" in capsys.readouterr().err
+    assert not (tmp_path / "a").exists()
+    assert main(_pretrain(inputs, tmp_path / "b", *init, "--tokenizer", str(inputs / "headed"))) == 0

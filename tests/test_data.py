@@ -347,3 +347,20 @@ def test_instance_plan_on_a_full_disk_is_one_error(small_text_corpus, story_toke
     monkeypatch.setattr(tempfile, "TemporaryFile", full)
     with pytest.raises(UserError, match="cannot write the epoch's instance plan in .*No space left on device"):
         loader.next_batch()
+
+
+def test_a_local_dataset_folder_is_cached_by_its_content(tmp_path, story_tokenizer):
+    """Found by hostile testing: an hf: dataset was cached by its name, so a local dataset folder whose rows
+    changed trained on the old rows."""
+    pa = pytest.importorskip("pyarrow")
+    pytest.importorskip("datasets")
+    import pyarrow.parquet as pq
+
+    ds = tmp_path / "ds"
+    ds.mkdir()
+    rows = ["Tom went to the park. He saw a dog.", "Anna read a book. It was long."] * 3
+    pq.write_table(pa.table({"text": rows}), ds / "train.parquet")
+    first = build_corpus([f"hf:{ds}"], story_tokenizer, cache_dir=str(tmp_path / "cache"))
+    pq.write_table(pa.table({"text": [r.replace("dog", "cat") for r in rows]}), ds / "train.parquet")
+    second = build_corpus([f"hf:{ds}"], story_tokenizer, cache_dir=str(tmp_path / "cache"))
+    assert second.folder != first.folder and not np.array_equal(first.tokens, second.tokens)

@@ -251,12 +251,29 @@ def input_signature(paths: list[str]) -> list[tuple[str, int, int, int, int]]:
     without reading the data."""
     sig = []
     for f in expand_paths(paths):
-        if f.startswith("hf:"):
+        if f.startswith("hf:") and os.path.isdir(hf_spec(f)[0]):
+            sig.append(_folder_signature(f, hf_spec(f)[0]))
+        elif f.startswith("hf:"):  # a dataset on the hub: known by its name alone (no network to ask)
             sig.append((f, 0, 0, 0, 0))
         else:
             st = os.stat(f)
             sig.append((os.path.abspath(f), st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns))
     return sig
+
+
+def _folder_signature(spec: str, folder: str) -> tuple[str, int, int, int, int]:
+    """:func:`input_signature` of a local dataset folder: its files' total size, their newest modification and change
+    times, and a digest of their names and inodes (a file replaced, added or removed changes it)."""
+    import hashlib
+
+    h, size, mtime, ctime = hashlib.sha256(), 0, 0, 0
+    for root, dirs, names in os.walk(folder):
+        dirs.sort()
+        for n in sorted(names):
+            st = os.stat(os.path.join(root, n))
+            h.update(f"{os.path.relpath(os.path.join(root, n), folder)}:{st.st_ino}\n".encode())
+            size, mtime, ctime = size + st.st_size, max(mtime, st.st_mtime_ns), max(ctime, st.st_ctime_ns)
+    return spec, size, mtime, int(h.hexdigest()[:15], 16), ctime
 
 
 # ------------------------------------------------------------------------------------------------ streamed reading

@@ -116,6 +116,8 @@ def pretraining_tokenizer(cfg, plan: StartPlan, d):
         return _prepared_tokenizer(cfg, next(p for p in dc.data if is_prepared(p)))
     if plan.tokenizer in ("given", "init"):
         tok = load_tokenizer(dc.tokenizer or cfg.model.init)
+        if plan.tokenizer == "given" and plan.weights == "init":
+            _check_same_vocabulary(tok, cfg)
         return _extended_tokenizer(cfg, tok, d) if plan.extend_vocab else tok
     text = None
     if d.is_main:
@@ -129,6 +131,23 @@ def pretraining_tokenizer(cfg, plan: StartPlan, d):
                         "distinct words): the model is built for %d", dc.vocab_size, size, size)
         text = tok.to_str()
     return Tokenizer.from_str(d.broadcast(text))
+
+
+def _check_same_vocabulary(tok, cfg) -> None:
+    """--tokenizer with --init: it must map tokens to the ids of --init's own tokenizer (else each embedding row would
+    stand for another token); one the model folder lacks is not checked."""
+    from .errors import shown
+    from .tokenizer import load_tokenizer
+
+    try:
+        own = load_tokenizer(cfg.model.init)
+    except UserError:
+        return
+    mine, theirs = own.get_vocab(with_added_tokens=True), tok.get_vocab(with_added_tokens=True)
+    if len(mine) == len(theirs) and mine != theirs:  # (of another size: the model's config says so, later)
+        raise UserError(f"--tokenizer {shown(cfg.data.tokenizer)} maps tokens to other ids than --init "
+                        f"{shown(cfg.model.init)}'s own tokenizer, so its embedding rows would stand for other tokens; "
+                        "leave --tokenizer out (--init's is used), or give one of the same vocabulary")
 
 
 def _prepared_tokenizer(cfg, folder: str):
