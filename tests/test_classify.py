@@ -120,6 +120,7 @@ def test_parquet_and_hf_datasets_train_as_the_same_rows_in_jsonl(tmp_path, capsy
     ("bad_json", "bad.jsonl:2: not valid JSON"),
     ("missing_model", "model directory not found"),
     ("empty", "is empty|has no rows"),
+    ("real_labels", "the labels are real numbers \\(0.5, 1.7\\.\\.\\.\\), not classes"),  # (no regression)
 ])
 def test_bad_input(case, message, tmp_path, capsys):
     import re
@@ -142,6 +143,9 @@ def test_bad_input(case, message, tmp_path, capsys):
     elif case == "empty":
         train = tmp_path / "empty.tsv"
         train.write_text("")
+    elif case == "real_labels":
+        train = val = tmp_path / "scores.jsonl"
+        train.write_text('{"text": "good movie", "label": 1.7}\n{"text": "bad film", "label": 0.5}\n')
     out = tmp_path / "out"
     rc = main(["finetune", "classify", "--model", model, "--train", str(train), "--validation", str(val), "--out", str(out), "--no-progress"])
     err = capsys.readouterr().err.strip().splitlines()

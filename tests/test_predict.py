@@ -122,3 +122,27 @@ def test_qa_answers_are_whole_words():
     assert whole_words(c, c.index("loudly"), c.index("loudly") + 6) == (c.index("loudly"), c.index("loudly") + 6)
     assert whole_words(c, c.index("Paul"), c.index("Paul") + 4) == (c.index("Paul"), c.index("Paul") + 4)  # stops at "'"
     assert whole_words(c, -1, -1) == (-1, -1)
+
+
+def test_what_a_new_user_met_in_predict(minilm_dir, tmp_path, capsys):
+    """Found in a new user's trial: predict classify read 512 tokens where fine-tuning and evaluate classify read
+    128 (so one review could get another label) and took no --max-seq-length; the table printed whole
+    multi-paragraph reviews; next-sentence on a model of the default recipe (no NSP) did not name --nsp."""
+    from bertforge import BertConfig, BertForSequenceClassification
+    from bertforge.tokenizer import train_vocabulary
+
+    texts = ["a fine film", "a dull film", "great fun", "awful mess"] * 3
+    tok = train_vocabulary(texts, 60, kind="wordlevel", min_frequency=1)
+    torch.manual_seed(0)
+    BertForSequenceClassification(BertConfig.preset("tiny", vocab_size=tok.get_vocab_size(), id2label={0: "neg", 1: "pos"})) \
+        .save_pretrained(str(tmp_path / "c"), tokenizer=tok)
+    assert bertforge.pipeline("classify", model=str(tmp_path / "c")).max_length == 128
+    assert bertforge.pipeline("classify", model=str(tmp_path / "c"), max_seq_length=16).max_length == 16
+    review = "a fine film\n\n" + "great fun " * 100 + "\n\nawful mess"
+    assert main(["predict", "classify", "--model", str(tmp_path / "c"), "--max-seq-length", "8", review]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and len(out[0]) < 130 and out[0].endswith("...")
+    assert main(["predict", "classify", "--model", str(tmp_path / "c"), "--max-seq-length", "9999", "x"]) == 2
+    assert "exceeds the 512 positions" in capsys.readouterr().err
+    assert main(["predict", "next-sentence", "--model", minilm_dir, "A.", "B."]) == 2
+    assert "--nsp" in capsys.readouterr().err

@@ -423,6 +423,13 @@ def _texts(a: argparse.Namespace) -> list[str]:
     return a.text
 
 
+def _line(text: str, width: int = 100) -> str:
+    """A text as a table shows it: one line, shortened (a review of several paragraphs is one row; --json has it
+    whole)."""
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
 def _emit(a: argparse.Namespace, results: Any, table) -> None:
     import json
 
@@ -436,14 +443,15 @@ def _emit(a: argparse.Namespace, results: Any, table) -> None:
 def cmd_predict(a: argparse.Namespace) -> int:
     from .predict import pipeline
 
-    p = pipeline(a.task, a.model, device=a.device, batch_size=a.batch_size, progress=progress_shown(None))
+    p = pipeline(a.task, a.model, device=a.device, batch_size=a.batch_size, progress=progress_shown(None),
+                 max_seq_length=getattr(a, "max_seq_length", None) if a.task == "classify" else None)
     if a.task == "fill-mask":
         texts = _texts(a)
         res = p.per_mask(texts, top_k=a.top_k)  # one list per [MASK], whatever their number
 
         def table(rows):
             for t, masks in zip(texts, rows):
-                yield t
+                yield _line(t)
                 for k, cands in enumerate(masks):
                     yield f"  [MASK] {k + 1}: " + "  ".join(f"{c['token_str']} {c['score']:.3f}" for c in cands)
 
@@ -457,7 +465,7 @@ def cmd_predict(a: argparse.Namespace) -> int:
 
         def table(rows):
             for t, r in zip(texts, rows):
-                yield f"{r['label']:>12}  {r['score']:.3f}  {t}"
+                yield f"{r['label']:>12}  {r['score']:.3f}  {_line(t)}"
 
         _emit(a, [{"text": t, **r} for t, r in zip(texts, res)] if a.json else res, table)
     else:
@@ -507,6 +515,8 @@ def _add_predict_parsers(sub) -> None:
     common(c)
     c.add_argument("--input", help="a .txt file (one text per line) or a .tsv/.csv/.jsonl file")
     c.add_argument("--text-column")
+    c.add_argument("--max-seq-length", type=positive_int, help="tokens read of each text (default: 128, as "
+                                                                 "fine-tuning and evaluate classify read it)")
     c.add_argument("text", nargs="*")
     q = prs.add_parser("qa", help="extractive question answering")
     common(q)

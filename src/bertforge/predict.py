@@ -29,7 +29,7 @@ from .checkpoint import has_weight
 from .config import BertConfig, SquadConfig
 from .errors import UserError, checked, require_type, shown
 from .evaluation import eval_mode
-from .loading import load_for_inference, masked_lm, model_dir
+from .loading import check_max_seq_length, load_for_inference, masked_lm, model_dir
 from .model import BertForPreTraining, BertForQuestionAnswering, BertForSequenceClassification
 from .tokenizer import special_ids
 
@@ -39,7 +39,8 @@ _HEADS = {
     "fill-mask": ("cls.predictions.transform.dense.weight", "masked-LM head (cls.predictions)",
                   "pretrain it with bertforge pretrain"),
     "next-sentence": ("cls.seq_relationship.weight", "next-sentence head (cls.seq_relationship)",
-                      "pretrain it with NSP"),
+                      "pretrain it with next sentence prediction (bertforge pretrain --nsp, or --recipe bert: the "
+                      "default recipe trains without it)"),
     "classify": ("classifier.weight", "classification head (classifier)",
                  "fine-tune it with bertforge finetune classify"),
     "qa": ("qa_outputs.weight", "question-answering head (qa_outputs)", "fine-tune it with bertforge finetune squad"),
@@ -53,8 +54,11 @@ class Pipeline:
     task = ""
     model_class: type = type(None)
 
+    default_length = 512  # tokens read of an input (a pair) without max_seq_length, or the model's positions
+
     @checked(batch_size=1)
-    def __init__(self, model: str | os.PathLike, device: str = "auto", batch_size: int = 32, progress: bool = False):
+    def __init__(self, model: str | os.PathLike, device: str = "auto", batch_size: int = 32, progress: bool = False,
+                 max_seq_length: int | None = None):
         self.dir = model = model_dir(model)
         model_class, config, key = self._model_class(model)
         _, what, how = _HEADS[self.task]
@@ -66,7 +70,7 @@ class Pipeline:
         self.sp = special_ids(self.tok)
         self.batch_size = batch_size
         self.progress = progress
-        self.max_length = min(self.config.max_position_embeddings, 512)
+        self.max_length = check_max_seq_length(self.config, max_seq_length, model, self.default_length)
         self._truncating = Tokenizer.from_str(self.tok.to_str())  # a copy: fill-mask needs the untruncated one
         self._truncating.enable_truncation(self.max_length, strategy="longest_first")
 
@@ -171,6 +175,7 @@ class NextSentencePipeline(Pipeline):
 class ClassifyPipeline(Pipeline):
     task = "classify"
     model_class = BertForSequenceClassification
+    default_length = 128  # as fine-tuning and evaluate classify cut a text: the same review, the same label
 
     def _check(self, config: BertConfig) -> None:
         if not config.id2label:
@@ -312,13 +317,14 @@ ALIASES = {"text-classification": "classify", "sentiment-analysis": "classify", 
 
 @checked(batch_size=1)
 def pipeline(task: str, model: str | os.PathLike, device: str = "auto", batch_size: int = 32,
-             progress: bool = False) -> Pipeline:
+             progress: bool = False, max_seq_length: int | None = None) -> Pipeline:
     """A ready pipeline: ``pipeline("fill-mask", model="runs/demo/pretrained")("the [MASK] sat")``.  Task names
     are transformers' (``text-classification``, ``question-answering``) or ours (``classify``, ``qa``)."""
     task = ALIASES.get(task, task)
     if task not in _PIPELINES:
         raise UserError(f"unknown task {shown(task)}; expected one of {', '.join([*TASKS, *ALIASES])}")
-    return _PIPELINES[task](model, device=device, batch_size=batch_size, progress=progress)
+    return _PIPELINES[task](model, device=device, batch_size=batch_size, progress=progress,
+                            max_seq_length=max_seq_length)
 
 
 __all__ = ["pipeline", "TASKS"]

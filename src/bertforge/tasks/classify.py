@@ -106,6 +106,14 @@ def label_set(labels: list[str]) -> list[str]:
         return sorted(uniq)
 
 
+def _real_number(label: str) -> bool:
+    """Whether ``label`` is a number that is no integer (0.5, 1.7: a regression target)."""
+    try:
+        return not float(label).is_integer()
+    except ValueError:
+        return False
+
+
 def encode_rows(tok: Tokenizer, rows: list[dict], text: str, pair: str | None, max_len: int) -> tuple[list[dict], int]:
     """Token ids for each row, truncated to ``max_len`` (longest segment first); returns (features, truncated)."""
     t = Tokenizer.from_str(tok.to_str())
@@ -167,6 +175,10 @@ class ClassificationTask(FinetuneTask):
         if cfg.data.max_train_examples:
             self.train_rows = self.train_rows[: cfg.data.max_train_examples]
         self.labels = label_set([r[self.label_col] for r in self.train_rows])
+        real = [lab for lab in self.labels if _real_number(lab)]
+        if real and len(real) == len(self.labels):
+            raise UserError(f"{cfg.data.train_file}: the labels are real numbers ({', '.join(real[:3])}...), not "
+                            "classes; classify learns named or integer classes, and does no regression")
         if len(self.labels) < 2:
             raise UserError(f"{cfg.data.train_file}: only one label ({self.labels[0]!r}); classification needs at "
                             "least two")
