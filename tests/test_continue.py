@@ -5,6 +5,7 @@ to its word embeddings at BERT's initialisation, and the log says so."""
 from __future__ import annotations
 
 import json
+import shutil
 import pathlib
 
 import pytest
@@ -174,3 +175,19 @@ def test_init_with_a_tokenizer_of_another_vocabulary_of_the_same_size_is_refused
     assert "maps tokens to other ids than --init" in capsys.readouterr().err
     assert not (tmp_path / "a").exists()
     assert main(_pretrain(inputs, tmp_path / "b", *init, "--tokenizer", str(inputs / "headed"))) == 0
+
+
+def test_resume_reads_init_again_only_when_it_starts_again(inputs, tmp_path, capsys):
+    """A run with a checkpoint does not read --init again (its folder may move); one that starts again from step 0
+    does, so another --init is refused then, naming both."""
+    out = tmp_path / "run"
+    assert main(_pretrain(inputs, out, "--init", str(inputs / "headed"), "--max-steps", "2", "--save-every", "1")) == 0
+    moved = tmp_path / "moved"
+    shutil.copytree(inputs / "headed", moved)
+    assert main(["--quiet", "pretrain", "--out", str(out), "--resume", "--max-steps", "3", "--init", str(moved),
+                 "--no-progress"]) == 0, capsys.readouterr().err
+    shutil.rmtree(out / "checkpoints")  # as a run killed before its first checkpoint
+    (out / "metrics.json").unlink()
+    assert main(["--quiet", "pretrain", "--out", str(out), "--resume", "--init", str(inputs / "bare"),
+                 "--no-progress"]) == 2
+    assert "--init " in capsys.readouterr().err

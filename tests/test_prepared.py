@@ -303,6 +303,13 @@ def test_a_prepared_folder_is_recognised_by_every_command_that_takes_a_corpus(sm
                  "--max-steps", "1", "--batch-size", "4", "--max-seq-length", "32", "--eval-every", "0",
                  "--max-eval-instances", "4", "--no-progress"]) == 0, capsys.readouterr().err
     assert (tmp_path / "run" / "vocab.txt").read_text() == (copy / "vocab.txt").read_text()  # the folder's own
+    raw = tmp_path / "raw"  # a text corpus that happens to hold a manifest.json and a shards/ folder is text
+    (raw / "shards").mkdir(parents=True)
+    (raw / "manifest.json").write_text('{"files": 1}')
+    (raw / "shards" / "a.txt").write_text("The cat sat on the mat. It was warm.")
+    from bertforge.corpus import iter_documents
+
+    assert list(iter_documents([str(raw)])) == [["The cat sat on the mat.", "It was warm."]]
     for argv in (["tokenizer", "train", "--input", str(out), "--vocab-size", "100", "--out", str(tmp_path / "tok")],
                  ["evaluate", "mlm", "--model", str(tmp_path / "run"), "--data", str(copy)]):
         capsys.readouterr()

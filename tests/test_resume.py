@@ -289,7 +289,10 @@ def test_a_run_killed_after_its_final_checkpoint_is_finished_by_resume(inputs, t
     final = json.loads((out / "metrics.json").read_text())
     for name in ("metrics.json", "README.md"):
         (out / name).unlink()
+    last = (out / "model.safetensors").read_bytes()  # killed before the model folder was refreshed, too:
+    shutil.copy(list_checkpoints(str(out))[0][1] + "/model.safetensors", out / "model.safetensors")
     assert main(["--quiet", "pretrain", "--out", str(out), "--resume", "--no-progress"]) == 0, capsys.readouterr().err
+    assert (out / "model.safetensors").read_bytes() == last
     again = [json.loads(r) for r in (out / "metrics.jsonl").read_text().splitlines()]
     untimed = [{k: v for k, v in r.items() if k != "elapsed"} for r in rows]
     assert [{k: v for k, v in r.items() if k != "elapsed"} for r in again] == untimed
@@ -328,7 +331,8 @@ def test_an_overwrite_killed_before_its_first_checkpoint_gives_the_earlier_outpu
     out = tmp_path / "run"
     assert main(_args(inputs, out)) == 0
     before = (out / "model.safetensors").read_bytes()
-    proc = subprocess.run([sys.executable, "-c", KILLED_AT_FIRST_SAVE, *_args(inputs, out, "--overwrite")[1:]],
+    proc = subprocess.run([sys.executable, "-c", KILLED_AT_FIRST_SAVE, *_args(inputs, out, "--overwrite", "--seed",
+                                                                              "5")[1:]],
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=300)
     assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
     assert [p for p in os.listdir(tmp_path) if p.startswith(".run.replaced-")]  # hidden, as the kill left it

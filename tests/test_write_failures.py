@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from bertforge.cli import main
 
@@ -112,3 +113,36 @@ def test_an_output_that_is_a_symbolic_link_is_refused_as_one(inputs, tmp_path, c
         rc = main(["--quiet", *args])
         assert_one_error(rc, capsys.readouterr().err.strip().splitlines(), "is a symbolic link")
         assert snapshot(tmp_path) == before
+
+
+def test_a_failed_write_inside_torch_save_is_the_oserror_with_its_errno(tmp_path, monkeypatch):
+    """Found in review: torch.save into a file reports a write that fails midway (a file-size limit, a full disk)
+    as a RuntimeError ("unexpected pos"), whose cause the error path could not see; write_file raises the OSError."""
+    import builtins
+    import errno
+
+    import bertforge.atomic as atomic
+
+    class Small:
+        def __init__(self, f):
+            self.f, self.n = f, 0
+
+        def write(self, data):
+            self.n += len(data)
+            if self.n > 4096:
+                raise OSError(errno.EFBIG, os.strerror(errno.EFBIG))
+            return self.f.write(data)
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+    monkeypatch.setattr(atomic, "open", lambda path, mode: Small(builtins.open(path, mode)), raising=False)
+    with pytest.raises(OSError) as e:
+        atomic.write_file(str(tmp_path / "o.pt"), lambda f: torch.save({"w": torch.zeros(10_000)}, f))
+    assert e.value.errno == errno.EFBIG and atomic.write_failure(e.value) == errno.EFBIG

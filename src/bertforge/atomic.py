@@ -42,10 +42,34 @@ def write_failure(e: BaseException) -> int | None:
 
 def write_file(path: str, save) -> None:
     """``save(f)`` into ``path``, opened here: torch.save and the serialisers written in Rust (safetensors,
-    tokenizers) report a failed write of a file they open themselves only in their message; one of ours raises
-    the OSError."""
+    tokenizers) report a failed write of a file they open themselves only in their message.  Here every write
+    goes through :class:`_Watched`, and the OSError of one that failed is what is raised, whatever the
+    serialiser made of it (torch.save turns it into a RuntimeError)."""
     with open(path, "wb") as f:
-        save(f)
+        watched = _Watched(f)
+        try:
+            save(watched)
+        except Exception:
+            if watched.error is not None:
+                raise watched.error from None
+            raise
+
+
+class _Watched:
+    """A file's ``write`` and ``flush``, keeping the OSError of a failed one."""
+
+    def __init__(self, f):
+        self.f, self.error, self.name = f, None, f.name
+
+    def write(self, data) -> int:
+        try:
+            return self.f.write(data)
+        except OSError as e:
+            self.error = e
+            raise
+
+    def flush(self) -> None:
+        self.f.flush()
 
 
 @contextlib.contextmanager

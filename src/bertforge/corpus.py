@@ -106,9 +106,16 @@ def _walk_texts(top: str) -> list[str]:
 
 def is_prepared_folder(path: str) -> bool:
     """Whether ``path`` is a folder that ``bertforge prepare`` wrote (finished or not): its marker says so, or,
-    when a copy lost the marker (``cp -r prep/* dst/``), it holds a manifest and shards."""
-    return os.path.isdir(path) and (marker_kind(path) == "prepared" or (
-        os.path.isfile(os.path.join(path, "manifest.json")) and os.path.isdir(os.path.join(path, "shards"))))
+    when a copy lost the marker (``cp -r prep/* dst/``), its manifest and shards."""
+    if not os.path.isdir(path):
+        return False
+    if marker_kind(path) == "prepared":
+        return True
+    try:  # (a text corpus may hold a file of that name: its manifest says whose it is)
+        with open(os.path.join(path, "manifest.json"), encoding="utf-8") as f:
+            return json.load(f).get("kind") == "prepared" and os.path.isdir(os.path.join(path, "shards"))
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def expand_paths(paths: list[str]) -> list[str]:

@@ -106,23 +106,23 @@ def finetune(task: FinetuneTask, cfg: FinetuneConfig, overwrite: bool = False, r
                                   faults=False)
             run = FineTuning(task, cfg, d, out, model, features, collate, device)
             best, history, train_seconds = run.train(resume)
+            record = run_record(cfg, task, d.world, files, folder.command() if resume else modelcard.COMMAND)
             metrics = {} if best is None else write_outputs(out, task, cfg, model, tok, best, history,
-                                                            train_seconds, run_record(cfg, task, d.world, files),
-                                                            checkpointed)
+                                                            train_seconds, record, checkpointed)
         d.barrier()  # the other processes wait until rank 0 has written the outputs
         return metrics
 
 
-def run_record(cfg: FinetuneConfig, task: FinetuneTask, processes: int, files: dict) -> dict:
+def run_record(cfg: FinetuneConfig, task: FinetuneTask, processes: int, files: dict, command=None) -> dict:
     """finetune_config.json: the settings (a --config file that repeats the run), what the files held, and the
-    command that started the run."""
+    command that started the run (not the --resume's)."""
     return {"finetune": cfg.to_dict(), "task": dataclasses.asdict(task.settings), "processes": processes,
-            CORPUS: files, COMMAND: modelcard.COMMAND}
+            CORPUS: files, COMMAND: command or modelcard.COMMAND}
 
 
 def files_content(cfg: FinetuneConfig) -> dict[str, str | None]:
-    """What a run trains and validates on: the sha256 of each file's bytes (a dataset that is no file, by its
-    name), so that a resumed run is checked before it reads them."""
+    """What a run trains and validates on (:func:`~bertforge.settings.files_digest`), so that a resumed run is
+    checked before it reads them."""
     dc = cfg.data
     named = {"train": dc.train_file, "validation": dc.validation_file}
     digests = files_digest([p for p in named.values() if p])

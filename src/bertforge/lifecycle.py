@@ -44,15 +44,22 @@ log = logging.getLogger("bertforge")
 
 
 # ------------------------------------------------------------------------------------------------ the output
+def recover(out: str) -> None:
+    """Put right, under the output's lock, what an interrupted run left beside ``out`` (an earlier output it was to
+    replace comes back): called before a command reads anything of ``out``.  Under torchrun, where every process
+    checks at once, it is left to :func:`start_run`, behind a barrier."""
+    if out and int(os.environ.get("WORLD_SIZE", "1")) <= 1 and os.path.isdir(os.path.dirname(os.path.abspath(out))):
+        with OutputLock(out):
+            recover_beside(out)
+
+
 def preflight(folder: RunFolder, inputs: list, overwrite: bool, resume: bool, restarts: bool = False) -> None:
     """The output rules, checked before anything is read or written: ``--resume`` needs a checkpoint (or, when
     the command ``restarts``, a run started there and killed before its first, which starts again from step 0)
     and excludes ``--overwrite``; an existing output is refused unless ``overwrite`` replaces one of the same kind
     (never one that holds the run's ``inputs``)."""
     out = folder.out
-    if out and os.environ.get("RANK", "0") == "0" and os.path.isdir(os.path.dirname(os.path.abspath(out))):
-        with OutputLock(out):  # (an output that an interrupted run left aside is back before the rule is applied)
-            recover_beside(out)
+    recover(out)
     if resume and overwrite:
         raise UserError("--resume continues the run in --out and --overwrite replaces it: give one of them")
     if resume and not (restarts and folder.started) and not folder.checkpoints():
@@ -410,7 +417,9 @@ class TrainingRun:
     def save(self) -> None:
         """A checkpoint of everything that decides the rest of the run (a collective: every process calls it); none
         when the newest is of this step already (a run resumed at its end)."""
-        if self.saved_step == self.engine.state.step:
+        if self.saved_step == self.engine.state.step:  # (the model directory refreshed all the same: a run killed
+            if self.d.is_main:  # between its checkpoint and that refresh holds an older step's there)
+                self.save_model()
             return
         engine_state = self.engine.state_dict()
         if self.d.is_main:

@@ -193,6 +193,8 @@ def recover_beside(path: str) -> None:
         p = os.path.join(parent, entry)
         if entry.startswith(f".{name}.replaced-") and os.path.isdir(p) and not _went_on(path):
             shutil.rmtree(path, ignore_errors=True)  # a run killed before its first checkpoint: nothing to keep
+            if os.path.lexists(path):  # (could not be cleared: the earlier output stays aside, untouched)
+                continue
         if entry.startswith((f".{name}.old-", f".{name}.replaced-")) and os.path.isdir(p):
             if not os.path.exists(path):
                 os.rename(p, path)

@@ -235,8 +235,8 @@ def _allow_open_files(n: int) -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and n + 256 > soft:
         with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard == resource.RLIM_INFINITY else
-                                                        min(hard, max(soft, n + 256)), hard))
+            want = n + 256 if hard == resource.RLIM_INFINITY else min(hard, n + 256)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
 
 
 def _crc32(path: str, chunk: int = 1 << 24) -> int:

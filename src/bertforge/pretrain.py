@@ -126,7 +126,8 @@ def check_run(cfg: PretrainConfig, folder: RunFolder, resume: bool, overwrite: b
     preflight(folder, [*dc.data, *(dc.eval_data or []), dc.tokenizer, m.init, m.model_config], overwrite, resume,
               restarts=True)
     saved = folder.settings() if resume else None  # the resume rule first: it names what changed
-    schedule = [] if saved is None else check_resumed(cfg.out, as_run(PretrainConfig.from_dict(saved)), cfg)
+    schedule = [] if saved is None else check_resumed(cfg.out, as_run(PretrainConfig.from_dict(saved)), cfg,
+                                                      continued=bool(folder.checkpoints()))
     if resume and folder.has_tokenizer and dc.tokenizer and os.path.exists(dc.tokenizer):  # by content, not name
         if tokenizer_fingerprint(load_tokenizer(dc.tokenizer)) != tokenizer_fingerprint(load_tokenizer(cfg.out)):
             raise UserError(f"--resume continues the run in {cfg.out} with its own tokenizer, and --tokenizer "

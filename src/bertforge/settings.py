@@ -124,14 +124,17 @@ def _absolute_paths(cfg: Any, names: tuple[str, ...]) -> None:
 # was started with.
 SCHEDULE = ("lr", "max_steps", "max_time", "epochs", "warmup_steps", "warmup_ratio")
 RESUMABLE = (*SCHEDULE, "out", "eval_every", "save_every", "keep_checkpoints", "log_every", "max_eval_instances",
-             "cache_dir", "grad_accum", "eval_batch_size", "eval_data")
+             "cache_dir", "grad_accum", "eval_batch_size")
 # compared by what they hold, not by their names: the files a run trains and validates on (a digest of their
-# bytes or of the tokenized corpus), the tokenizer (its fingerprint, against the run's own), and what a continued
-# run does not read again (its model and config come from its checkpoint and folder)
-BY_CONTENT = ("train_file", "validation_file", "data", "tokenizer", "init", "model_config")
+# bytes or of the tokenized corpus) and the tokenizer (its fingerprint, against the run's own)
+BY_CONTENT = ("train_file", "validation_file", "data", "tokenizer")
+# read again only by a run that starts again from step 0 (a continued run's model and config come from its
+# checkpoint and folder): compared, as the folders they name, only then
+AT_START = ("init", "model_config")
 
 
-def check_resumed(out: str, saved: Sections, now: Sections, saved_task: Any = None, now_task: Any = None) -> list[str]:
+def check_resumed(out: str, saved: Sections, now: Sections, saved_task: Any = None, now_task: Any = None,
+                  continued: bool = True) -> list[str]:
     """Refuse, before anything is read, a resumed run whose settings (and task settings) change what is trained,
     naming each changed setting with the run's value and the new one; return the schedule's changes (for
     :func:`say_schedule_changed`)."""
@@ -141,7 +144,8 @@ def check_resumed(out: str, saved: Sections, now: Sections, saved_task: Any = No
         before = {**before, **{f.name: (saved_task, f) for f in dataclasses.fields(saved_task)}}
     refused, schedule = [], []
     for name, (holder, f) in fields:
-        if name in BY_CONTENT or isinstance(holder, ImplConfig) or (name in RESUMABLE and name not in SCHEDULE):
+        if (name in BY_CONTENT or isinstance(holder, ImplConfig) or (name in RESUMABLE and name not in SCHEDULE)
+                or (continued and name in AT_START)):
             continue
         was, now_value = getattr(before[name][0], f.name), getattr(holder, f.name)
         if _comparable(name, was) != _comparable(name, now_value):
@@ -164,19 +168,26 @@ def say_schedule_changed(changes: list[str]) -> None:
 
 def _comparable(name: str, value: Any) -> Any:
     """A setting's value as a resumed run compares it: a path as the file it names (./a.txt is a.txt)."""
-    if isinstance(value, str) and name == "model" and value:
+    if name in ("model", "init", "model_config") and isinstance(value, str) and value:
         return os.path.realpath(value)
+    if name == "eval_data" and isinstance(value, list):
+        return [p if p.startswith("hf:") else os.path.realpath(p) for p in value]
     return value
 
 
 def files_digest(paths: list[str]) -> dict[str, str | None]:
-    """{path: sha256 of its bytes} of each file among ``paths`` (None for a dataset that is no file): what a
-    fine-tuning run trains and validates on, recorded when it starts, compared on --resume before it is read."""
+    """{path: sha256 of its bytes} of each file among ``paths`` (a local dataset folder: the signature of its
+    files; None for a dataset on the hub, known by its name): what a fine-tuning run trains and validates on,
+    recorded when it starts, compared on --resume before it is read."""
     import hashlib
+
+    from .corpus import hf_spec, input_signature
 
     out: dict[str, str | None] = {}
     for p in paths:
-        if p and os.path.isfile(p):
+        if p and p.startswith("hf:") and os.path.isdir(hf_spec(p)[0]):
+            out[p] = ":".join(map(str, input_signature([p])[0]))
+        elif p and os.path.isfile(p):
             h = hashlib.sha256()
             with open(p, "rb") as fh:
                 for block in iter(lambda: fh.read(1 << 20), b""):
