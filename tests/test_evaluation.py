@@ -114,3 +114,16 @@ def test_evaluate_mlm_equals_transformers_on_the_same_masked_tokens(tmp_path, ca
     loss = float(torch.nn.functional.cross_entropy(logits, labels[sel]))
     assert ours["masked_tokens"] == int(sel.sum()) and ours["blocks"] == len(ids)
     assert abs(ours["mlm_accuracy"] - acc) < 1e-9 and abs(ours["mlm_loss"] - loss) < 1e-4
+
+
+def test_evaluate_squad_warns_when_most_questions_have_no_prediction(tmp_path, capsys):
+    """Found in a new user's trial: the predictions of another file scored 0 without a word."""
+    data = tmp_path / "dev.json"
+    data.write_text(json.dumps({"version": "1.1", "data": _dataset([(c[0], c[1]) for c in CASES])}))
+    preds = tmp_path / "preds.json"
+    preds.write_text(json.dumps({"another-file": "Paris"}))
+    assert main(["evaluate", "squad", "--data", str(data), "--predictions", str(preds)]) == 0
+    assert f"of the {len(CASES)} questions of {data} have no prediction in {preds}" in capsys.readouterr().err
+    preds.write_text(json.dumps({c[0]: c[2] for c in CASES if c[2] is not None}))
+    assert main(["evaluate", "squad", "--data", str(data), "--predictions", str(preds)]) == 0
+    assert "have no prediction" not in capsys.readouterr().err

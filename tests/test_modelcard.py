@@ -60,3 +60,17 @@ def test_a_card_names_a_portable_base_model_and_no_local_path(tmp_path, monkeypa
     for card in (a, b):
         assert str(tmp_path) not in card and "- `t.jsonl`" in card
     capsys.readouterr()
+
+
+def test_the_card_names_torchrun_when_the_run_was_launched_by_it(monkeypatch):
+    """Found in a new user's trial: a run under torchrun carried `bertforge pretrain ...` as its command."""
+    from bertforge.modelcard import command_line
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert command_line(["pretrain", "--out", "o"]) == ["bertforge", "pretrain", "--out", "o"]
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert command_line(["pretrain"]) == ["torchrun", "--nproc_per_node=2", "-m", "bertforge", "pretrain"]
+    monkeypatch.setenv("WORLD_SIZE", "16")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    assert command_line(["pretrain"])[:3] == ["torchrun", "--nnodes=2", "--nproc_per_node=8"]

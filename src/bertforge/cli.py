@@ -656,7 +656,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from . import modelcard
     from .atomic import path_shown, write_failure
 
-    modelcard.COMMAND = ["bertforge", *(sys.argv[1:] if argv is None else argv)]  # for the model cards
+    modelcard.COMMAND = modelcard.command_line(list(sys.argv[1:] if argv is None else argv))  # for the model cards
     from .lifecycle import sigterm_as_interrupt
 
     try:  # one signal handler for every command: SIGTERM cleans up as Ctrl-C does (a training loop: StopSignals)

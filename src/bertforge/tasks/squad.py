@@ -338,4 +338,8 @@ def evaluate_predictions_file(data: str, predictions: str) -> dict:
     preds = read_json(predictions, "predictions file")
     if not isinstance(preds, dict) or not all(isinstance(v, str) for v in preds.values()):
         raise UserError(f"{predictions}: expected a JSON object {{question id: answer text}}")
-    return squad_evaluate(data_list, preds)
+    res = squad_evaluate(data_list, preds)
+    if res["unanswered"] * 2 > res["questions"]:  # (scored as wrong, as the official script does)
+        log.warning("%d of the %d questions of %s have no prediction in %s: another data file's predictions?",
+                    res["unanswered"], res["questions"], data, predictions)
+    return res
