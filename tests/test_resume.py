@@ -197,7 +197,7 @@ def test_a_damaged_checkpoint_written_again_on_resume_leaves_nothing_behind(dama
 def test_a_restarted_run_keeps_the_vocabulary_it_had_trained(inputs, tmp_path, capsys, monkeypatch):
     """A run that trained its own vocabulary and was killed before its first checkpoint starts again with that
     vocabulary (read from its folder), not with one trained again."""
-    import bertforge.tokenizer as tokenizer_mod
+    import bertforge.plan as plan_mod
 
     out = tmp_path / "run"
     args = [a for a in _args(inputs, out)[1:] if a != str(inputs / "tok")]
@@ -210,7 +210,7 @@ def test_a_restarted_run_keeps_the_vocabulary_it_had_trained(inputs, tmp_path, c
     def trained_again(*a, **k):
         raise AssertionError("the vocabulary was trained again")
 
-    monkeypatch.setattr(tokenizer_mod, "train_vocabulary", trained_again)
+    monkeypatch.setattr(plan_mod, "train_vocabulary", trained_again)
     assert main(["--quiet", "pretrain", "--out", str(out), "--resume", "--no-progress"]) == 0, capsys.readouterr().err
     assert (out / "vocab.txt").read_text() == vocab
 

@@ -203,15 +203,6 @@ def load_pretrained(cls, path, config: BertConfig | None = None, reinit_head: bo
     return model.to(map_location)
 
 
-def architectures_of(path: str) -> list[str]:
-    """The ``architectures`` listed in a model directory's config.json (may be empty)."""
-    try:
-        with open(os.path.join(path, CONFIG_NAME), encoding="utf-8") as f:
-            return list(json.load(f).get("architectures") or [])
-    except (OSError, json.JSONDecodeError):
-        return []
-
-
 def checkpoint_keys(path: str) -> set[str]:
     """Names of the tensors stored in a model directory (without reading the tensors)."""
     single = os.path.join(path, WEIGHTS_NAME)

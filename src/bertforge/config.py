@@ -94,10 +94,6 @@ class BertConfig:
     def num_labels(self) -> int:
         return len(self.id2label) if self.id2label else 2
 
-    @property
-    def head_size(self) -> int:
-        return self.hidden_size // self.num_attention_heads
-
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> BertConfig:
         """A named size: tiny (2 layers/128), mini (4/256), small (4/512), medium (8/512), base (12/768)."""

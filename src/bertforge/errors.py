@@ -44,15 +44,6 @@ def require_file(path: str | os.PathLike, what: str = "file") -> str:
     return p
 
 
-def require_dir(path: str | os.PathLike, what: str = "directory") -> str:
-    p = os.fspath(path)
-    if not os.path.exists(p):
-        raise UserError(f"{what} not found: {p}")
-    if not os.path.isdir(p):
-        raise UserError(f"{what} is not a directory: {p}")
-    return p
-
-
 _NAMES = {str: ("a string", "strings"), int: ("an integer", "integers"), float: ("a number", "numbers"),
           bool: ("True or False", "True or False"), dict: ("a dict", "dicts"), os.PathLike: ("a path", "paths"),
           type(None): ("None", "None")}

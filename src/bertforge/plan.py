@@ -27,7 +27,17 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from .errors import UserError
+import torch
+from tokenizers import Tokenizer
+
+from . import vocabulary
+from .config import BertConfig, progress_shown
+from .corpus import iter_texts
+from .errors import UserError, shown
+from .initialization import local_attention_heads_, set_dropout, sinusoidal_positions_
+from .objectives import objective_class
+from .prepared import is_prepared, tokenizer_fingerprint
+from .tokenizer import check_vocab_fits, load_tokenizer, train_vocabulary
 
 log = logging.getLogger("bertforge")
 
@@ -90,7 +100,6 @@ def start_plan(g: Given) -> StartPlan:
 # ------------------------------------------------------------------------------------------------ pretraining
 def pretraining_plan(cfg, resume: bool, folder) -> StartPlan:
     """The plan of pretraining run ``cfg`` (``folder``: its :class:`~bertforge.runfolder.RunFolder`)."""
-    from .prepared import is_prepared
 
     m = cfg.model
     return start_plan(Given(resume=resume, checkpointed=resume and bool(folder.checkpoints()),
@@ -102,12 +111,6 @@ def pretraining_plan(cfg, resume: bool, folder) -> StartPlan:
 def pretraining_tokenizer(cfg, plan: StartPlan, d):
     """The run's tokenizer, as ``plan`` says: the run's own, a prepared corpus's, --tokenizer's, --init's
     (extended by --add-vocab), or a vocabulary trained on the data by rank 0 and sent to the others."""
-    from tokenizers import Tokenizer
-
-    from .config import progress_shown
-    from .corpus import iter_texts
-    from .prepared import is_prepared
-    from .tokenizer import load_tokenizer, train_vocabulary
 
     dc = cfg.data
     if plan.tokenizer == "out":
@@ -136,8 +139,6 @@ def pretraining_tokenizer(cfg, plan: StartPlan, d):
 def _check_same_vocabulary(tok, cfg) -> None:
     """--tokenizer with --init: it must map tokens to the ids of --init's own tokenizer (else each embedding row would
     stand for another token); one the model folder lacks is not checked."""
-    from .errors import shown
-    from .tokenizer import load_tokenizer
 
     try:
         own = load_tokenizer(cfg.model.init)
@@ -152,9 +153,6 @@ def _check_same_vocabulary(tok, cfg) -> None:
 
 def _prepared_tokenizer(cfg, folder: str):
     """A prepared corpus's own tokenizer; a --tokenizer (or --init's) that is another is refused."""
-    from .errors import shown
-    from .prepared import tokenizer_fingerprint
-    from .tokenizer import load_tokenizer
 
     dc, mc = cfg.data, cfg.model
     tok = load_tokenizer(folder)
@@ -171,13 +169,6 @@ def _prepared_tokenizer(cfg, folder: str):
 def _extended_tokenizer(cfg, tok, d):
     """``--add-vocab N``: ``tok``, the tokenizer of --init's model, with up to N words and subwords of the data
     appended to its vocabulary (:mod:`bertforge.vocabulary`); :func:`pretraining_objective` grows the model."""
-    from tokenizers import Tokenizer
-
-    from . import vocabulary
-    from .config import BertConfig, progress_shown
-    from .corpus import iter_texts
-    from .errors import shown
-    from .tokenizer import check_vocab_fits
 
     mc, dc = cfg.model, cfg.data
     vocabulary.check_extensible(tok, f"the tokenizer of {shown(dc.tokenizer or mc.init)}")
@@ -193,8 +184,6 @@ def _extended_tokenizer(cfg, tok, d):
 
 def pretraining_config(cfg, plan: StartPlan, tok):
     """The model's architecture, as ``plan`` says; checked against the tokenizer and the sequence length."""
-    from .config import BertConfig
-    from .tokenizer import check_vocab_fits
 
     source = {"out": cfg.out, "init": cfg.model.init, "model_config": cfg.model.model_config}.get(plan.config)
     if source is None:
@@ -212,7 +201,6 @@ def pretraining_config(cfg, plan: StartPlan, tok):
 
 def _vocab_pair(cfg) -> str:
     """Whose tokenizer and model an error about their vocabularies names: --init's own when no --tokenizer is given."""
-    from .errors import shown
 
     if cfg.model.init and not cfg.data.tokenizer:
         return f"--init {shown(cfg.model.init)}: its tokenizer and its model"
@@ -223,12 +211,6 @@ def pretraining_objective(cfg, plan: StartPlan, config, tok):
     """The run's objective around its model, as ``plan`` says: --init's weights (grown to ``tok``'s vocabulary with
     --add-vocab), or a new model at the recipe's starting values; a continued run's weights come from its
     checkpoint afterwards (:meth:`~bertforge.lifecycle.TrainingRun.restore`)."""
-    import torch
-
-    from . import vocabulary
-    from .config import BertConfig
-    from .initialization import local_attention_heads_, set_dropout, sinusoidal_positions_
-    from .objectives import objective_class
 
     mc = cfg.model
     torch.manual_seed(cfg.train.seed)
