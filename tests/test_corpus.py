@@ -117,4 +117,9 @@ def test_a_runs_own_files_are_never_its_input(tmp_path, capsys):
            "--max-eval-instances", "16", "--no-progress", "--max-steps", "2"]
     assert main(run) == 0
     assert expand_paths([str(data)]) == before
+    # a glob that also matches the run's own files (its vocab.txt) takes the text alone, as a directory does
+    (data / "more.txt").write_text("More text. Here.")
+    assert expand_paths([str(data / "**" / "*.txt")]) == [str(data / "more.txt")]
+    assert expand_paths([str(data / "run" / "*.txt")]) == [str(data / "run" / "vocab.txt")]  # (asked for by name)
+    (data / "more.txt").unlink()
     assert main([*run[:-2], "--max-steps", "3", "--resume"]) == 0, capsys.readouterr().err

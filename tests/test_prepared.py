@@ -169,6 +169,14 @@ def test_other_settings_need_overwrite(small_text_corpus, minilm_dir, story_toke
     assert "prepared with other reader settings (--text-field, --doc-separator, --dedup)" in capsys.readouterr().err
     _prepare(["--data", str(small_text_corpus), "--tokenizer", minilm_dir, "--dedup", "--overwrite"], tmp_path)
     assert json.loads((out / "manifest.json").read_text())["reading"]["dedup"] is True
+    (out / "settings.json").unlink()  # what the shards were prepared with, lost: another tokenizer is not taken
+    other = tmp_path / "other-tok"
+    from bertforge.tokenizer import save_tokenizer
+
+    save_tokenizer(story_tokenizer, str(other))
+    _prepare(["--data", str(small_text_corpus), "--tokenizer", str(other), "--dedup"], tmp_path, expect=2)
+    assert "not the settings.json that says what they were prepared with" in capsys.readouterr().err
+    _prepare(["--data", str(small_text_corpus), "--tokenizer", minilm_dir, "--dedup", "--overwrite"], tmp_path)
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("keep me\n")
     _prepare(["--data", str(small_text_corpus), "--tokenizer", minilm_dir], tmp_path, name="mine", expect=2)

@@ -104,6 +104,20 @@ def _walk_texts(top: str) -> list[str]:
     return sorted(found)
 
 
+def _in_output(path: str, pattern: str) -> bool:
+    """Whether a file a glob ``pattern`` matched lies in a folder bertforge wrote, below the pattern's literal part
+    (``runs/*/*.txt`` matching a run's own ``vocab.txt``): never input, as in a directory (:func:`_walk_texts`)."""
+    base = pattern
+    while any(c in base for c in "*?["):
+        base = os.path.dirname(base)
+    base, folder = os.path.abspath(base or "."), os.path.dirname(os.path.abspath(path))
+    while folder != base and folder.startswith(base + os.sep):
+        if os.path.isfile(os.path.join(folder, MARKER)):
+            return True
+        folder = os.path.dirname(folder)
+    return False
+
+
 def is_prepared_folder(path: str) -> bool:
     """Whether ``path`` is a folder that ``bertforge prepare`` wrote (finished or not): its marker says so, or,
     when a copy lost the marker (``cp -r prep/* dst/``), its manifest and shards."""
@@ -136,7 +150,7 @@ def expand_paths(paths: list[str]) -> list[str]:
         elif os.path.isfile(p):
             files.append(p)
         elif any(c in p for c in "*?["):
-            found = sorted(f for f in glob.glob(p, recursive=True) if os.path.isfile(f))
+            found = sorted(f for f in glob.glob(p, recursive=True) if os.path.isfile(f) and not _in_output(f, p))
             if not found:
                 raise UserError(f"no files match {p}")
             files.extend(found)

@@ -544,6 +544,11 @@ def _state(out: str, files: list[str], tok: Tokenizer, reading: Reading, overwri
     except (OSError, ValueError):
         before = None
     now = _settings(files, tok, reading)
+    if before is None and os.path.isdir(os.path.join(out, "shards")) and os.listdir(os.path.join(out, "shards")):
+        if overwrite:  # (shards of unknown settings: another tokenizer's, maybe)
+            return "replace"
+        raise UserError(f"{out} holds shards but not the settings.json that says what they were prepared with; pass "
+                        "--overwrite to prepare it again, or choose another --out")
     if before != now and before is not None:
         if overwrite:
             return "replace"
