@@ -358,3 +358,18 @@ open at once, whatever the corpus)."""
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.loads((prep / "manifest.json").read_text())["documents"] == 150
     assert (run / "metrics.json").is_file()
+
+
+def test_reader_flags_with_a_prepared_corpus_are_its_own_or_refused(minilm_dir, tmp_path, capsys):
+    """Found by hostile testing: --doc-separator and --text-field given with a prepared corpus were ignored, and
+    recorded in the run's settings as if used. A prepared corpus was read when it was prepared."""
+    (tmp_path / "g.txt").write_text("One sentence.\nAnother one.\n\nA second document.\nIts end.\n" * 20)
+    out = _prepare(["--data", str(tmp_path / "g.txt"), "--tokenizer", minilm_dir, "--doc-separator", "blank-line",
+                    "--workers", "1"], tmp_path)
+    run = ["--quiet", "pretrain", "--data", str(out), "--preset", "tiny", "--max-steps", "1", "--batch-size", "4",
+           "--max-seq-length", "32", "--eval-every", "0", "--max-eval-instances", "4", "--no-progress"]
+    assert main([*run, "--out", str(tmp_path / "a"), "--doc-separator", "line"]) == 2
+    assert "the prepared corpus" in capsys.readouterr().err and not (tmp_path / "a").exists()
+    assert main([*run, "--out", str(tmp_path / "b")]) == 0
+    saved = json.loads((tmp_path / "b" / "pretrain_config.json").read_text())
+    assert saved["data"]["doc_separator"] == "blank-line"  # what the corpus was read with

@@ -151,6 +151,26 @@ def _check_same_vocabulary(tok, cfg) -> None:
                         "leave --tokenizer out (--init's is used), or give one of the same vocabulary")
 
 
+def take_prepared_reading(cfg) -> None:
+    """A prepared corpus was read once, when it was prepared: a reader flag (--text-field, --doc-separator) that says
+    otherwise is refused, and the run records the corpus's own (not a default it never used)."""
+    import json
+    import os
+
+    for folder in (p for p in cfg.data.data if is_prepared(p)):
+        try:
+            with open(os.path.join(folder, "settings.json"), encoding="utf-8") as f:
+                reading = json.load(f)["reading"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        for name, default in (("text_field", "text"), ("doc_separator", "file")):
+            given, theirs = getattr(cfg.data, name), reading.get(name, default)
+            if given not in (default, theirs):
+                raise UserError(f"--{name.replace('_', '-')} {shown(given)}: the prepared corpus {folder} was read "
+                                f"with {shown(theirs)} when it was prepared; leave the flag out (or prepare it again)")
+            setattr(cfg.data, name, theirs)
+
+
 def _prepared_tokenizer(cfg, folder: str):
     """A prepared corpus's own tokenizer; a --tokenizer (or --init's) that is another is refused."""
 

@@ -53,7 +53,8 @@ from .logs import duration, rounded
 from .objectives import OBJECTIVES, objective_class
 from .objectives.mlm import new_head_said
 from .outputs import MODEL_FILES, register_output
-from .plan import StartPlan, pretraining_config, pretraining_objective, pretraining_plan, pretraining_tokenizer
+from .plan import (StartPlan, pretraining_config, pretraining_objective, pretraining_plan, pretraining_tokenizer,
+                   take_prepared_reading)
 from .plots import plot_pretraining
 from .runfolder import COMMAND, CORPUS, SETTINGS_FILES, RunFolder
 from .settings import as_run, check_resumed, recipe_said, say_schedule_changed
@@ -133,6 +134,7 @@ def check_run(cfg: PretrainConfig, folder: RunFolder, resume: bool, overwrite: b
             raise UserError(f"--resume continues the run in {cfg.out} with its own tokenizer, and --tokenizer "
                             f"{shown(dc.tokenizer)} is another; leave --tokenizer out")
     cfg.validate(resume)
+    take_prepared_reading(cfg)
     plan = pretraining_plan(cfg, resume, folder)
     objective_class(m.objective).check(cfg, plan.weights == "init")
     if plan.weights == "init":  # (a checkpoint holds all a resumed run needs)
