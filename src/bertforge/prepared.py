@@ -674,13 +674,14 @@ def _map(fn, jobs: list[dict], tok: Tokenizer, workers: int | None) -> Iterator[
                                 "so far are kept: run the same command again, with fewer --workers") from None
             except BaseException:  # an interrupt: the workers stop now, and no queued job starts (a worker
                 # started while the interrupt came would otherwise go on through all of them)
-                workers = set((getattr(pool, "_processes", None) or {}).values())
-                workers |= set(multiprocessing.active_children()) - others  # one started but not yet listed
                 pool.shutdown(wait=False, cancel_futures=True)
-                for p in workers:
-                    p.kill()
-                for p in workers:
-                    p.join()
+                for _ in range(3):  # (one forked as the interrupt came may be listed only after the first round)
+                    workers = set((getattr(pool, "_processes", None) or {}).values())
+                    workers = {p for p in workers | set(multiprocessing.active_children()) - others if p.is_alive()}
+                    for p in workers:
+                        p.kill()
+                    for p in workers:
+                        p.join()
                 raise
     finally:
         if before is None:
