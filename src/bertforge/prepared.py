@@ -663,6 +663,7 @@ def _map(fn, jobs: list[dict], tok: Tokenizer, workers: int | None) -> Iterator[
     # forks its workers at the first submit, not when it is made
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     others = set(multiprocessing.active_children())  # children of this process that are not the pool's
+    before_pids = _child_pids()
     try:
         with ProcessPoolExecutor(n, mp_context=ctx, initializer=_init_worker, initargs=(tok.to_str(),)) as pool:
             try:  # not pool.map: it cancels its futures on an interrupt, and the pool's thread then fails on them
@@ -682,12 +683,42 @@ def _map(fn, jobs: list[dict], tok: Tokenizer, workers: int | None) -> Iterator[
                         p.kill()
                     for p in workers:
                         p.join()
+                _kill_unlisted(before_pids)
                 raise
     finally:
         if before is None:
             os.environ.pop("TOKENIZERS_PARALLELISM", None)
         else:
             os.environ["TOKENIZERS_PARALLELISM"] = before
+
+
+def _child_pids() -> set[int]:
+    """The processes whose parent is this one, as the operating system knows them (Linux's /proc; else none)."""
+    found = set()
+    with contextlib.suppress(OSError):
+        for name in os.listdir("/proc"):
+            if name.isdigit():
+                with contextlib.suppress(OSError, ValueError, IndexError):
+                    with open(f"/proc/{name}/stat", encoding="ascii", errors="replace") as f:
+                        if int(f.read().rsplit(")", 1)[1].split()[1]) == os.getpid():
+                            found.add(int(name))
+    return found
+
+
+def _kill_unlisted(before: set[int]) -> None:
+    """Kill and reap the children born since ``before`` that are still there: a worker forked as an interrupt came
+    can be in no list of the pool's or of multiprocessing's."""
+    import signal
+
+    listed = {p.pid: p for p in multiprocessing.active_children()}  # (reaped by multiprocessing, not by hand)
+    for pid in _child_pids() - before:
+        if pid in listed:
+            listed[pid].kill()
+            listed[pid].join()
+            continue
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
 
 
 @contextlib.contextmanager
