@@ -41,7 +41,7 @@ from .objectives.task import TaskLoss
 from .outputs import MODEL_FILES, register_output
 from .plots import plot_finetuning
 from .runfolder import COMMAND, CORPUS, SETTINGS_FILES, RunFolder
-from .settings import check_resumed, files_digest, say_schedule_changed
+from .settings import check_resumed, file_digest, say_schedule_changed
 from .tasks import FinetuneTask
 from .tokenizer import check_vocab_fits, load_tokenizer
 
@@ -121,12 +121,10 @@ def run_record(cfg: FinetuneConfig, task: FinetuneTask, processes: int, files: d
 
 
 def files_content(cfg: FinetuneConfig) -> dict[str, str | None]:
-    """What a run trains and validates on (:func:`~bertforge.settings.files_digest`), so that a resumed run is
-    checked before it reads them."""
-    dc = cfg.data
-    named = {"train": dc.train_file, "validation": dc.validation_file}
-    digests = files_digest([p for p in named.values() if p])
-    return {role: (digests.get(p) or p) if p else None for role, p in named.items()}
+    """What a run trains and validates on (:func:`~bertforge.settings.file_digest`, else the dataset's name), so
+    that a resumed run is checked before it reads them."""
+    named = {"train": cfg.data.train_file, "validation": cfg.data.validation_file}
+    return {role: (file_digest(p) or p) if p else None for role, p in named.items()}
 
 
 def check_resumed_files(folder: RunFolder, cfg: FinetuneConfig, task: FinetuneTask, files: dict) -> list[str]:

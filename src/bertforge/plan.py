@@ -36,7 +36,7 @@ from .corpus import iter_texts
 from .errors import UserError, shown
 from .initialization import local_attention_heads_, set_dropout, sinusoidal_positions_
 from .objectives import objective_class
-from .prepared import is_prepared, tokenizer_fingerprint
+from .prepared import is_prepared, prepared_settings, tokenizer_fingerprint
 from .tokenizer import check_vocab_fits, load_tokenizer, train_vocabulary
 
 log = logging.getLogger("bertforge")
@@ -45,7 +45,6 @@ log = logging.getLogger("bertforge")
 @dataclass(frozen=True)
 class Given:
     """What decides a run's start: the flags given, and what the output folder and the inputs hold."""
-
     resume: bool = False
     checkpointed: bool = False  # the output folder holds a checkpoint that --resume continues from
     saved_tokenizer: bool = False  # the output folder holds the run's tokenizer
@@ -100,7 +99,6 @@ def start_plan(g: Given) -> StartPlan:
 # ------------------------------------------------------------------------------------------------ pretraining
 def pretraining_plan(cfg, resume: bool, folder) -> StartPlan:
     """The plan of pretraining run ``cfg`` (``folder``: its :class:`~bertforge.runfolder.RunFolder`)."""
-
     m = cfg.model
     return start_plan(Given(resume=resume, checkpointed=resume and bool(folder.checkpoints()),
                             saved_tokenizer=folder.has_tokenizer, prepared=any(is_prepared(p) for p in cfg.data.data),
@@ -111,7 +109,6 @@ def pretraining_plan(cfg, resume: bool, folder) -> StartPlan:
 def pretraining_tokenizer(cfg, plan: StartPlan, d):
     """The run's tokenizer, as ``plan`` says: the run's own, a prepared corpus's, --tokenizer's, --init's
     (extended by --add-vocab), or a vocabulary trained on the data by rank 0 and sent to the others."""
-
     dc = cfg.data
     if plan.tokenizer == "out":
         return load_tokenizer(cfg.out)
@@ -139,7 +136,6 @@ def pretraining_tokenizer(cfg, plan: StartPlan, d):
 def _check_same_vocabulary(tok, cfg) -> None:
     """--tokenizer with --init: it must map tokens to the ids of --init's own tokenizer (else each embedding row would
     stand for another token); one the model folder lacks is not checked."""
-
     try:
         own = load_tokenizer(cfg.model.init)
     except UserError:
@@ -154,14 +150,9 @@ def _check_same_vocabulary(tok, cfg) -> None:
 def take_prepared_reading(cfg) -> None:
     """A prepared corpus was read once, when it was prepared: a reader flag (--text-field, --doc-separator) that says
     otherwise is refused, and the run records the corpus's own (not a default it never used)."""
-    import json
-    import os
-
     for folder in (p for p in cfg.data.data if is_prepared(p)):
-        try:
-            with open(os.path.join(folder, "settings.json"), encoding="utf-8") as f:
-                reading = json.load(f)["reading"]
-        except (OSError, ValueError, KeyError, TypeError):
+        reading = (prepared_settings(folder) or {}).get("reading")
+        if not isinstance(reading, dict):
             continue
         for name, default in (("text_field", "text"), ("doc_separator", "file")):
             given, theirs = getattr(cfg.data, name), reading.get(name, default)
@@ -173,7 +164,6 @@ def take_prepared_reading(cfg) -> None:
 
 def _prepared_tokenizer(cfg, folder: str):
     """A prepared corpus's own tokenizer; a --tokenizer (or --init's) that is another is refused."""
-
     dc, mc = cfg.data, cfg.model
     tok = load_tokenizer(folder)
     given = dc.tokenizer or mc.init
@@ -189,7 +179,6 @@ def _prepared_tokenizer(cfg, folder: str):
 def _extended_tokenizer(cfg, tok, d):
     """``--add-vocab N``: ``tok``, the tokenizer of --init's model, with up to N words and subwords of the data
     appended to its vocabulary (:mod:`bertforge.vocabulary`); :func:`pretraining_objective` grows the model."""
-
     mc, dc = cfg.model, cfg.data
     vocabulary.check_extensible(tok, f"the tokenizer of {shown(dc.tokenizer or mc.init)}")
     check_vocab_fits(tok, BertConfig.load(mc.init).vocab_size, _vocab_pair(cfg))
@@ -204,7 +193,6 @@ def _extended_tokenizer(cfg, tok, d):
 
 def pretraining_config(cfg, plan: StartPlan, tok):
     """The model's architecture, as ``plan`` says; checked against the tokenizer and the sequence length."""
-
     source = {"out": cfg.out, "init": cfg.model.init, "model_config": cfg.model.model_config}.get(plan.config)
     if source is None:
         config = BertConfig.preset(cfg.model.preset, vocab_size=tok.get_vocab_size(with_added_tokens=True))
@@ -221,7 +209,6 @@ def pretraining_config(cfg, plan: StartPlan, tok):
 
 def _vocab_pair(cfg) -> str:
     """Whose tokenizer and model an error about their vocabularies names: --init's own when no --tokenizer is given."""
-
     if cfg.model.init and not cfg.data.tokenizer:
         return f"--init {shown(cfg.model.init)}: its tokenizer and its model"
     return "--tokenizer and the model"
@@ -231,7 +218,6 @@ def pretraining_objective(cfg, plan: StartPlan, config, tok):
     """The run's objective around its model, as ``plan`` says: --init's weights (grown to ``tok``'s vocabulary with
     --add-vocab), or a new model at the recipe's starting values; a continued run's weights come from its
     checkpoint afterwards (:meth:`~bertforge.lifecycle.TrainingRun.restore`)."""
-
     mc = cfg.model
     torch.manual_seed(cfg.train.seed)
     built = BertConfig.load(mc.init) if plan.grow else config

@@ -531,6 +531,17 @@ def _settings(files: list[str], tok: Tokenizer, reading: Reading) -> dict:
             "tokenizer": tokenizer_fingerprint(tok), "reading": asdict(reading)}
 
 
+def prepared_settings(folder: str) -> dict | None:
+    """What a prepared folder was prepared with (its ``settings.json``: inputs, tokenizer, reading); None when it is
+    missing or unreadable."""
+    try:
+        with open(os.path.join(folder, "settings.json"), encoding="utf-8") as f:
+            found = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) else None
+
+
 def _state(out: str, files: list[str], tok: Tokenizer, reading: Reading, overwrite: bool) -> str:
     """new (nothing there yet), continue (an unfinished preparation of the same), finished, or replace."""
     if not os.path.lexists(out) or (os.path.isdir(out) and not os.listdir(out)):
@@ -538,11 +549,7 @@ def _state(out: str, files: list[str], tok: Tokenizer, reading: Reading, overwri
     if not is_prepared(out):
         raise UserError(f"{out} exists and is not a prepared corpus; bertforge never replaces it: choose another "
                         "--out")
-    try:
-        with open(os.path.join(out, "settings.json"), encoding="utf-8") as f:
-            before = json.load(f)
-    except (OSError, ValueError):
-        before = None
+    before = prepared_settings(out)
     now = _settings(files, tok, reading)
     if before is None and os.path.isdir(os.path.join(out, "shards")) and os.listdir(os.path.join(out, "shards")):
         if overwrite:  # (shards of unknown settings: another tokenizer's, maybe)

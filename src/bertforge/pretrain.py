@@ -86,9 +86,8 @@ def pretrain(cfg: PretrainConfig, resume: bool = False, overwrite: bool = False)
         # one trained again may break its ties another way)
         plan = pretraining_plan(cfg, resume, folder)
         newest, max_steps = folder.newest_step(), cfg.train.max_steps
-        # a run at --max-steps without metrics.json was killed before its end files: --resume finishes it
-        finished = os.path.isfile(os.path.join(cfg.out, "metrics.json"))
-        if plan.continued and max_steps and (newest > max_steps or (newest == max_steps and finished)):
+        # a run at --max-steps without its end files was killed before them: --resume finishes it
+        if plan.continued and max_steps and (newest > max_steps or (newest == max_steps and folder.finished)):
             raise UserError(f"the run in {cfg.out} is at step {newest} already; --resume trains on to a larger "
                             f"--max-steps (not {cfg.train.max_steps})")
         tok = pretraining_tokenizer(cfg, plan, d)

@@ -37,6 +37,11 @@ class RunFolder:
         return bool(self.settings_file) and os.path.isfile(self.settings_file)
 
     @property
+    def finished(self) -> bool:
+        """Whether the run wrote its end files (its final metrics)."""
+        return bool(self.out) and os.path.isfile(os.path.join(self.out, "metrics.json"))
+
+    @property
     def has_tokenizer(self) -> bool:
         return bool(self.out) and os.path.isfile(os.path.join(self.out, "tokenizer.json"))
 

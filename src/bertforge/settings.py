@@ -175,27 +175,23 @@ def _comparable(name: str, value: Any) -> Any:
     return value
 
 
-def files_digest(paths: list[str]) -> dict[str, str | None]:
-    """{path: sha256 of its bytes} of each file among ``paths`` (a local dataset folder: the signature of its
-    files; None for a dataset on the hub, known by its name): what a fine-tuning run trains and validates on,
-    recorded when it starts, compared on --resume before it is read."""
+def file_digest(path: str) -> str | None:
+    """What a fine-tuning run trains or validates on, recorded when it starts and compared on --resume before it is
+    read: the sha256 of a file's bytes; a local dataset folder's file signature; None for a dataset on the hub,
+    known by its name."""
     import hashlib
 
     from .corpus import hf_spec, input_signature
 
-    out: dict[str, str | None] = {}
-    for p in paths:
-        if p and p.startswith("hf:") and os.path.isdir(hf_spec(p)[0]):
-            out[p] = ":".join(map(str, input_signature([p])[0]))
-        elif p and os.path.isfile(p):
-            h = hashlib.sha256()
-            with open(p, "rb") as fh:
-                for block in iter(lambda: fh.read(1 << 20), b""):
-                    h.update(block)
-            out[p] = h.hexdigest()
-        elif p:
-            out[p] = None
-    return out
+    if path.startswith("hf:") and os.path.isdir(hf_spec(path)[0]):
+        return ":".join(map(str, input_signature([path])[0]))
+    if not os.path.isfile(path):
+        return None
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def _shown(value: Any) -> str:
