@@ -2,11 +2,13 @@
 them as it reads raw text, a killed preparation resumes to the same bytes, changed inputs are prepared again,
 duplicates are counted (and dropped with --dedup), and torchrun ranks wait on a lock file, not in a collective."""
 
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -260,6 +262,7 @@ def test_ctrl_c_stops_the_workers_without_a_traceback(minilm_tok, monkeypatch):
 
     failed = []
     before = set(multiprocessing.active_children())  # (another test's, under xdist: not this one's to judge)
+    before_pids = prepared_module._child_pids()
     monkeypatch.setattr(threading, "excepthook", failed.append)
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # also where a shell started us ignoring it
     jobs = [{"s": 0.01}] + [{"s": 30.0} for _ in range(200)]  # most still queued, cancelled by pool.map
@@ -278,7 +281,12 @@ def test_ctrl_c_stops_the_workers_without_a_traceback(minilm_tok, monkeypatch):
     assert failed == []
     for p in set(multiprocessing.active_children()) - before:  # (one the pool's thread killed may be exiting)
         p.join(5)
-    assert not set(multiprocessing.active_children()) - before  # a worker left running would still sleep 30 s
+    left = {}  # as the system sees them: running, or not reaped
+    for pid in prepared_module._child_pids() - before_pids:
+        with contextlib.suppress(OSError):
+            left[pid] = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    assert not left, f"child processes left, by pid and state: {left}"  # a running one would still sleep 30 s
+    assert not set(multiprocessing.active_children()) - before
 
 
 def test_a_damaged_shard_is_prepared_again_and_bad_input_leaves_nothing(small_text_corpus, minilm_dir, tmp_path,

@@ -683,14 +683,7 @@ def _map(fn, jobs: list[dict], tok: Tokenizer, workers: int | None) -> Iterator[
             except BaseException:  # an interrupt: the workers stop now, and no queued job starts (a worker
                 # started while the interrupt came would otherwise go on through all of them)
                 pool.shutdown(wait=False, cancel_futures=True)
-                for _ in range(3):  # (one forked as the interrupt came may be listed only after the first round)
-                    workers = set((getattr(pool, "_processes", None) or {}).values())
-                    workers = {p for p in workers | set(multiprocessing.active_children()) - others if p.is_alive()}
-                    for p in workers:
-                        p.kill()
-                    for p in workers:
-                        p.join()
-                _kill_unlisted(before_pids)
+                _stop_children(others, before_pids)
                 raise
     finally:
         if before is None:
@@ -712,19 +705,34 @@ def _child_pids() -> set[int]:
     return found
 
 
-def _kill_unlisted(before: set[int]) -> None:
-    """Kill and reap the children born since ``before`` that are still there: a worker forked as an interrupt came
-    can be in no list of the pool's or of multiprocessing's."""
+def _stop_children(others: set, before: set[int]) -> None:
+    """Kill and reap every child process born since ``before`` (pids) that is not one of ``others`` (processes).
+
+    By pid as well as by the lists: a worker forked as the interrupt came can be in no list of the pool's or of
+    multiprocessing's yet. A second Ctrl-C while they stop does not leave one running."""
+    while True:
+        try:
+            for _ in range(3):  # (one forked as the interrupt came may be listed only after the first round)
+                _kill_born_since(others, before)
+            return
+        except KeyboardInterrupt:
+            continue
+
+
+def _kill_born_since(others: set, before: set[int]) -> None:
     import signal
 
-    listed = {p.pid: p for p in multiprocessing.active_children()}  # (reaped by multiprocessing, not by hand)
+    listed = {p for p in multiprocessing.active_children() if p not in others}
+    for p in listed:
+        p.kill()
     for pid in _child_pids() - before:
-        if pid in listed:
-            listed[pid].kill()
-            listed[pid].join()
-            continue
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
+    for p in listed:  # reaped by multiprocessing, so that it knows them gone
+        p.join()
+    owned = {p.pid for p in multiprocessing.active_children()}  # (listed since: theirs to reap, not ours)
+    for pid in _child_pids() - before - owned:
+        with contextlib.suppress(OSError):
             os.waitpid(pid, 0)
 
 
