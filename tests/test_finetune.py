@@ -241,7 +241,7 @@ def test_config_file_replays_a_run_and_flags_override_it(setup, tmp_path, capsys
     c = _weights(tmp_path / "yaml")
     assert all(torch.equal(a[k], c[k]) for k in a)  # the same settings as the first run
     capsys.readouterr()
-    for text, message in (("lrr: 1\n", "unknown key(s) for finetune classify: lrr"), ("max_time: 60\n", "max_time cannot be set"),
+    for text, message in (("lrr: 1\n", "unknown key(s) for finetune classify: lrr"), ("compile: true\n", "compile cannot be set"),
                           ("[1, 2]\n", "must hold a mapping"), ("doc_stride: 64\n", "for finetune classify: doc_stride"),
                           ("1: 2\n", "1 is not a setting's name"), ("lr: [\n", "cannot parse config file")):
         cfg.write_text(f"model: {setup / 'model'}\n" + text if not text.startswith("[") else text)

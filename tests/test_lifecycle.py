@@ -6,8 +6,10 @@ checkpoint."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import time
 
 import pytest
 import torch
@@ -50,15 +52,18 @@ class ToyRun(TrainingRun):
 
     required = ("position",)
 
-    def __init__(self, out, t: TrainConfig, signal_at: int | None = None, lr: float = 0.05):
+    def __init__(self, out, t: TrainConfig, signal_at: int | None = None, lr: float = 0.05, pace: float = 0.0,
+                 eval_pace: float = 0.0):
         torch.manual_seed(0)
         engine = Engine(Regression(), t, ImplConfig(), torch.device("cpu"), Dist(),
-                        LinearSchedule(lr, t.max_steps, None, 0, 0.0))
+                        LinearSchedule(lr, t.max_steps, t.max_time, 0, 0.0))
         super().__init__(str(out), Dist(), engine, t, progress=False, tensorboard=False)
         self.table = torch.randn(64, 5, generator=torch.Generator().manual_seed(1))
         self.position, self.signal_at, self.evaluations = 0, signal_at, []
+        self.pace, self.eval_pace = pace, eval_pace  # seconds a step and an evaluation take (a timed run)
 
     def next_batches(self) -> list[dict]:
+        time.sleep(self.pace)
         if self.signal_at == self.engine.state.step + 1:  # arrives during this step: it ends, then the run stops
             os.kill(os.getpid(), signal.SIGINT)
         rows = self.table[(8 * self.position) % 64:][:8]
@@ -73,6 +78,7 @@ class ToyRun(TrainingRun):
         return {"type": "train", "step": st.step, "sse": m["sse"] / m["steps"], "lr": out["lr"]}, "", {}
 
     def evaluate(self) -> None:
+        time.sleep(self.eval_pace)
         self.evaluations.append(self.engine.state.step)
         self.log_eval({"weight": float(self.engine.objective.model.weight.sum())}, "eval")
 
@@ -81,6 +87,13 @@ class ToyRun(TrainingRun):
 
     def load_run_state(self, state: dict, path: str) -> None:
         self.position = state["position"]
+
+    def eval_size(self) -> int:
+        return 64
+
+    def finish(self) -> None:
+        if self.t.max_time:
+            self.save()  # (as pretraining's: a final checkpoint, which a timed run keeps time for)
 
 
 def _train(**kw) -> TrainConfig:
@@ -153,3 +166,21 @@ def test_a_second_training_run_in_the_same_process_is_refused(tmp_path):
         with pytest.raises(UserError, match="another training run is going on in this process"):
             run_pretraining(str(tmp_path / "o"), data=[str(corpus)], preset="tiny", max_steps=1, vocab_size=100)
     assert not (tmp_path / "o").exists()
+
+
+def test_a_timed_run_ends_on_time_with_its_final_evaluation_and_no_steps_in_the_learning_rate(tmp_path):
+    """--max-time bounds the whole run, and the time its evaluations take shortens what is left of the
+    learning rate's decay instead of cutting it in steps (an evaluation here costs as much as 30 steps)."""
+    (tmp_path / "o").mkdir()
+    run = ToyRun(tmp_path / "o", _train(max_steps=None, max_time=2.0, eval_every=50, save_every=0),
+                 pace=0.01, eval_pace=0.3)
+    t0 = time.perf_counter()
+    run.fit()
+    took = time.perf_counter() - t0
+    assert 0.9 * 2.0 <= took <= 1.08 * 2.0, took  # (the final evaluation alone would add 15%)
+    assert len(run.evaluations) >= 2 and run.evaluations[-1] == run.engine.state.step
+    rows = [json.loads(line) for line in (tmp_path / "o" / "metrics.jsonl").read_text().splitlines()]
+    lr = [r["lr"] for r in rows if r["type"] == "train"]
+    falls = [a - b for a, b in zip(lr, lr[1:])]
+    assert min(falls) >= 0 and lr[-1] < 0.05 * lr[0]
+    assert max(falls) <= 4 * sorted(falls)[len(falls) // 2], falls  # an evaluation's 0.3 s would be a 30x fall

@@ -65,14 +65,16 @@ class _TqdmHandler(logging.Handler):
             self.handleError(record)
 
 
-def setup_logging(quiet: bool = False) -> None:
+def setup_logging(quiet: bool = False, replica: bool = False) -> None:
+    """Log lines on stderr: from INFO, or WARNING when ``quiet``; a ``replica`` (a process of torchrun other than
+    its machine's first, which says the same) shows errors only."""
     for h in list(log.handlers):
         if isinstance(h, _TqdmHandler):
             log.removeHandler(h)
     h = _TqdmHandler()
     h.addFilter(lambda r: not getattr(r, "bar_shown", False))  # what the progress bar already shows
     h.setFormatter(logging.Formatter("%(message)s"))
-    h.setLevel(logging.WARNING if quiet else logging.INFO)
+    h.setLevel(logging.ERROR if replica else logging.WARNING if quiet else logging.INFO)
     log.addHandler(h)
     log.setLevel(logging.INFO)  # a run's train.log gets everything, whatever stderr shows
     log.propagate = False
@@ -652,7 +654,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
     except SystemExit as e:  # --help, --version, or a usage error already printed
         return int(e.code or 0)
-    setup_logging(a.quiet)
+    # under torchrun every process meets the same inputs and the same errors: one of them says so per machine
+    replica = os.environ.get("LOCAL_RANK", "0") != "0"
+    setup_logging(a.quiet, replica)
+    say = (lambda text: None) if replica else (lambda text: print(text, file=sys.stderr))
     from . import modelcard
     from .atomic import path_shown, write_failure
 
@@ -663,20 +668,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         with _file_size_limit_as_error(), sigterm_as_interrupt():
             return int(a.func(a) or 0)
     except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
+        say(f"error: {e}")
         return 2
     except TrainingError as e:
-        print(f"error: {e}", file=sys.stderr)
+        say(f"error: {e}")
         return 1
     except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
+        say("error: interrupted")
         return 130
     except Exception as e:  # a failed write that no save named (each names its output itself)
         code = write_failure(e)
         if code is None:
             raise
         where = f" {path_shown(e.filename)}" if getattr(e, "filename", None) else ""
-        print(f"error: cannot write{where}: {os.strerror(code)}", file=sys.stderr)
+        say(f"error: cannot write{where}: {os.strerror(code)}")
         return 2
 
 

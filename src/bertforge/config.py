@@ -256,8 +256,9 @@ class TrainConfig:
     adam_eps: float = setting(1e-6, "AdamW epsilon", check="positive")
     max_grad_norm: float = setting(1.0, "gradient clipping norm", check="positive")
     max_steps: int | None = setting(None, "optimizer steps", check="positive")
-    max_time: float | None = setting(None, "time budget, e.g. 90s, 30m, 2h: the schedule ends on time",
-                                     check="positive", only="pretrain")
+    max_time: float | None = setting(None, "time budget of the whole run, e.g. 90s, 30m, 2h: its set-up, final "
+                                           "evaluation and save included, the learning rate decaying to zero on time",
+                                     check="positive")
     epochs: int | None = setting(None, "passes over the training data (--max-steps, when given, decides instead)",
                                  check="positive")
     eval_every: int | None = setting(500, "evaluate every N steps (0 = only at the end)", check="non-negative")

@@ -64,8 +64,9 @@ class LinearSchedule:
     """Linear warmup, then linear decay to zero.
 
     With ``max_steps`` the progress is ``step / max_steps`` (as transformers' linear schedule, the first
-    update already uses lr * 1/warmup).  With only ``max_time`` it is the fraction of the time budget spent,
-    so a run ends on time with the learning rate at zero.  Warmup is ``warmup_steps`` or a fraction
+    update already uses lr * 1/warmup).  With ``max_time`` it is the share of the time budget used
+    (``time_progress``, which the engine keeps: :meth:`Engine.advance`), so that a run ends on time with the
+    learning rate at zero; with both, whichever is further.  Warmup is ``warmup_steps`` or a fraction
     ``warmup_ratio`` of the run.
     """
 
@@ -76,22 +77,22 @@ class LinearSchedule:
         self.base_lr, self.max_steps, self.max_time = base_lr, max_steps, max_time
         self.warmup_steps, self.warmup_ratio = warmup_steps, warmup_ratio
 
-    def progress(self, step: int, elapsed: float) -> float:
+    def progress(self, step: int, time_progress: float) -> float:
         p = 0.0
         if self.max_steps:
             p = step / self.max_steps
         if self.max_time:
-            p = max(p, elapsed / self.max_time)
+            p = max(p, time_progress)
         return min(1.0, p)
 
-    def lr(self, step: int, elapsed: float = 0.0) -> float:
-        """Learning rate of update number ``step`` (0-based), ``elapsed`` seconds into the run."""
+    def lr(self, step: int, time_progress: float = 0.0) -> float:
+        """Learning rate of update number ``step`` (0-based), ``time_progress`` of the time budget used."""
         if self.max_steps and not self.max_time:
             warm = self.warmup_steps if self.warmup_steps is not None else int(self.warmup_ratio * self.max_steps)
             if step < warm:
                 return self.base_lr * (step + 1) / warm
             return self.base_lr * max(0.0, (self.max_steps - step) / max(1, self.max_steps - warm))
-        p = self.progress(step, elapsed)
+        p = self.progress(step, time_progress)
         if self.warmup_steps is not None:
             w = min(1.0, (step + 1) / max(1, self.warmup_steps))
             return self.base_lr * w * (1 - p)
@@ -100,10 +101,10 @@ class LinearSchedule:
             return self.base_lr * max(p, 1e-3 * wr) / wr
         return self.base_lr * max(0.0, (1 - p) / (1 - wr)) if wr < 1 else 0.0
 
-    def done(self, step: int, elapsed: float) -> bool:
+    def done(self, step: int, time_progress: float) -> bool:
         if self.max_steps and step >= self.max_steps:
             return True
-        return bool(self.max_time and elapsed >= self.max_time)
+        return bool(self.max_time and time_progress >= 1.0)
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
@@ -153,6 +154,7 @@ class TrainState:
 
     step: int = 0  # optimizer steps taken
     elapsed: float = 0.0  # wall-clock seconds of the run, across resumptions
+    time_progress: float = 0.0  # the share of a time budget used (Engine.advance)
     tokens_seen: int = 0
     meters: dict[str, float] = field(default_factory=dict)  # sums since the last log line
 
@@ -166,11 +168,12 @@ class TrainState:
         return m
 
     def state_dict(self) -> dict:
-        return {"step": self.step, "elapsed": self.elapsed, "tokens_seen": self.tokens_seen,
-                "meters": dict(self.meters)}
+        return {"step": self.step, "elapsed": self.elapsed, "time_progress": self.time_progress,
+                "tokens_seen": self.tokens_seen, "meters": dict(self.meters)}
 
     def load_state_dict(self, d: dict) -> None:
         self.step, self.elapsed, self.tokens_seen = int(d["step"]), float(d["elapsed"]), int(d["tokens_seen"])
+        self.time_progress = float(d.get("time_progress", 0.0))  # (none in a checkpoint of an untimed run)
         self.meters = {k: float(v) for k, v in d["meters"].items()}
 
 
@@ -217,19 +220,33 @@ class Engine:
         self.start_clock()
 
     # the clock: elapsed wall-clock time of the run, carried across resumptions
-    def start_clock(self) -> None:
-        self._t0 = time.perf_counter() - self.state.elapsed
+    def start_clock(self, since: float | None = None) -> None:
+        """The clock goes on from the state's ``elapsed``, counted from ``since`` (a ``perf_counter`` time before
+        now: the run's set-up) or from now."""
+        self._t0 = (time.perf_counter() if since is None else since) - self.state.elapsed
 
     def tick(self) -> float:
         self.state.elapsed = time.perf_counter() - self._t0
         return self.state.elapsed
 
+    def advance(self, seconds: float, reserve: float) -> float:
+        """A timed schedule's progress after a step of ``seconds``: the share of the training time left that the
+        step used, the run keeping ``reserve`` seconds for its end (final evaluation and saves).  Time spent
+        outside the steps (evaluations, checkpoints) shortens what is left, so the learning rate decays faster
+        from there on, without a jump."""
+        s, st = self.schedule, self.state
+        if s is None or not s.max_time:
+            return st.time_progress
+        left = s.max_time - self.tick() - reserve  # training time left after this step
+        st.time_progress = 1.0 if left <= 0 else 1 - (1 - st.time_progress) * left / (left + seconds)
+        return st.time_progress
+
     def done(self) -> bool:
-        return self.schedule is not None and self.schedule.done(self.state.step, self.state.elapsed)
+        return self.schedule is not None and self.schedule.done(self.state.step, self.state.time_progress)
 
     def lr(self) -> float | None:
         """The learning rate of the next step (None without a schedule: the optimizer's own)."""
-        return self.schedule.lr(self.state.step, self.state.elapsed) if self.schedule is not None else None
+        return self.schedule.lr(self.state.step, self.state.time_progress) if self.schedule is not None else None
 
     def generator(self, name: str, seed: int) -> torch.Generator:
         """A random stream of the run's own (the data order of fine-tuning), seeded, saved in checkpoints."""

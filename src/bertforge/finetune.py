@@ -210,7 +210,7 @@ class FineTuning(TrainingRun):
         if cfg.freeze_embeddings:
             model.base_model.embeddings.word_embeddings.weight.requires_grad_(False)
         self.epochs, total = plan_steps(len(features), t)
-        schedule = LinearSchedule(t.lr, total, None, t.warmup_steps, t.warmup_ratio)
+        schedule = LinearSchedule(t.lr, total, t.max_time, t.warmup_steps, t.warmup_ratio)
         engine = Engine(TaskLoss(model, t.seed), t, cfg.impl, device, d, schedule=schedule)
         super().__init__(folder, d, engine, t, cfg.impl.progress, cfg.impl.report_to == "tensorboard", total=total)
         self.checkpoints = t.save_every != 0  # (0: the outputs go to a temporary folder, where nothing resumes)
@@ -279,6 +279,9 @@ class FineTuning(TrainingRun):
         if self.best is None or res[self.task.select] > self.best.metrics[self.task.select]:
             self.best = self.history[-1]
             self.best_weights = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+
+    def eval_size(self) -> int:
+        return self.task.eval_size() if self.validating else 0
 
     # ---- checkpoints
     def run_state(self) -> tuple[dict, dict | None]:

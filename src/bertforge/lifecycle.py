@@ -69,6 +69,7 @@ def preflight(folder: RunFolder, inputs: list, overwrite: bool, resume: bool, re
 
 
 ONE_RUN = threading.Lock()  # held by the training run of this process
+_started: float | None = None  # when it started (time.perf_counter): its clock counts the set-up
 
 
 @contextlib.contextmanager
@@ -78,10 +79,12 @@ def start_run(out: str, kind: str, impl: ImplConfig, overwrite: bool, resume: bo
     be replaced).  The process group that torchrun describes is joined; rank 0 holds ``out``'s lock for the
     whole run, and under it what an interrupted earlier run left beside ``out`` is recovered and the output rule
     applied again; the device and its backend (threads, TF32) are set up.  The process group ends with the run."""
+    global _started
     if not ONE_RUN.acquire(blocking=False):
         raise UserError("another training run is going on in this process (the Python API from another thread): "
                         "runs in one process share torch's random state, threads and the log; run them one after "
                         "the other, or in separate processes")
+    _started = time.perf_counter()
     try:
         d = init_distributed(impl)
     except BaseException:
@@ -99,6 +102,7 @@ def start_run(out: str, kind: str, impl: ImplConfig, overwrite: bool, resume: bo
             setup_backend(device, impl, d)
             yield d, device, replace
     finally:
+        _started = None
         ONE_RUN.release()
         if d.enabled and dist.is_initialized():
             dist.destroy_process_group()
@@ -185,13 +189,15 @@ class Progress:
         st = engine.state
         self.bar = tqdm(total=total, initial=st.step, desc=desc, unit="step", disable=not enabled, dynamic_ncols=True)
         self.start_elapsed = st.elapsed
-        self.start_progress = engine.schedule.progress(st.step, st.elapsed)
+        self.start_progress = engine.schedule.progress(st.step, st.time_progress)
 
     def eta(self) -> float:
-        st = self.engine.state
-        done = self.engine.schedule.progress(st.step, st.elapsed)
+        """Seconds left: at the pace so far, and at most what a time budget leaves."""
+        st, schedule = self.engine.state, self.engine.schedule
+        done = schedule.progress(st.step, st.time_progress)
         run_time = st.elapsed - self.start_elapsed
-        return run_time * (1 - done) / max(done - self.start_progress, 1e-9) if done > self.start_progress else 0.0
+        left = run_time * (1 - done) / max(done - self.start_progress, 1e-9) if done > self.start_progress else 0.0
+        return min(left, max(0.0, schedule.max_time - st.elapsed)) if schedule.max_time else left
 
     def line(self, text: str, **postfix: str) -> None:
         st = self.engine.state
@@ -289,6 +295,10 @@ class TrainingRun:
         # save_every, the same in every command: N steps; 0 none between the start and the end; None (fine-tuning's
         # default) by the clock, every SAVE_INTERVAL seconds of the run
         self.save_interval = SAVE_INTERVAL if t.save_every is None else None
+        # what a timed run's end costs (end_reserve): seconds of the steps since first_step, the last
+        # evaluation's and the last save's
+        self.step_seconds, self.first_step, self.eval_seconds, self.save_seconds = 0.0, 0, None, None
+        self.estimated = None  # eval_estimate's answer
 
     # ---- hooks
     def next_batches(self) -> list[dict]:
@@ -323,6 +333,16 @@ class TrainingRun:
     def nonfinite_hint(self) -> str:
         return "; try a lower --lr"
 
+    def eval_size(self) -> int:
+        """Sequences in an evaluation."""
+        return 0
+
+    def eval_estimate(self) -> float:
+        """Seconds an evaluation will take, before one is measured (after the first step): a third of the
+        training steps over as many sequences (the forward pass of each)."""
+        per_sequence = self.step_seconds / max(1, self.engine.state.step - self.first_step) / self.t.batch_size
+        return per_sequence * self.d.world * self.eval_size() / 3
+
     # ---- the loop
     def fit(self) -> Any:
         """Train until the schedule ends: a log line every ``log_every`` steps, an evaluation every
@@ -332,13 +352,13 @@ class TrainingRun:
         how to continue; once the last step is taken, the run finishes instead (the final evaluation and what
         :meth:`finish` saves are not cut short; a second Ctrl-C still stops it at once)."""
         e, st = self.engine, self.engine.state
-        e.start_clock()  # the run's clock counts training, evaluation and saves, not the set-up
+        e.start_clock(since=_started)  # the run's clock counts its set-up, training, evaluation and saves
+        self.first_step = st.step
         self.progress = Progress(e, self.desc, self.total, self.show_progress)
         with StopSignals(relayed=self.d.enabled) as signals:
             try:
                 while not e.done():
-                    self._step()
-                    stop, save = self._agree(signals)
+                    stop, save = self._step(signals)
                     if stop:
                         raise self._interrupted(signals.received)
                     if save:
@@ -356,8 +376,8 @@ class TrainingRun:
     def finish(self) -> Any:
         """What the run saves once trained, under the stop handler (pretraining: its final checkpoint and files)."""
 
-    def _step(self) -> None:
-        """One optimizer step, and the log line and evaluation that fall after it."""
+    def _step(self, signals: StopSignals) -> tuple[bool, bool]:
+        """One optimizer step, and the log line and evaluation that fall after it: (stop now, checkpoint now)."""
         e, st, t = self.engine, self.engine.state, self.t
         t0 = time.perf_counter()
         batches = self.next_batches()
@@ -365,27 +385,51 @@ class TrainingRun:
             out = e.step(batches)
         except NonFiniteLoss as err:
             raise TrainingError(f"{err}{self.nonfinite_hint()}") from None
-        self.record(out, time.perf_counter() - t0)
-        e.tick()
+        seconds = time.perf_counter() - t0
+        self.record(out, seconds)
+        self.step_seconds += seconds
+        stop, save = self._agree(signals, seconds)
         self.progress.bar.update(1)
         if st.step % t.log_every == 0 or e.done():
             self._log(out)
-        if (t.eval_every and st.step % t.eval_every == 0) or self.epoch_ended():
+        if ((t.eval_every and st.step % t.eval_every == 0) or self.epoch_ended()) and not self._ending():
             self._evaluate()
+        return stop, save
 
-    def _agree(self, signals: StopSignals) -> tuple[bool, bool]:
-        """(stop now, checkpoint now), the same on every process: a signal that any process received (a run at
-        its last step finishes instead); a checkpoint every ``save_every`` steps, or once ``save_interval``
-        seconds have passed on rank 0's clock since the last one."""
+    def _ending(self) -> bool:
+        """Whether a timed run's training time left is less than an evaluation takes: one now would leave the
+        final evaluation right after it, and the learning rate's decay cut short."""
+        s, st = self.engine.schedule, self.engine.state
+        if s is None or not s.max_time or self.eval_seconds is None or self.engine.done():
+            return False
+        return s.max_time - st.elapsed - self.end_reserve() < self.eval_seconds
+
+    def _agree(self, signals: StopSignals, seconds: float) -> tuple[bool, bool]:
+        """(stop now, checkpoint now), and a timed run's progress (:meth:`Engine.advance`), the same on every
+        process: a signal that any process received (a run at its last step finishes instead); a checkpoint
+        every ``save_every`` steps, or once ``save_interval`` seconds have passed on rank 0's clock since the
+        last one; the time budget's share used by rank 0's clock."""
         e, st, t = self.engine, self.engine.state, self.t
         by_steps = bool(t.save_every) and st.step % t.save_every == 0
         by_time = (self.save_interval is not None and self.d.is_main
                    and time.monotonic() - self.saved_clock >= self.save_interval)
-        flags = [float(signals.received is not None), float(by_time)]
-        if self.d.enabled:  # one all-reduce of two numbers a step
+        used = e.advance(seconds, self.end_reserve()) if self.d.is_main else 0.0
+        flags = [float(signals.received is not None), float(by_time), used]
+        if self.d.enabled:  # one all-reduce of three numbers a step
             flags = self.d.all_sum(flags, e.device)
+            st.time_progress = flags[2]
         going = not e.done()
         return flags[0] > 0 and going, (by_steps or flags[1] > 0) and going
+
+    def end_reserve(self) -> float:
+        """Seconds a timed run keeps for its end: a final evaluation and a save, as long as the last ones took
+        (before the first evaluation, :meth:`eval_estimate`)."""
+        if self.engine.schedule is None or not self.engine.schedule.max_time:
+            return 0.0
+        if self.eval_seconds is None and self.estimated is None:
+            self.estimated = self.eval_estimate()
+        evaluation = self.eval_seconds if self.eval_seconds is not None else self.estimated
+        return evaluation + (self.save_seconds or 0.0)
 
     def _interrupted(self, received: str | None) -> TrainingError:
         """A run stopped by a signal after its current step: a checkpoint of that step, and how to continue."""
@@ -409,9 +453,11 @@ class TrainingRun:
             self.progress.line(text, **postfix)
 
     def _evaluate(self) -> None:
+        t0 = time.perf_counter()
         self.evaluate()
         self.evaluated_at = self.engine.state.step
         self.engine.tick()
+        self.eval_seconds = time.perf_counter() - t0
 
     # ---- checkpoints
     def save(self) -> None:
@@ -421,6 +467,7 @@ class TrainingRun:
             if self.d.is_main:  # between its checkpoint and that refresh holds an older step's there)
                 self.save_model()
             return
+        t0 = time.perf_counter()
         engine_state = self.engine.state_dict()
         if self.d.is_main:
             state, extra = self.run_state()
@@ -430,6 +477,7 @@ class TrainingRun:
         self.engine.tick()
         self.d.barrier()
         self.saved_step, self.saved_clock = self.engine.state.step, time.monotonic()
+        self.save_seconds = time.perf_counter() - t0
 
     def restore(self) -> None:
         """Continue from the newest checkpoint that loads whole; rank 0 chooses it (damaged newer ones are moved

@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from typing import Any
 
 import numpy as np
@@ -242,6 +243,19 @@ class Pretraining(TrainingRun):
 
     def nonfinite_hint(self) -> str:
         return f"{self.last_checkpoint()}; try a lower --lr or a longer warmup"
+
+    def eval_size(self) -> int:
+        return sum(len(b["input_ids"]) for b in self.eval_set or ())
+
+    def eval_estimate(self) -> float:
+        """Its first batch evaluated and timed, times the number of batches (the held-out sequences can be
+        longer than the training ones; a fixed, already masked set: no random stream is drawn from)."""
+        if not self.eval_set:
+            return 0.0
+        t0, sp = time.perf_counter(), self.data.masker.sp
+        self.objective.evaluate(self.eval_set[:1], self.engine.device, self.engine.autocast, self.baseline_token,
+                                sp.mask)
+        return (time.perf_counter() - t0) * len(self.eval_set)
 
     def run_state(self) -> tuple[dict, dict | None]:
         return {"loader": self.data.loader.state_dict()}, None

@@ -232,6 +232,8 @@ def finetune_settings(task: str, model: str = "", train: str = "", validation: s
         for k in given:
             from_file.pop(k, None)
         settings = {**from_file, **settings}
+    if "max_time" in settings:  # (as pretraining's: 90s, 30m, 2h or seconds)
+        settings["max_time"] = parse_duration(settings["max_time"])
     task_settings = kind.settings_class(**{k: v for k, v in settings.items() if k in own})
     cfg = kind.config(model=model, train_file=train, validation_file=validation, out=out,
                       **{k: v for k, v in settings.items() if k not in own})

@@ -70,6 +70,10 @@ class FinetuneTask:
         """Validation metrics, and what ``write_outputs`` writes of them (predictions)."""
         raise NotImplementedError
 
+    def eval_size(self) -> int:
+        """Sequences that ``evaluate`` reads (after ``encode``)."""
+        return 0
+
     def write_outputs(self, folder: str, artifacts: Any) -> dict:
         """Write predictions into the output folder; return figures for metrics.json."""
         return {}

@@ -208,6 +208,9 @@ class ClassificationTask(FinetuneTask):
     def evaluate(self, model, device):
         return score(model, self.f_val, self.y_val, self.pad, device, self.eval_batch_size)
 
+    def eval_size(self) -> int:
+        return len(self.f_val)
+
     def write_outputs(self, folder: str, probs) -> dict:
         with open(os.path.join(folder, "predictions.jsonl"), "w", encoding="utf-8") as f:
             for r, p in zip(self.val_rows, probs):

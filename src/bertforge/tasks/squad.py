@@ -311,6 +311,9 @@ class SquadTask(FinetuneTask):
         preds, _ = postprocess(self.val_ex, self.val_feats, s, e, self.settings.n_best, self.settings.max_answer_length)
         return squad_evaluate(self.val_data, preds), preds
 
+    def eval_size(self) -> int:
+        return len(self.val_feats)
+
     def write_outputs(self, folder: str, preds) -> dict:
         with open(os.path.join(folder, "predictions.json"), "w", encoding="utf-8") as f:
             json.dump(preds, f, indent=1, ensure_ascii=False)
