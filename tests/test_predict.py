@@ -69,6 +69,13 @@ def test_classify_pipeline_equals_transformers(tmp_path):
         p = hf(**hf_tok(texts[:4], padding=True, return_tensors="pt")).logits.softmax(-1)
     for r, q in zip(res, p):
         assert r["label"] in ("neg", "pos") and abs(r["probabilities"]["pos"] - float(q[1])) < 1e-5
+    # top_k as transformers' pipeline takes it: every label (None) or the k best, the most probable first
+    theirs = transformers.pipeline("text-classification", model=str(tmp_path / "c"), top_k=None)(texts[:4])
+    ours = bertforge.pipeline("text-classification", model=str(tmp_path / "c"))(texts[:4], top_k=None)
+    for o, t in zip(ours, theirs):
+        assert [x["label"] for x in o] == [x["label"] for x in t]
+        assert max(abs(x["score"] - y["score"]) for x, y in zip(o, t)) < 1e-5
+    assert bertforge.pipeline("classify", model=str(tmp_path / "c"))(texts[0], top_k=1)["label"] == ours[0][0]["label"]
 
 
 def test_qa_equals_finetuning_postprocessing_on_real_minilm(minilm_dir, tmp_path, capsys):
@@ -92,6 +99,11 @@ def test_qa_equals_finetuning_postprocessing_on_real_minilm(minilm_dir, tmp_path
     a, b = got["start"], got["end"]
     assert ref["q"] in got["answer"] and context[a:b] == got["answer"]
     assert (a == 0 or not context[a - 1].isalnum()) and (b == len(context) or not context[b].isalnum())
+    # --top-k: the k best different spans, the best one first
+    assert main(["predict", "qa", "--model", str(tmp_path / "qa"), "--question", question, "--context", context, "--json",
+                 "--max-seq-length", "128", "--doc-stride", "32", "--top-k", "3"]) == 0
+    three = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert len(three) == 3 and three[0] == got and len({(x["start"], x["end"]) for x in three}) == 3
 
 
 def test_refusals(minilm_dir, pretrained_tiny, tmp_path, capsys):

@@ -289,6 +289,31 @@ def test_ctrl_c_stops_the_workers_without_a_traceback(minilm_tok, monkeypatch):
     assert not set(multiprocessing.active_children()) - before
 
 
+def test_ctrl_c_keeps_the_finished_shards_and_says_that_the_same_command_finishes(small_text_corpus, minilm_dir,
+                                                                                  tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(prepared_module, "PART_BYTES", 4096)  # several parts of one file
+    monkeypatch.setattr(prepared_module, "MIN_PART_BYTES", 4096)
+    args = ["--data", str(small_text_corpus), "--tokenizer", minilm_dir, "--workers", "1"]
+    whole = _files(_prepare(args, tmp_path, "whole"))
+    fill = prepared_module._fill_shard
+    calls = []
+
+    def interrupted_at_the_second(*args):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return fill(*args)
+
+    monkeypatch.setattr(prepared_module, "_fill_shard", interrupted_at_the_second)
+    out = _prepare(args, tmp_path, expect=130)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: interrupted; the shards prepared so far are kept in {out}: the same command finishes "
+                   "the preparation"]
+    monkeypatch.setattr(prepared_module, "_fill_shard", fill)
+    _prepare(args, tmp_path)
+    assert _files(out) == whole
+
+
 def test_a_damaged_shard_is_prepared_again_and_bad_input_leaves_nothing(small_text_corpus, minilm_dir, tmp_path,
                                                                          capsys):
     out = _prepare(["--data", str(small_text_corpus), "--tokenizer", minilm_dir], tmp_path)

@@ -522,3 +522,19 @@ def test_torchrun_says_things_once_and_ends_a_timed_run_on_every_process_togethe
     assert r.stderr.count("pretraining BertForPreTraining") == 1 and r.stderr.count("done: ") == 1
     m = json.loads((out / "metrics.json").read_text())
     assert m["wall_seconds"] <= 4 * 1.25 and m["steps"] > 10  # (the end reached together: no process left waiting)
+
+
+def test_a_config_file_in_sections_with_its_out_and_a_runs_own_settings_repeat_it(small_text_corpus, story_tok_dir,
+                                                                                   tmp_path):
+    """A pretraining --config file may hold sections as pretrain_config.json does, and ``out``; the saved
+    pretrain_config.json of a run, given as --config with another --out, repeats it bit for bit."""
+    cfg, out = tmp_path / "run.yaml", tmp_path / "first"
+    cfg.write_text(f"out: {out}\nmodel: {{preset: tiny}}\ndata: {{max_seq_length: 64, tokenizer: {story_tok_dir}}}\n"
+                   "train: {batch_size: 8, max_steps: 3, eval_every: 0}\n")
+    assert main(["--quiet", "pretrain", "--config", str(cfg), "--data", str(small_text_corpus), "--no-progress"]) == 0
+    saved = json.loads((out / "pretrain_config.json").read_text())
+    assert saved["train"]["max_steps"] == 3 and saved["model"]["preset"] == "tiny"
+    again = tmp_path / "again"
+    assert main(["--quiet", "pretrain", "--config", str(out / "pretrain_config.json"), "--out", str(again),
+                 "--no-progress"]) == 0
+    assert (again / "model.safetensors").read_bytes() == (out / "model.safetensors").read_bytes()

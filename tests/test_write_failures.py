@@ -146,3 +146,13 @@ def test_a_failed_write_inside_torch_save_is_the_oserror_with_its_errno(tmp_path
     with pytest.raises(OSError) as e:
         atomic.write_file(str(tmp_path / "o.pt"), lambda f: torch.save({"w": torch.zeros(10_000)}, f))
     assert e.value.errno == errno.EFBIG and atomic.write_failure(e.value) == errno.EFBIG
+
+
+@pytest.mark.slow
+def test_prepare_past_the_file_size_limit_names_its_folder_and_leaves_none(inputs, tmp_path):
+    out = tmp_path / "prep"  # (two inputs, two workers: the failed write is a worker's)
+    args = ["prepare", "--data", str(inputs / "corpus.txt"), str(inputs / "corpus.jsonl"), "--tokenizer",
+            str(inputs / "model"), "--workers", "2", "--no-progress", "--out", str(out)]
+    rc, err = limited(args, 1, tmp_path / "cache")
+    assert_one_error(rc, err, "cannot write", str(out), os.strerror(27))
+    assert sorted(os.listdir(tmp_path)) == []

@@ -78,12 +78,10 @@ def run_pretraining(out: str | os.PathLike, data: list[str | os.PathLike] | str 
     """``bertforge pretrain``: settings by their flag names (``preset``, ``tokenizer``, ``max_steps``,
     ``max_time="30m"``, ``batch_size``, ``lr``, ...), over a YAML/JSON ``config`` file if given, over the
     saved configuration on ``resume``.  Returns the final metrics (also in ``out/metrics.json``)."""
-    from .lifecycle import recover
     from .pretrain import pretrain
     from .settings import pretrain_settings
 
     out, data, config, settings = _paths(out), _paths(data, listed=True), _paths(config), _paths(settings)
-    recover(out)  # (before the saved settings of a resumed run are read)
     return pretrain(pretrain_settings(out, data, resume, config, **settings), resume=resume, overwrite=overwrite)
 
 

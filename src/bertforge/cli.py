@@ -262,9 +262,7 @@ def cmd_pretrain(a: argparse.Namespace) -> int:
     from .api import run_pretraining
 
     explicit = explicit_flags(a, a.setting_flags)
-    out = explicit.pop("out", None)
-    if not out:
-        raise UserError("--out is required")
+    out = explicit.pop("out", None) or ""  # (or the --config file's)
     if a.cased:
         explicit["cased"] = True
     metrics = run_pretraining(out, resume=a.resume, overwrite=a.overwrite, config=a.config, **explicit)
@@ -463,13 +461,15 @@ def cmd_predict(a: argparse.Namespace) -> int:
         _emit(a, res, lambda r: [f"{r['label']}  P(IsNext) = {r['is_next']:.3f}"])
     elif a.task == "classify":
         texts = _texts(a)
-        res = p(texts)
+        res = p(texts, top_k=a.top_k)
 
         def table(rows):
             for t, r in zip(texts, rows):
-                yield f"{r['label']:>12}  {r['score']:.3f}  {_line(t)}"
+                ranked = "  ".join(f"{x['label']} {x['score']:.3f}" for x in r) if a.top_k != 1 else None
+                yield f"{ranked}  {_line(t)}" if ranked else f"{r['label']:>12}  {r['score']:.3f}  {_line(t)}"
 
-        _emit(a, [{"text": t, **r} for t, r in zip(texts, res)] if a.json else res, table)
+        _emit(a, [{"text": t, **r} if a.top_k == 1 else {"text": t, "labels": r} for t, r in zip(texts, res)]
+              if a.json else res, table)
     else:
         from .config import SquadConfig
 
@@ -485,8 +485,9 @@ def cmd_predict(a: argparse.Namespace) -> int:
         else:
             if a.question is None or a.context is None:  # given but empty: the pipeline says which
                 raise UserError("give --question and --context, or --input squad.json")
-            res = p(a.question, a.context, squad=cfg, max_seq_length=a.max_seq_length)
-            _emit(a, res, lambda r: [f"{r['answer']}  (score {r['score']:.2f}, characters {r['start']}-{r['end']})"])
+            res = p(a.question, a.context, squad=cfg, max_seq_length=a.max_seq_length, top_k=a.top_k)
+            _emit(a, res, lambda r: [f"{x['answer']}  (score {x['score']:.2f}, characters {x['start']}-{x['end']})"
+                                     for x in (r if a.top_k > 1 else [r])])
     return 0
 
 
@@ -519,6 +520,7 @@ def _add_predict_parsers(sub) -> None:
     c.add_argument("--text-column")
     c.add_argument("--max-seq-length", type=positive_int, help="tokens read of each text (default: 128, as "
                                                                  "fine-tuning and evaluate classify read it)")
+    c.add_argument("--top-k", type=positive_int, default=1, help="the k most probable labels of each text")
     c.add_argument("text", nargs="*")
     q = prs.add_parser("qa", help="extractive question answering")
     common(q)
@@ -526,6 +528,7 @@ def _add_predict_parsers(sub) -> None:
     q.add_argument("--context")
     q.add_argument("--input", help="a SQuAD v1.1 JSON file: predictions {id: answer}")
     q.add_argument("--max-seq-length", type=positive_int, default=384)
+    q.add_argument("--top-k", type=positive_int, default=1, help="the k best answers to the question")
     add_setting_flags(q, SquadConfig())
 
 
@@ -673,8 +676,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TrainingError as e:
         say(f"error: {e}")
         return 1
-    except KeyboardInterrupt:
-        say("error: interrupted")
+    except KeyboardInterrupt as e:  # (with what to do next, where the interrupted work says it)
+        say(f"error: {e.args[0] if e.args else 'interrupted'}")
         return 130
     except Exception as e:  # a failed write that no save named (each names its output itself)
         code = write_failure(e)

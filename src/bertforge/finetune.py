@@ -37,6 +37,7 @@ from .engine import Engine, LinearSchedule
 from .errors import TrainingError, UserError, shown
 from .lifecycle import TrainingRun, finish, preflight, run_folder, start_run
 from .loading import warn_untrained_positions
+from .logs import duration
 from .objectives.task import TaskLoss
 from .outputs import MODEL_FILES, register_output
 from .plots import plot_finetuning
@@ -174,13 +175,16 @@ def write_outputs(folder: str, task: FinetuneTask, cfg: FinetuneConfig, model, t
 def _card(task: FinetuneTask, cfg: FinetuneConfig, metrics: dict) -> str:
     t, dc = cfg.train, cfg.data
     length = f"{t.max_steps} steps" if t.max_steps else f"{t.epochs} epoch(s)"
+    if t.max_time:
+        length += f" or {duration(t.max_time)} (--max-time), whichever came first"
     kept = "not evaluated (no validation data): the last weights"
     if metrics["epochs"]:
         on = f"`{dc.validation_file}`" if dc.validation_file else f"{dc.validation_split:g} of the training examples"
         kept = (f"the weights of epoch {metrics['best_epoch']} (step {metrics['best_step']}) kept, the best by "
                 f"{task.select} on {on}")
     summary = f"`{cfg.model}` fine-tuned for {task.name} on `{dc.train_file}` for {length}; {kept}."
-    settings = {"task": task.name, "epochs": t.epochs, "max_steps": t.max_steps, "grad_accum": t.grad_accum,
+    settings = {"task": task.name, "epochs": t.epochs, "max_steps": t.max_steps, "max_time (s)": t.max_time,
+                "grad_accum": t.grad_accum,
                 "eval_every": t.eval_every, "batch_size": t.batch_size, "lr": t.lr, "warmup_ratio": t.warmup_ratio,
                 "weight_decay": t.weight_decay, "max_seq_length": dc.max_seq_length,
                 "max_train_examples": dc.max_train_examples, "validation_split": dc.validation_split,

@@ -181,10 +181,11 @@ class ClassifyPipeline(Pipeline):
         if not config.id2label:
             raise UserError(f"{self.dir} has no labels (id2label) in its config.json")
 
-    @checked
-    def __call__(self, texts: str | list[str], pairs: str | list[str] | None = None) -> Any:
+    @checked(top_k=1)
+    def __call__(self, texts: str | list[str], pairs: str | list[str] | None = None, top_k: int | None = 1) -> Any:
         """``{"label", "score", "probabilities": {label: p}}`` for a text (and ``pairs``, its second sentence),
-        or a list for lists."""
+        or a list for lists; with another ``top_k`` (None: every label), as transformers' pipeline gives it: a
+        list of ``{"label", "score"}``, the most probable first."""
         single = isinstance(texts, str)
         texts, pairs = _paired(texts, pairs, "pairs") if pairs is not None else ([texts] if single else texts, None)
         labels = [self.config.id2label[i] for i in sorted(self.config.id2label)]
@@ -192,6 +193,10 @@ class ClassifyPipeline(Pipeline):
         def fn(out, b):
             rows = []
             for p in out.logits.float().softmax(-1).tolist():
+                if top_k != 1:
+                    ranked = sorted(range(len(p)), key=lambda i: -p[i])[:top_k]
+                    rows.append([{"label": labels[i], "score": p[i]} for i in ranked])
+                    continue
                 k = int(np.argmax(p))
                 rows.append({"label": labels[k], "score": p[k], "probabilities": dict(zip(labels, p))})
             return rows
@@ -204,14 +209,16 @@ class QAPipeline(Pipeline):
     task = "qa"
     model_class = BertForQuestionAnswering
 
-    @checked(max_seq_length=3)
+    @checked(max_seq_length=3, top_k=1)
     def __call__(self, *inputs: Any, question: str | list[str] | None = None, context: str | list[str] | None = None,
-                 examples: list | None = None, squad: SquadConfig | None = None, max_seq_length: int = 384) -> Any:
+                 examples: list | None = None, squad: SquadConfig | None = None, max_seq_length: int = 384,
+                 top_k: int = 1) -> Any:
         """The calls of transformers' question-answering pipeline: ``qa(question, context)``,
         ``qa(question=..., context=...)`` or ``qa({"question": ..., "context": ...})`` give ``{"answer",
-        "score" (the answer's probability), "start", "end" (character offsets in the context)}``; lists of
-        questions (with a context each, or one for all) or a list of such dicts give a list of them.
-        ``examples``, a list of :class:`~bertforge.tasks.squad.Example`, gives ``{id: answer}``."""
+        "score" (the answer's probability), "start", "end" (character offsets in the context)}``, or with
+        ``top_k`` above 1 a list of up to ``top_k`` of them, the best first; lists of questions (with a context
+        each, or one for all) or a list of such dicts give a list of them.  ``examples``, a list of
+        :class:`~bertforge.tasks.squad.Example`, gives ``{id: answer}``."""
         from .tasks.squad import Example
 
         squad = squad or SquadConfig()
@@ -220,30 +227,32 @@ class QAPipeline(Pipeline):
                 raise UserError("give examples, or questions and contexts, not both")
             for i, ex in enumerate(examples):
                 require_type(ex, Example, f"examples[{i}]")
-            return self._answer(examples, squad, max_seq_length)[0]
+            return {k: rows[0]["answer"] for k, rows in self._answer(examples, squad, max_seq_length, 1).items()}
         pairs, single = _qa_inputs(inputs, question, context)
         examples = [Example(str(i), q, c, []) for i, (q, c) in enumerate(pairs)]
-        answers, scores, spans = self._answer(examples, squad, max_seq_length)
-        res = [{"answer": answers[ex.id], "score": scores[ex.id], "start": spans[ex.id][0], "end": spans[ex.id][1]}
-               for ex in examples]
+        answers = self._answer(examples, squad, max_seq_length, top_k)
+        res = [answers[ex.id] if top_k > 1 else answers[ex.id][0] for ex in examples]
         return res[0] if single else res
 
-    def _answer(self, examples: list, squad: SquadConfig, max_seq_length: int) -> tuple[dict, dict, dict]:
-        """({id: answer}, {id: probability}, {id: (start, end) characters}) of ``examples``, the answers
-        widened to whole words."""
+    def _answer(self, examples: list, squad: SquadConfig, max_seq_length: int, top_k: int) -> dict[str, list]:
+        """{id: [{"answer", "score", "start", "end"}, ...]}, the ``top_k`` best of each of ``examples``, the
+        answers widened to whole words."""
         from .tasks.squad import build_features, postprocess, qa_logits
 
         max_len = min(max_seq_length, self.max_length)
         feats, _ = build_features(self.tok, examples, max_len, min(squad.doc_stride, max_len // 4),
                                   squad.max_query_length, training=False)
         s, e = qa_logits(self.model, feats, self.sp.pad, self.device, self.batch_size)
-        spans: dict = {}
-        answers, scores = postprocess(examples, feats, s, e, squad.n_best, squad.max_answer_length, spans=spans)
+        ranked: dict = {}
+        postprocess(examples, feats, s, e, squad.n_best, squad.max_answer_length, ranked=ranked, top_k=top_k)
+        found = {}
         for ex in examples:  # whole words, as transformers' QA pipeline gives them (SQuAD scoring keeps the spans)
-            a, b = whole_words(ex.context, *spans.get(ex.id, (-1, -1)))
-            if a >= 0:
-                spans[ex.id], answers[ex.id] = (a, b), ex.context[a:b]
-        return answers, scores, spans
+            found[ex.id] = []
+            for score, span in ranked[ex.id]:
+                a, b = whole_words(ex.context, *span)
+                found[ex.id].append({"answer": ex.context[a:b] if a >= 0 else "", "score": score, "start": a,
+                                     "end": b})
+        return found
 
 
 def _qa_inputs(inputs: tuple, question, context) -> tuple[list[tuple[str, str]], bool]:

@@ -49,7 +49,7 @@ import numpy as np
 from tokenizers import Tokenizer
 from tqdm import tqdm
 
-from .atomic import atomic_write_json, current_umask, fault_point
+from .atomic import atomic_write_json, current_umask, fault_point, write_failure
 from .corpus import END, expand_paths, input_signature, is_prepared_folder, line_based, read_part, sentences_of
 from .errors import TrainingError, UserError
 from .outputs import MARKER, OutputLock, check_output, marker_kind, register_output, write_marker
@@ -512,9 +512,15 @@ def prepare_corpus(data: list[str], tok: Tokenizer, out: str, reading: Reading =
             atomic_write_json(os.path.join(out, "manifest.json"), manifest, faults=False)
         except TrainingError:  # a worker died: the finished shards stay, for the same command to continue
             raise
-        except Exception:  # bad input, a full disk: a folder this call made is removed, none is half-written
+        except KeyboardInterrupt:  # the finished shards stay too
+            raise KeyboardInterrupt(f"interrupted; the shards prepared so far are kept in {out}: the same command "
+                                    "finishes the preparation") from None
+        except Exception as e:  # bad input, a full disk: a folder this call made is removed, none is half-written
             if created:
                 shutil.rmtree(out, ignore_errors=True)
+            code = write_failure(e)
+            if code is not None and not getattr(e, "filename", None):  # (a worker's write: the folder named)
+                raise OSError(code, os.strerror(code), out) from None
             raise
         _remove_others(out, {r["name"] for r in manifest["shards"]})
     mb = sum(r["bytes"] for r in fresh) / 1e6

@@ -50,8 +50,14 @@ def pretrain_settings(out: str, data: list[str] | str | None = None, resume: boo
                       **settings: Any) -> PretrainConfig:
     """The configuration of ``bertforge pretrain``: the recipe's defaults (or, on ``resume``, the run saved
     in ``out``), then the ``config`` file's settings, then ``settings`` (flat names, as the flags)."""
-    from_file = _pretrain_values(read_config_file(config)) if config else {}
+    from_file = _pretrain_values(sectioned_settings(read_config_file(config), PretrainConfig.SECTIONS)) if config else {}
+    out = out or from_file.get("out") or ""  # (the flag over the file's)
+    from_file.pop("out", None)
     settings = _pretrain_values(settings)
+    if resume and out:
+        from .lifecycle import recover
+
+        recover(out)  # (what an interrupted save left, before the run's saved settings are read)
     saved = RunFolder(out, "pretrain").settings() if resume else None  # none: as a new run (pretrain.check_run)
     if saved is not None:
         cfg = PretrainConfig.from_dict(saved)
@@ -200,6 +206,23 @@ def _shown(value: Any) -> str:
     return text[1:-1] if isinstance(value, str) and text[:1] == text[-1:] and text[:1] in "'\"" else text
 
 
+def sectioned_settings(d: dict[str, Any], sections: tuple[str, ...], alias: dict[str, str] | None = None
+                       ) -> dict[str, Any]:
+    """A config file's settings by their flat names: the flags' names (``lr: 1e-4``), sections as a run saves
+    its settings (``train: {lr: 1e-4}``), or both; what a saved run records besides its settings (the command
+    that started it, what its files held, its processes) left out, so that a run is repeated from its file."""
+    alias, flat = alias or {}, {}
+    for k, v in d.items():
+        key = k.replace("-", "_")
+        if key in ("processes", CORPUS, COMMAND):
+            continue
+        if key in sections and isinstance(v, dict):
+            flat.update({alias.get(kk.replace("-", "_"), kk.replace("-", "_")): vv for kk, vv in v.items()})
+        else:
+            flat[alias.get(key, key)] = v
+    return flat
+
+
 def _pretrain_values(flat: dict[str, Any]) -> dict[str, Any]:
     """Flat settings as the configuration holds them: ``max_time`` in seconds, ``cased`` as ``lowercase``."""
     flat = {k.replace("-", "_"): v for k, v in flat.items()}
@@ -249,17 +272,8 @@ def finetune_file_settings(d: dict[str, Any], path: str) -> dict[str, Any]:
     ``finetune_config.json`` (``{"finetune": {...}, "task": {...}}``), so a run can be repeated from it."""
     d = dict(d)
     if isinstance(d.get("finetune"), dict):  # a run's finetune_config.json
-        for k in ("processes", CORPUS, COMMAND):  # how the run was launched and what it read: not settings
-            d.pop(k, None)
         d = {**d.pop("finetune"), **(d.pop("task", None) or {}), **d}
-    flat: dict[str, Any] = {}
-    alias = {"train": "train_file", "validation": "validation_file"}
-    for k, v in d.items():
-        key = k.replace("-", "_")
-        if key in FinetuneConfig.SECTIONS and isinstance(v, dict):
-            flat.update({alias.get(kk.replace("-", "_"), kk.replace("-", "_")): vv for kk, vv in v.items()})
-        else:
-            flat[alias.get(key, key)] = v
+    flat = sectioned_settings(d, FinetuneConfig.SECTIONS, {"train": "train_file", "validation": "validation_file"})
     fields = FinetuneConfig().flat_fields()
     other = {k for k, (_, f) in fields.items() if not taken_by(f, FinetuneConfig.COMMAND)}
     changed = sorted(k for k, v in flat.items() if k in other and v != getattr(fields[k][0], fields[k][1].name))

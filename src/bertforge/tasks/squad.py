@@ -199,18 +199,20 @@ def build_features(tok: Tokenizer, examples: list[Example], max_seq_length: int,
 
 def postprocess(examples: list[Example], features: list[dict], start_logits: list[np.ndarray],
                 end_logits: list[np.ndarray], n_best: int = 20, max_answer_length: int = 30,
-                spans: dict | None = None) -> tuple[dict[str, str], dict[str, float]]:
+                spans: dict | None = None, ranked: dict | None = None,
+                top_k: int = 1) -> tuple[dict[str, str], dict[str, float]]:
     """({question id: answer text}, {question id: score}) from per-feature start/end logits; ``spans``, when
-    given, receives {question id: (start, end)} character offsets of each answer in its context.  The score is
-    the answer's probability in its window: P(start) * P(end), each a softmax over the window's context tokens
-    (as transformers' question-answering pipeline scores); 0 and (-1, -1) only for a context without tokens."""
+    given, receives {question id: (start, end)} character offsets of each answer in its context, and ``ranked``
+    {question id: [(score, (start, end)), ...]}, the ``top_k`` best different spans.  The score is the answer's
+    probability in its window: P(start) * P(end), each a softmax over the window's context tokens (as
+    transformers' question-answering pipeline scores); 0 and (-1, -1) only for a context without tokens."""
     by_example: dict[int, list[int]] = {}
     for fi, f in enumerate(features):
         by_example.setdefault(f["example"], []).append(fi)
     answers: dict[str, str] = {}
     scores: dict[str, float] = {}
     for ei, ex in enumerate(examples):
-        best_logit, best_score, best_span = -np.inf, 0.0, (-1, -1)
+        found = []  # (logit, score, span): each window's best candidates, in the windows' order
         for fi in by_example.get(ei, []):
             offs = features[fi]["offsets"]
             ctx = np.array([o is not None for o in offs])  # only context tokens can start or end an answer
@@ -218,14 +220,20 @@ def postprocess(examples: list[Example], features: list[dict], start_logits: lis
                 continue
             s_log = np.where(ctx, start_logits[fi][: len(offs)], -np.inf)
             e_log = np.where(ctx, end_logits[fi][: len(offs)], -np.inf)
-            s, e = _best_pair(s_log, e_log, int(ctx.sum()), n_best, max_answer_length)
-            if s_log[s] + e_log[e] > best_logit:
-                best_logit, best_span = s_log[s] + e_log[e], (offs[s][0], offs[e][1])
-                best_score = float(_softmax(s_log)[s] * _softmax(e_log)[e])
+            s_p, e_p = _softmax(s_log), _softmax(e_log)
+            for logit, s, e in _ranked_pairs(s_log, e_log, int(ctx.sum()), n_best, max_answer_length)[:top_k]:
+                found.append((logit, float(s_p[s] * e_p[e]), (offs[s][0], offs[e][1])))
+        found.sort(key=lambda c: -c[0])  # (stable: of equal logits, the first window's)
+        _, best_score, best_span = found[0] if found else (0.0, 0.0, (-1, -1))
         answers[ex.id] = ex.context[best_span[0] : best_span[1]] if best_span[0] >= 0 else ""
         scores[ex.id] = best_score
         if spans is not None:
             spans[ex.id] = best_span
+        if ranked is not None:
+            different = {}
+            for _, score, span in found:
+                different.setdefault(span, score)
+            ranked[ex.id] = [(score, span) for span, score in different.items()][:top_k] or [(0.0, (-1, -1))]
     return answers, scores
 
 
@@ -234,21 +242,23 @@ def _softmax(x: np.ndarray) -> np.ndarray:
     return p / p.sum()
 
 
-def _best_pair(s_log: np.ndarray, e_log: np.ndarray, n_ctx: int, n_best: int, max_len: int) -> tuple[int, int]:
-    """(start, end) token positions with the highest start + end logit among the ``n_best`` best starts and
-    ends (utils_qa's search) that make a span of at most ``max_len`` tokens; when none of those pairs does
-    (the best ends all before the best starts), the best over every such span.  Logits are -inf outside the
+def _ranked_pairs(s_log: np.ndarray, e_log: np.ndarray, n_ctx: int, n_best: int,
+                  max_len: int) -> list[tuple[float, int, int]]:
+    """(start + end logit, start, end) token positions, best first, among the ``n_best`` best starts and ends
+    (utils_qa's search) that make a span of at most ``max_len`` tokens; when none of those pairs does (the best
+    ends all before the best starts), the best over every such span alone.  Logits are -inf outside the
     context, which holds ``n_ctx`` tokens."""
     k = min(n_best, n_ctx)
     starts, ends = np.argsort(-s_log, kind="stable")[:k], np.argsort(-e_log, kind="stable")[:k]
     pairs = [(s_log[s] + e_log[e], s, e) for s in starts for e in ends if s <= e < s + max_len]
     if pairs:
-        return max(pairs, key=lambda p: p[0])[1:]
+        return sorted(pairs, key=lambda p: -p[0])  # (stable: max()'s choice first)
     n = len(s_log)
     span = s_log[:, None] + e_log[None, :]  # (start, end)
     gap = np.arange(n)[None, :] - np.arange(n)[:, None]
     span[(gap < 0) | (gap >= max_len)] = -np.inf
-    return divmod(int(np.argmax(span)), n)
+    s, e = divmod(int(np.argmax(span)), n)
+    return [(span[s, e], s, e)]
 
 
 def qa_logits(model, features: list[dict], pad_id: int, device,
