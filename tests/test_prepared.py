@@ -17,7 +17,7 @@ from bertforge import UserError
 from bertforge import prepared as prepared_module
 from bertforge.cli import main
 from bertforge.data import build_corpus
-from bertforge.prepared import Reading, prepare_corpus
+from bertforge.prepared import Reading, open_prepared, prepare_corpus
 from bertforge.tokenizer import load_tokenizer
 
 from . import reference_corpora
@@ -119,7 +119,10 @@ def test_a_killed_prepare_resumes_to_the_same_bytes(small_text_corpus, minilm_di
     folder.mkdir()
     for i in range(4):
         shutil.copy(small_text_corpus, folder / f"part-{i}.jsonl")
-    args = ["-m", "bertforge", "--quiet", "prepare", "--data", str(folder), "--tokenizer", minilm_dir, "--workers", "1",
+    size = small_text_corpus.stat().st_size  # (one shard per file: neither cut nor grouped)
+    run = (f"import sys, bertforge.prepared as p; p.PART_BYTES = p.MIN_PART_BYTES = {size}; "
+           "from bertforge.cli import main; sys.exit(main(sys.argv[1:]))")
+    args = ["-c", run, "--quiet", "prepare", "--data", str(folder), "--tokenizer", minilm_dir, "--workers", "1",
             "--no-progress"]
     whole = subprocess.run([sys.executable, *args, "--out", str(tmp_path / "whole")], capture_output=True, text=True)
     assert whole.returncode == 0, whole.stderr
@@ -138,6 +141,7 @@ def test_a_worker_that_dies_is_one_error_and_the_finished_shards_stay(small_text
     folder.mkdir()
     for i in range(4):
         shutil.copy(small_text_corpus, folder / f"part-{i}.jsonl")
+    _one_shard_per_file(monkeypatch, small_text_corpus.stat().st_size)
     monkeypatch.setenv("BERTFORGE_FAULT", "shard:1")  # each worker is killed after its first shard
     _prepare(["--data", str(folder), "--tokenizer", minilm_dir, "--workers", "2"], tmp_path, expect=1)
     err = capsys.readouterr().err
@@ -147,7 +151,14 @@ def test_a_worker_that_dies_is_one_error_and_the_finished_shards_stay(small_text
     assert json.loads((out / "manifest.json").read_text())["documents"] > 0
 
 
-def test_an_input_rewritten_with_its_size_and_time_kept_is_prepared_again(minilm_dir, tmp_path):
+def _one_shard_per_file(monkeypatch, size: int) -> None:
+    """Files of ``size`` bytes neither cut nor grouped with others: a shard each."""
+    monkeypatch.setattr(prepared_module, "PART_BYTES", size)
+    monkeypatch.setattr(prepared_module, "MIN_PART_BYTES", size)
+
+
+def test_an_input_rewritten_with_its_size_and_time_kept_is_prepared_again(minilm_dir, tmp_path, monkeypatch):
+    _one_shard_per_file(monkeypatch, 16)
     (tmp_path / "in").mkdir()
     a, b = tmp_path / "in" / "a.txt", tmp_path / "in" / "b.txt"
     a.write_text("Tom went to the park. He saw a dog.\n")
@@ -237,9 +248,10 @@ def test_torchrun_ranks_wait_for_the_preparation_outside_any_collective(minilm_d
                         "--save-every", "0", "--max-eval-instances", "8", "--no-progress",
                         "--cache-dir", str(tmp_path / "cache")], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    took = [float(x.split(" in ")[1].split(" s")[0]) for x in r.stderr.splitlines() if "prepared it)" in x]
+    # rank 0 speaks for both: it prepared (and rank 1 waited), or it waited for rank 1
+    took = [float(x.split(" in ")[1].split(" s")[0]) for x in r.stderr.splitlines() if "rank 0 prepared it)" in x]
+    took += [float(x.split("(waited ")[1].split(" s")[0]) for x in r.stderr.splitlines() if "(waited " in x]
     assert len(took) == 1 and took[0] > 2, r.stderr[-3000:]  # prepared once, for longer than the timeout
-    assert "rank 1 prepared it" in r.stderr or "rank 0 prepared it" in r.stderr
     assert len(os.listdir(tmp_path / "cache")) == 1
 
 
@@ -409,3 +421,24 @@ def test_reader_flags_with_a_prepared_corpus_are_its_own_or_refused(minilm_dir, 
     assert main([*run, "--out", str(tmp_path / "b")]) == 0
     saved = json.loads((tmp_path / "b" / "pretrain_config.json").read_text())
     assert saved["data"]["doc_separator"] == "blank-line"  # what the corpus was read with
+
+
+@pytest.mark.parametrize("dedup", [False, True])
+def test_small_inputs_share_shards_with_the_same_arrays_and_digests(minilm_dir, tmp_path, monkeypatch, dedup):
+    """Consecutive inputs smaller than a part make one shard between them (a corpus of many files, few shards),
+    and the arrays, counts and each input's digest are those of a shard per input (duplicates dropped alike)."""
+    corpus = tmp_path / "docs"
+    corpus.mkdir()
+    for i in range(40):  # every fifth a copy of the one before: duplicates across files
+        (corpus / f"d{i:02d}.txt").write_text(f"The cat sat on mat number {i - (i % 5 == 4)}. It was warm.\n\n"
+                                              f"A dog ran in park {i % 3}.\n")
+    args = ["--data", str(corpus), "--tokenizer", minilm_dir, "--workers", "2", *(["--dedup"] if dedup else [])]
+    shared = _prepare(args, tmp_path, "shared")
+    _one_shard_per_file(monkeypatch, 1)
+    apart = _prepare(args, tmp_path, "apart")
+    a, b = (json.loads((f / "manifest.json").read_text()) for f in (shared, apart))
+    assert len(a["shards"]) == 1 and len(b["shards"]) == 40
+    assert [i["sha256"] for i in a["inputs"]] == [i["sha256"] for i in b["inputs"]]
+    assert {k: a[k] for k in ("documents", "sentences", "tokens", "duplicates")} == \
+        {k: b[k] for k in ("documents", "sentences", "tokens", "duplicates")}
+    assert _arrays(open_prepared(str(shared))) == _arrays(open_prepared(str(apart)))

@@ -3,8 +3,9 @@
     bertforge prepare --data PATH... --tokenizer DIR --out DIR [--workers N] [--dedup]
 
 The inputs are cut into parts (a plain JSONL or line-per-document file at line boundaries, into parts of a
-64th of the corpus, from ``MIN_PART_BYTES`` to ``PART_BYTES``; any other input whole), and worker processes
-read, split into sentences and tokenize the parts, each into one shard.  A folder that pretraining reads
+64th of the corpus, from ``MIN_PART_BYTES`` to ``PART_BYTES``; any other input whole; consecutive inputs smaller
+than a part together, so that a corpus of many small files makes few shards), and worker processes read, split
+into sentences and tokenize the parts, each into one shard.  A folder that pretraining reads
 (``pretrain --data DIR``) and the implicit cache of raw inputs (a prepared folder under the cache directory)
 are the same thing:
 
@@ -291,7 +292,47 @@ def plan_parts(files: list[str], reading: Reading, part_bytes: int | None = None
                 cuts.append(cut)
         cuts.append(size)
         parts += [{"input": i, "start": a, "end": b} for a, b in zip(cuts, cuts[1:]) if b > a]
-    return parts
+    return _grouped(parts, files, part_bytes)
+
+
+def _grouped(parts: list[dict], files: list[str], part_bytes: int) -> list[dict]:
+    """``parts`` with each run of consecutive whole inputs smaller than ``part_bytes`` joined into parts of up
+    to about ``part_bytes``: ``{"input": first, "start": 0, "end": None, "through": last}`` (one input alone
+    stays a part of its own)."""
+    def whole_size(part: dict) -> int | None:
+        path = files[part["input"]]
+        if path.startswith("hf:") or part["start"] != 0:
+            return None
+        size = os.path.getsize(path)
+        return size if (part["end"] is None or part["end"] == size) and size < part_bytes else None
+
+    found, run, run_bytes = [], [], 0
+
+    def close() -> None:
+        if len(run) > 1:
+            found.append({"input": run[0]["input"], "start": 0, "end": None, "through": run[-1]["input"]})
+        else:
+            found.extend(run)
+
+    for part in parts:
+        size = whole_size(part)
+        if size is None or (run and run_bytes + size > part_bytes):
+            close()
+            run, run_bytes = [], 0
+        if size is None:
+            found.append(part)
+            continue
+        run.append(part)
+        run_bytes += size
+    close()
+    return found
+
+
+def segments(part: dict, files: list[str]) -> list[tuple[str, dict]]:
+    """(path, byte range) of each input a part reads, in order."""
+    if "through" not in part:
+        return [(files[part["input"]], part)]
+    return [(files[i], {"input": i, "start": 0, "end": None}) for i in range(part["input"], part["through"] + 1)]
 
 
 _BLANK_LINE = re.compile(rb"\n[ \t]*\r?\n")  # a blank line, as the blank-line format reads one
@@ -401,11 +442,11 @@ def prepare_part(job: dict) -> dict:
     record.  ``job["drop"]``: (documents, paragraphs) of this part to leave out, by their index in the part."""
     tok = _TOKENIZER if _TOKENIZER is not None else Tokenizer.from_str(job["tokenizer"])
     reading = Reading(**job["reading"])
-    part, path, final = job["part"], job["path"], job["folder"]
+    final = job["folder"]
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(final)}.tmp-", dir=os.path.dirname(final))
     os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp makes it private: a shared corpus follows the umask
     try:
-        record = _fill_shard(tmp, tok, reading, part, path, job)
+        record = _fill_shard(tmp, tok, reading, job)
         record["identity"] = job["identity"]
         atomic_write_json(os.path.join(tmp, "record.json"), record, faults=False)
         if os.path.lexists(final):  # a shard of another plan (an input changed)
@@ -443,41 +484,53 @@ class _Hashes:
         return np.asarray(self.docs, dtype=np.uint64), np.asarray(self.paras, dtype=np.uint64)
 
 
-def _fill_shard(folder: str, tok: Tokenizer, reading: Reading, part: dict, path: str, job: dict) -> dict:
+def _fill_shard(folder: str, tok: Tokenizer, reading: Reading, job: dict) -> dict:
     writer = _ShardWriter(folder, tok, np.dtype(job["dtype"]), reading.max_sentence_tokens)
-    split = sentences_of(reading.doc_separator, path)
-    digest = hashlib.sha256()
-    read = [0]
-
-    def seen(block: bytes) -> None:
-        digest.update(block)
-        read[0] += len(block)
-
     drop_docs, drop_paras = job.get("drop") or (set(), set())
-    hashes, chars = _Hashes(), 0
-    for para in hashes.read(path, part, reading, seen):
-        if para is END:
-            writer.end_document()
-            continue
-        if len(hashes.docs) in drop_docs or len(hashes.paras) - 1 in drop_paras:
-            continue
-        sentences = split(para)
-        chars += sum(len(s) for s in sentences)
-        writer.add(sentences)
+    hashes, chars, read = _Hashes(), 0, []
+    for path, part in job["segments"]:
+        split = sentences_of(reading.doc_separator, path)
+        digest, n = hashlib.sha256(), [0]
+
+        def seen(block: bytes) -> None:
+            digest.update(block)
+            n[0] += len(block)
+
+        for para in hashes.read(path, part, reading, seen):
+            if para is END:
+                writer.end_document()
+                continue
+            if len(hashes.docs) in drop_docs or len(hashes.paras) - 1 in drop_paras:
+                continue
+            sentences = split(para)
+            chars += sum(len(s) for s in sentences)
+            writer.add(sentences)
+        read.append({"input": part["input"], "bytes": n[0], "sha256": digest.hexdigest()})
     crc = writer.close()
     for name, array in zip(HASHES, hashes.arrays()):
         array.tofile(os.path.join(folder, name))
-    return {"part": part, "bytes": read[0], "sha256": digest.hexdigest(), "tokens": writer.tokens,
-            "sentences": writer.sentences, "documents": writer.documents, "chars": chars,
-            "paragraphs": len(hashes.paras), "documents_read": len(hashes.docs), "crc32": crc,
-            "reading": asdict(reading), "dtype": job["dtype"]}
+    record = {"part": job["part"], "bytes": sum(r["bytes"] for r in read), "sha256": _joined_sha(read),
+              "tokens": writer.tokens, "sentences": writer.sentences, "documents": writer.documents, "chars": chars,
+              "paragraphs": len(hashes.paras), "documents_read": len(hashes.docs), "crc32": crc,
+              "reading": asdict(reading), "dtype": job["dtype"]}
+    if len(read) > 1:
+        record["inputs"] = read  # (what the manifest says of each input)
+    return record
+
+
+def _joined_sha(read: list[dict]) -> str:
+    """One digest of several: that of the one, or the sha256 of their hex digests in order."""
+    if len(read) == 1:
+        return read[0]["sha256"]
+    return hashlib.sha256("".join(r["sha256"] for r in read).encode()).hexdigest()
 
 
 def hash_part(job: dict) -> dict:
     """The first pass of ``--dedup``: the hashes of one part's documents and paragraphs, nothing tokenized."""
     hashes = _Hashes()
-    for _ in hashes.read(job["path"], job["part"], Reading(**job["reading"])):
-        pass
+    for path, part in job["segments"]:
+        for _ in hashes.read(path, part, Reading(**job["reading"])):
+            pass
     docs, paras = hashes.arrays()
     return {"docs": docs, "paras": paras}
 
@@ -495,10 +548,13 @@ def prepare_corpus(data: list[str], tok: Tokenizer, out: str, reading: Reading =
     files = expand_paths(data)
     out = os.path.abspath(out)
     who = f"rank {os.environ['RANK']}: " if "RANK" in os.environ else ""
+    t0 = time.monotonic()
     with OutputLock(out, wait=who + (wait_message or "waiting for another process preparing %s")):
+        waited = time.monotonic() - t0
         state = _state(out, files, tok, reading, overwrite)
         if state == "finished":
-            log.info("prepared corpus in %s", out)
+            log.info("prepared corpus in %s%s", out, f" (waited {waited:.0f} s for the process preparing it)"
+                     if waited >= 1 else "")
             return open_prepared(out)
         if state == "replace":
             check_output(out, KIND, overwrite=True)  # the output rule: never a file bertforge did not write
@@ -608,9 +664,10 @@ def _run_parts(out: str, files: list[str], tok: Tokenizer, reading: Reading, wor
     records: list[dict | None] = []
     jobs = []
     for k, part in enumerate(parts):
-        name, identity = f"{k:05d}", list(signature[part["input"]])
-        job = {"part": part, "path": files[part["input"]], "identity": identity, "reading": asdict(reading),
-               "dtype": dtype, "folder": os.path.join(out, "shards", name), "name": name}
+        name, read = f"{k:05d}", segments(part, files)
+        identity = [list(signature[p["input"]]) for _, p in read]
+        job = {"part": part, "segments": read, "identity": identity[0] if len(identity) == 1 else identity,
+               "reading": asdict(reading), "dtype": dtype, "folder": os.path.join(out, "shards", name), "name": name}
         done = _finished_record(job["folder"], job)
         records.append(done)
         if done is None:
@@ -654,10 +711,13 @@ def _shard_whole(folder: str, record: dict) -> bool:
 
 
 def _part_size(job: dict) -> int:
-    part = job["part"]
-    if part["end"] is not None:
-        return part["end"] - part["start"]
-    return 0 if job["path"].startswith("hf:") else os.path.getsize(job["path"])
+    size = 0
+    for path, part in job["segments"]:
+        if part["end"] is not None:
+            size += part["end"] - part["start"]
+        elif not path.startswith("hf:"):
+            size += os.path.getsize(path)
+    return size
 
 
 def _map(fn, jobs: list[dict], tok: Tokenizer, workers: int | None) -> Iterator[tuple[dict, dict]]:
@@ -791,13 +851,15 @@ def _assign_drops(out: str, parts: list[dict], records: list, jobs: list[dict], 
 
 
 def _manifest(out: str, files: list[str], tok: Tokenizer, reading: Reading, records: list[dict]) -> dict:
+    read: dict[int, list[dict]] = {}  # each input's parts, as read
+    for r in records:
+        for one in r.get("inputs") or [{"input": r["part"]["input"], "bytes": r["bytes"], "sha256": r["sha256"]}]:
+            read.setdefault(one["input"], []).append(one)
     inputs = []
     for i, identity in enumerate(input_signature(files)):
-        mine = [r for r in records if r["part"]["input"] == i]
-        sha = mine[0]["sha256"] if len(mine) == 1 else hashlib.sha256(
-            "".join(r["sha256"] for r in mine).encode()).hexdigest()
+        mine = read.get(i, [])
         inputs.append({"path": identity[0], "identity": list(identity), "bytes": sum(r["bytes"] for r in mine),
-                       "sha256": sha, "parts": len(mine)})
+                       "sha256": _joined_sha(mine), "parts": len(mine)})
     shards = [{k: r[k] for k in ("name", "part", "tokens", "sentences", "documents", "paragraphs", "chars", "bytes",
                                  "sha256", "crc32")} for r in records]
     totals = {k: sum(r[k] for r in records) for k in ("tokens", "sentences", "documents", "chars")}
