@@ -157,9 +157,10 @@ def write_outputs(folder: str, task: FinetuneTask, cfg: FinetuneConfig, model, t
         extra = task.write_outputs(folder, best.artifacts)
         metrics = {**best.metrics, "best_epoch": best.epoch, "best_step": best.step,
                    "epochs": [{"epoch": h.epoch, "step": h.step, **h.metrics} for h in history],  # every evaluation
-                   "train_seconds": train_seconds, **extra}
+                   "train_seconds": train_seconds, **extra, **task.train_figures()}
     else:
-        metrics = {"epoch": best.epoch, "step": best.step, "epochs": [], "train_seconds": train_seconds}
+        metrics = {"epoch": best.epoch, "step": best.step, "epochs": [], "train_seconds": train_seconds,
+                   **task.train_figures()}
     atomic_write_json(os.path.join(folder, SETTINGS_FILE), record)
     plots = os.path.join(folder, "plots")
     finish(folder, metrics, _card(task, cfg, metrics),

@@ -78,6 +78,10 @@ class FinetuneTask:
         """Write predictions into the output folder; return figures for metrics.json."""
         return {}
 
+    def train_figures(self) -> dict:
+        """What the run trained on, for metrics.json (with validation data or without)."""
+        return {}
+
 
 def held_out(items: list, fraction: float, seed: int, key: Callable[[Any], Any] | None = None) -> tuple[list, list]:
     """(the rest, the held-out part) of ``items``, each in the file's order: groups of items (by ``key``; each

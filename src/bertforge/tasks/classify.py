@@ -221,8 +221,10 @@ class ClassificationTask(FinetuneTask):
                            probabilities={lab: round(float(q), 6) for lab, q in zip(self.labels, p)})
                 f.write(json.dumps(row) + "\n")
         majority = float(np.mean(self.y_val == np.bincount(self.y_train).argmax()))
-        return {"majority_baseline_accuracy": majority, "train_examples": len(self.y_train),
-                "validation_examples": len(self.y_val)}
+        return {"majority_baseline_accuracy": majority, "validation_examples": len(self.y_val)}
+
+    def train_figures(self) -> dict:
+        return {"train_examples": len(self.y_train)}
 
 
 def evaluate_classifier_model(path: str, data: str, task: ClassifyConfig, max_seq_length: int | None = None,

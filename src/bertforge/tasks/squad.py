@@ -327,6 +327,9 @@ class SquadTask(FinetuneTask):
     def write_outputs(self, folder: str, preds) -> dict:
         with open(os.path.join(folder, "predictions.json"), "w", encoding="utf-8") as f:
             json.dump(preds, f, indent=1, ensure_ascii=False)
+        return {}
+
+    def train_figures(self) -> dict:
         return {"train_questions": len(self.train_ex) - self.skipped, "skipped_train_questions": self.skipped,
                 "train_windows": self.n_windows}
 
