@@ -368,6 +368,26 @@ def call_bertforge(argv: list[str], log_path: str) -> tuple[int, str]:
     return code, captured.getvalue()
 
 
+def run_command(name: str, argv: list[str], output: str | None, logs: str) -> str:
+    """Stage ``name``'s bertforge command, its log in ``logs``; its stdout.  A training stage killed midway
+    continues from its checkpoint (``output`` holds one), or starts again (killed before its first); a failure
+    is one StageFailed that names the log."""
+    argv = list(argv)
+    if output and os.path.isdir(os.path.join(output, "checkpoints")):
+        argv.append("--resume")  # killed midway: continue from its newest checkpoint
+    elif output and os.path.exists(output):
+        argv.append("--overwrite")  # killed before its first checkpoint (prepare: finishes what it left)
+    os.makedirs(logs, exist_ok=True)
+    log_path = os.path.join(logs, f"{name}.log")
+    code, stdout = call_bertforge(argv, log_path)
+    if code == 130:
+        raise StageFailed(f"interrupted in stage {name}; the same command continues the chain", code)
+    if code:
+        said = last_line(log_path).removeprefix("error: ")
+        raise StageFailed(f"stage {name} failed (exit status {code}): {said} (log: {log_path})", code)
+    return stdout
+
+
 def last_line(path: str) -> str:
     with open(path, encoding="utf-8") as f:
         lines = [line.strip() for line in f if line.strip()]
@@ -408,18 +428,7 @@ def run_stage(st: Stage, out: str, data_dir: str) -> tuple[dict, bool]:
     elif st.kind == "books":
         result, command = write_book_slices(data_dir, os.path.join(out, "books"), int(st.argv[2])), None
     else:
-        argv = list(wanted)
-        if st.out and os.path.isdir(os.path.join(st.out, "checkpoints")):
-            argv.append("--resume")  # killed midway: continue from its newest checkpoint
-        elif st.out and os.path.exists(st.out):
-            argv.append("--overwrite")  # killed before its first checkpoint
-        log_path = os.path.join(out, "logs", f"{st.name}.log")
-        code, stdout = call_bertforge(argv, log_path)
-        if code == 130:
-            raise StageFailed(f"interrupted in stage {st.name}; the same command continues the chain", code)
-        if code:
-            said = last_line(log_path).removeprefix("error: ")
-            raise StageFailed(f"stage {st.name} failed (exit status {code}): {said} (log: {log_path})", code)
+        stdout = run_command(st.name, wanted, st.out, os.path.join(out, "logs"))
         result, command = stage_result(st, stdout), shlex.join(["bertforge", *wanted])
     record = {"stage": st.name, "argv": wanted, "command": command, "seconds": round(time.time() - start, 1),
               "result": result}

@@ -35,7 +35,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from domain_adaptation import StageFailed, UserError, call_bertforge, last_line, read_json, write_json  # noqa: E402
+from domain_adaptation import StageFailed, UserError, read_json, run_command, write_json  # noqa: E402
 
 LIMIT_MINUTES = 110
 HELD_OUT_ARTICLES = 5
@@ -158,20 +158,7 @@ def run_stage(st: Stage, out: str, data_dir: str, r: Recipe) -> dict:
     if st.name == "split":
         result = write_split(data_dir, os.path.join(out, "split"), r)
     else:
-        argv = list(wanted)
-        if st.out and os.path.isdir(os.path.join(st.out, "checkpoints")):
-            argv.append("--resume")  # killed midway: continue from its newest checkpoint
-        elif st.out and os.path.exists(st.out):
-            argv.append("--overwrite")  # killed before its first checkpoint (prepare: finishes what it left)
-        log_path = os.path.join(out, "logs", f"{st.name}.log")
-        os.makedirs(os.path.dirname(log_path), exist_ok=True)
-        code, stdout = call_bertforge(argv, log_path)
-        if code == 130:
-            raise StageFailed(f"interrupted in stage {st.name}; the same command continues the chain", code)
-        if code:
-            said = last_line(log_path).removeprefix("error: ")
-            raise StageFailed(f"stage {st.name} failed (exit status {code}): {said} (log: {log_path})", code)
-        result = stage_result(st, stdout)
+        result = stage_result(st, run_command(st.name, wanted, st.out, os.path.join(out, "logs")))
     record = {"stage": st.name, "argv": wanted, "minutes": round((time.time() - start) / 60, 2), "result": result}
     os.makedirs(os.path.dirname(path), exist_ok=True)
     write_json(path, record)
@@ -212,8 +199,9 @@ def markdown(s: dict) -> str:
         saw = {"split": lambda: f"{res['train_questions']:,} questions, {res['heldout_questions']:,} held out",
                "prepare": lambda: f"{res['tokens']:,} tokens",
                "pretrain": lambda: f"{res.get('tokens_seen', 0):,} tokens, {res.get('steps')} steps",
-               "finetune": lambda: f"{res.get('train_questions', 0):,} questions ({res.get('train_windows', 0):,} "
-                                   f"windows), {res.get('steps')} steps"}.get(name, lambda: "")()
+               "finetune": lambda: f"{res.get('steps', 0) * s['recipe']['finetune_batch']:,} of "
+                                   f"{res.get('train_windows', 0):,} windows ({res.get('train_questions', 0):,} "
+                                   f"questions), {res.get('steps')} steps"}.get(name, lambda: "")()
         score = f"{res['exact_match']:.2f} / {res['f1']:.2f}" if "f1" in res else ""
         lines.append(f"| {name} | {rec['minutes']:.1f} | {saw} | {score} |")
     return "\n".join(lines) + "\n"

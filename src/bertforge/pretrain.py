@@ -249,12 +249,13 @@ class Pretraining(TrainingRun):
 
     def eval_estimate(self) -> float:
         """Its first batch evaluated and timed, times the number of batches (the held-out sequences can be
-        longer than the training ones; a fixed, already masked set: no random stream is drawn from)."""
+        longer than the training ones); the random streams as they were (ELECTRA's generator samples)."""
         if not self.eval_set:
             return 0.0
         t0, sp = time.perf_counter(), self.data.masker.sp
-        self.objective.evaluate(self.eval_set[:1], self.engine.device, self.engine.autocast, self.baseline_token,
-                                sp.mask)
+        with torch.random.fork_rng(devices=[self.engine.device] if self.engine.device.type == "cuda" else []):
+            self.objective.evaluate(self.eval_set[:1], self.engine.device, self.engine.autocast, self.baseline_token,
+                                    sp.mask)
         return (time.perf_counter() - t0) * len(self.eval_set)
 
     def run_state(self) -> tuple[dict, dict | None]:
