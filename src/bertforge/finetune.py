@@ -37,7 +37,6 @@ from .engine import Engine, LinearSchedule
 from .errors import TrainingError, UserError, shown
 from .lifecycle import TrainingRun, finish, preflight, run_folder, start_run
 from .loading import warn_untrained_positions
-from .logs import duration
 from .objectives.task import TaskLoss
 from .outputs import MODEL_FILES, register_output
 from .plots import plot_finetuning
@@ -163,7 +162,7 @@ def write_outputs(folder: str, task: FinetuneTask, cfg: FinetuneConfig, model, t
                    **task.train_figures()}
     atomic_write_json(os.path.join(folder, SETTINGS_FILE), record)
     plots = os.path.join(folder, "plots")
-    finish(folder, metrics, _card(task, cfg, metrics),
+    finish(folder, metrics, modelcard.finetuning_card(task, cfg, metrics),
            lambda: plot_finetuning(os.path.join(folder, "metrics.jsonl"), plots, task.plotted))
     if checkpointed:  # the run is complete: its checkpoints have served (damaged ones stay, for inspection)
         for _, path in ckpt.list_checkpoints(folder):
@@ -171,31 +170,6 @@ def write_outputs(folder: str, task: FinetuneTask, cfg: FinetuneConfig, model, t
         with contextlib.suppress(OSError):
             os.rmdir(os.path.join(folder, ckpt.CHECKPOINTS))
     return metrics
-
-
-def _card(task: FinetuneTask, cfg: FinetuneConfig, metrics: dict) -> str:
-    t, dc = cfg.train, cfg.data
-    length = f"{t.max_steps} steps" if t.max_steps else f"{t.epochs} epoch(s)"
-    if t.max_time:
-        length += f" or {duration(t.max_time)} (--max-time), whichever came first"
-    kept = "not evaluated (no validation data): the last weights"
-    if metrics["epochs"]:
-        on = f"`{dc.validation_file}`" if dc.validation_file else f"{dc.validation_split:g} of the training examples"
-        kept = (f"the weights of epoch {metrics['best_epoch']} (step {metrics['best_step']}) kept, the best by "
-                f"{task.select} on {on}")
-    summary = f"`{cfg.model}` fine-tuned for {task.name} on `{dc.train_file}` for {length}; {kept}."
-    settings = {"task": task.name, "epochs": t.epochs, "max_steps": t.max_steps, "max_time (s)": t.max_time,
-                "grad_accum": t.grad_accum,
-                "eval_every": t.eval_every, "batch_size": t.batch_size, "lr": t.lr, "warmup_ratio": t.warmup_ratio,
-                "weight_decay": t.weight_decay, "max_seq_length": dc.max_seq_length,
-                "max_train_examples": dc.max_train_examples, "validation_split": dc.validation_split,
-                "max_eval_examples": dc.max_eval_examples, "group_by_length": dc.group_by_length,
-                "seed": t.seed, **dataclasses.asdict(task.settings)}
-    shown = {k: v for k, v in metrics.items() if k != "epochs"}
-    return modelcard.render(f"{task.name} model fine-tuned by bertforge", summary,
-                            "question-answering" if task.name == "squad" else "text-classification", shown, settings,
-                            [dc.train_file, dc.validation_file], cfg.model,
-                            modelcard.base_license(cfg.model), load=task.model_class.__name__)
 
 
 class FineTuning(TrainingRun):

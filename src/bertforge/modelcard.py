@@ -154,3 +154,57 @@ def write(folder: str, text: str) -> None:
     from .atomic import atomic_write_text
 
     atomic_write_text(os.path.join(folder, CARD), text)
+
+
+# ------------------------------------------------------------------------------------------------ the runs' cards
+def pretraining_card(cfg, objective, final: dict, command: list[str] | None) -> str:
+    """A pretraining run's card: ``cfg`` its PretrainConfig, ``final`` its metrics.json."""
+    from .logs import duration
+
+    c = objective.model.config
+    what, load = objective.describe()
+    summary = (f"A BERT of {c.num_hidden_layers} layers, hidden size {c.hidden_size}, {c.num_attention_heads} heads "
+               f"({final['parameters'] / 1e6:.1f}M parameters with its training heads), pretrained "
+               f"{'from ' + cfg.model.init if cfg.model.init else 'from scratch'} by {what}: {final['steps']} "
+               f"steps, {final['tokens_seen']:,} tokens, {duration(final['wall_seconds'])} on {final['device']} "
+               f"({final['processes']} process(es)), the {cfg.recipe} recipe.")
+    t, dc, mc = cfg.train, cfg.data, cfg.model
+    settings = {"recipe": cfg.recipe, "objective": mc.objective, "preset": mc.model_config or mc.preset,
+                "max_seq_length": dc.max_seq_length, "batch_size": t.batch_size, "lr": t.lr,
+                "max_steps": t.max_steps, "max_time (s)": t.max_time, "warmup_ratio": t.warmup_ratio,
+                "mask_prob": dc.mask_prob, "nsp": dc.nsp, "dropout in pretraining": mc.dropout,
+                "position_init": mc.position_init, "attention_init": mc.attention_init, "seed": t.seed}
+    keys = ("mlm_accuracy", "mlm_accuracy_masked", "mlm_loss", "nsp_accuracy", "disc_accuracy",
+            "disc_accuracy_replaced", "disc_accuracy_original", "tokens_per_second")
+    return render(f"bertforge BERT ({cfg.out.rstrip('/').split('/')[-1]})", summary, objective.pipeline_tag,
+                  {k: final[k] for k in keys if k in final}, settings, list(dc.data), mc.init,
+                  base_license(mc.init), load=load, command=command)
+
+
+def finetuning_card(task, cfg, metrics: dict) -> str:
+    """A fine-tuning run's card: ``cfg`` its FinetuneConfig, ``metrics`` its metrics.json."""
+    import dataclasses
+
+    from .logs import duration
+
+    t, dc = cfg.train, cfg.data
+    length = f"{t.max_steps} steps" if t.max_steps else f"{t.epochs} epoch(s)"
+    if t.max_time:
+        length += f" or {duration(t.max_time)} (--max-time), whichever came first"
+    kept = "not evaluated (no validation data): the last weights"
+    if metrics["epochs"]:
+        on = f"`{dc.validation_file}`" if dc.validation_file else f"{dc.validation_split:g} of the training examples"
+        kept = (f"the weights of epoch {metrics['best_epoch']} (step {metrics['best_step']}) kept, the best by "
+                f"{task.select} on {on}")
+    summary = f"`{cfg.model}` fine-tuned for {task.name} on `{dc.train_file}` for {length}; {kept}."
+    settings = {"task": task.name, "epochs": t.epochs, "max_steps": t.max_steps, "max_time (s)": t.max_time,
+                "grad_accum": t.grad_accum, "eval_every": t.eval_every, "batch_size": t.batch_size, "lr": t.lr,
+                "warmup_ratio": t.warmup_ratio, "weight_decay": t.weight_decay, "max_seq_length": dc.max_seq_length,
+                "max_train_examples": dc.max_train_examples, "validation_split": dc.validation_split,
+                "max_eval_examples": dc.max_eval_examples, "group_by_length": dc.group_by_length,
+                "seed": t.seed, **dataclasses.asdict(task.settings)}
+    shown = {k: v for k, v in metrics.items() if k != "epochs"}
+    return render(f"{task.name} model fine-tuned by bertforge", summary,
+                  "question-answering" if task.name == "squad" else "text-classification", shown, settings,
+                  [dc.train_file, dc.validation_file], cfg.model, base_license(cfg.model),
+                  load=task.model_class.__name__)

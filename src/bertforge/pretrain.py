@@ -50,7 +50,7 @@ from .engine import Engine, LinearSchedule
 from .errors import UserError, shown
 from .evaluation import fill_mask_samples
 from .lifecycle import TrainingRun, finish, preflight, run_folder, start_run
-from .logs import duration, rounded
+from .logs import rounded
 from .objectives import OBJECTIVES, objective_class
 from .objectives.mlm import new_head_said
 from .outputs import MODEL_FILES, register_output
@@ -282,28 +282,7 @@ class Pretraining(TrainingRun):
                  "processes": self.d.world}
         self.metrics.close()
         out = self.cfg.out
-        finish(out, final, self._card(final), lambda: plot_pretraining(self.metrics.path, os.path.join(out, "plots")))
+        card = modelcard.pretraining_card(self.cfg, self.objective, final, self.folder.command())
+        finish(out, final, card, lambda: plot_pretraining(self.metrics.path, os.path.join(out, "plots")))
         log.info("done: %s", rounded(final))
         return final
-
-    def _card(self, final: dict) -> str:
-        cfg, c = self.cfg, self.objective.model.config
-        what, load = self.objective.describe()
-        summary = (f"A BERT of {c.num_hidden_layers} layers, hidden size {c.hidden_size}, "
-                   f"{c.num_attention_heads} heads "
-                   f"({final['parameters'] / 1e6:.1f}M parameters with its training heads), pretrained "
-                   f"{'from ' + cfg.model.init if cfg.model.init else 'from scratch'} by {what}: {final['steps']} "
-                   f"steps, {final['tokens_seen']:,} tokens, {duration(final['wall_seconds'])} on {final['device']} "
-                   f"({final['processes']} process(es)), the {cfg.recipe} recipe.")
-        t, dc, mc = cfg.train, cfg.data, cfg.model
-        settings = {"recipe": cfg.recipe, "objective": mc.objective, "preset": mc.model_config or mc.preset,
-                    "max_seq_length": dc.max_seq_length, "batch_size": t.batch_size, "lr": t.lr,
-                    "max_steps": t.max_steps, "max_time (s)": t.max_time, "warmup_ratio": t.warmup_ratio,
-                    "mask_prob": dc.mask_prob, "nsp": dc.nsp, "dropout in pretraining": mc.dropout,
-                    "position_init": mc.position_init, "attention_init": mc.attention_init, "seed": t.seed}
-        keys = ("mlm_accuracy", "mlm_accuracy_masked", "mlm_loss", "nsp_accuracy", "disc_accuracy",
-                "disc_accuracy_replaced", "disc_accuracy_original", "tokens_per_second")
-        return modelcard.render(f"bertforge BERT ({cfg.out.rstrip('/').split('/')[-1]})", summary,
-                                self.objective.pipeline_tag, {k: final[k] for k in keys if k in final}, settings,
-                                list(dc.data), mc.init, modelcard.base_license(mc.init), load=load,
-                                command=self.folder.command())
