@@ -183,7 +183,7 @@ def stage_result(st: Stage, stdout: str) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------ summary
-def summary(out: str, records: dict[str, dict], r: Recipe, seed: int) -> dict:
+def summary(records: dict[str, dict], r: Recipe, seed: int) -> dict:
     total = sum(rec["minutes"] for rec in records.values())
     dev, held = records.get("dev", {}).get("result", {}), records.get("heldout", {}).get("result", {})
     return {"seed": seed, "recipe": dataclasses.asdict(r), "minutes": round(total, 1), "within_limit":
@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for st in stages(out, os.path.abspath(a.data_dir), r, a.seed):
             records[st.name] = run_stage(st, out, os.path.abspath(a.data_dir), r)
-            s = summary(out, records, r, a.seed)
+            s = summary(records, r, a.seed)
             write_json(os.path.join(out, "summary.json"), s)
             with open(os.path.join(out, "summary.md"), "w", encoding="utf-8") as f:
                 f.write(markdown(s))

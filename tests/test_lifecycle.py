@@ -184,3 +184,28 @@ def test_a_timed_run_ends_on_time_with_its_final_evaluation_and_no_steps_in_the_
     falls = [a - b for a, b in zip(lr, lr[1:])]
     assert min(falls) >= 0 and lr[-1] < 0.05 * lr[0]
     assert max(falls) <= 4 * sorted(falls)[len(falls) // 2], falls  # an evaluation's 0.3 s would be a 30x fall
+
+
+class _SecondProcess(Dist):
+    """Rank 1 of two, whose all-reduce adds rank 0's figures (``theirs``) to its own."""
+
+    def __init__(self, theirs: list[float]):
+        super().__init__(rank=1, world=2)
+        self.theirs = theirs
+
+    def all_sum(self, values: list[float], device) -> list[float]:
+        return [a + b for a, b in zip(values, self.theirs)]
+
+
+def test_a_timed_runs_progress_and_its_skipped_evaluation_are_rank_0s_on_every_process(tmp_path):
+    """Every decision of a timed run that a clock makes travels in the step's one all-reduce: another process
+    takes rank 0's share of the budget used, and skips an evaluation when rank 0 does (each by its own clock,
+    one process would wait in an evaluation's barrier that the other skipped)."""
+    (tmp_path / "o").mkdir()
+    run = ToyRun(tmp_path / "o", _train(max_steps=None, max_time=60.0, save_every=0))
+    run.d = _SecondProcess([0.0, 0.0, 0.25, 1.0])  # rank 0: a quarter of the budget used, too near the end
+    assert run._agree(lifecycle.StopSignals(), 0.01) == (False, False, True)
+    assert run.engine.state.time_progress == 0.25
+    run.d = _SecondProcess([0.0, 0.0, 0.5, 0.0])
+    assert run._agree(lifecycle.StopSignals(), 0.01) == (False, False, False)
+    assert run.engine.state.time_progress == 0.5

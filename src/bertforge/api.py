@@ -98,10 +98,7 @@ def run_finetuning(task: str, model: str | os.PathLike = "", train: str | os.Pat
     from .settings import finetune_settings
     from .tasks import TASKS
 
-    from .lifecycle import recover
-
     model, train, validation, out, config = (_paths(p) for p in (model, train, validation, out, config))
-    recover(out)
     cfg, task_settings = finetune_settings(task, model, train, validation, out, config, **_paths(settings))
     return finetune(TASKS[task](task_settings), cfg, overwrite=overwrite, resume=resume)
 

@@ -388,11 +388,11 @@ class TrainingRun:
         seconds = time.perf_counter() - t0
         self.record(out, seconds)
         self.step_seconds += seconds
-        stop, save = self._agree(signals, seconds)
+        stop, save, ending = self._agree(signals, seconds)
         self.progress.bar.update(1)
         if st.step % t.log_every == 0 or e.done():
             self._log(out)
-        if ((t.eval_every and st.step % t.eval_every == 0) or self.epoch_ended()) and not self._ending():
+        if ((t.eval_every and st.step % t.eval_every == 0) or self.epoch_ended()) and not ending:
             self._evaluate()
         return stop, save
 
@@ -404,22 +404,23 @@ class TrainingRun:
             return False
         return s.max_time - st.elapsed - self.end_reserve() < self.eval_seconds
 
-    def _agree(self, signals: StopSignals, seconds: float) -> tuple[bool, bool]:
-        """(stop now, checkpoint now), and a timed run's progress (:meth:`Engine.advance`), the same on every
-        process: a signal that any process received (a run at its last step finishes instead); a checkpoint
-        every ``save_every`` steps, or once ``save_interval`` seconds have passed on rank 0's clock since the
-        last one; the time budget's share used by rank 0's clock."""
+    def _agree(self, signals: StopSignals, seconds: float) -> tuple[bool, bool, bool]:
+        """(stop now, checkpoint now, too near a timed end to evaluate), and a timed run's progress
+        (:meth:`Engine.advance`), the same on every process: a signal that any process received (a run at its
+        last step finishes instead); a checkpoint every ``save_every`` steps, or once ``save_interval`` seconds
+        have passed on rank 0's clock since the last one; the time budget's share used, and :meth:`_ending`, by
+        rank 0's clock."""
         e, st, t = self.engine, self.engine.state, self.t
         by_steps = bool(t.save_every) and st.step % t.save_every == 0
         by_time = (self.save_interval is not None and self.d.is_main
                    and time.monotonic() - self.saved_clock >= self.save_interval)
         used = e.advance(seconds, self.end_reserve()) if self.d.is_main else 0.0
-        flags = [float(signals.received is not None), float(by_time), used]
-        if self.d.enabled:  # one all-reduce of three numbers a step
+        flags = [float(signals.received is not None), float(by_time), used, float(self.d.is_main and self._ending())]
+        if self.d.enabled:  # one all-reduce of four numbers a step
             flags = self.d.all_sum(flags, e.device)
             st.time_progress = flags[2]
         going = not e.done()
-        return flags[0] > 0 and going, (by_steps or flags[1] > 0) and going
+        return flags[0] > 0 and going, (by_steps or flags[1] > 0) and going, flags[3] > 0
 
     def end_reserve(self) -> float:
         """Seconds a timed run keeps for its end: a final evaluation and a save, as long as the last ones took

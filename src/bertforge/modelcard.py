@@ -16,19 +16,17 @@ import shlex
 from typing import Any
 
 COMMAND: list[str] | None = None  # the command line of this process (set by bertforge.cli.main)
+CARD = "README.md"
 
 
 def command_line(argv: list[str]) -> list[str]:
     """The command that ran ``bertforge ARGV``: under torchrun, torchrun's own (its nodes and processes per node;
     a rendezvous of several machines is each machine's to give)."""
-    import os
-
     world, local = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     if world <= 1:
         return ["bertforge", *argv]
     nodes = [f"--nnodes={world // max(1, local)}"] if world > local else []
     return ["torchrun", *nodes, f"--nproc_per_node={local}", "-m", "bertforge", *argv]
-CARD = "README.md"
 
 
 def base_license(model_dir: str | None) -> str | None:

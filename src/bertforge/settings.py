@@ -50,14 +50,16 @@ def pretrain_settings(out: str, data: list[str] | str | None = None, resume: boo
                       **settings: Any) -> PretrainConfig:
     """The configuration of ``bertforge pretrain``: the recipe's defaults (or, on ``resume``, the run saved
     in ``out``), then the ``config`` file's settings, then ``settings`` (flat names, as the flags)."""
-    from_file = _pretrain_values(sectioned_settings(read_config_file(config), PretrainConfig.SECTIONS)) if config else {}
-    out = out or from_file.get("out") or ""  # (the flag over the file's)
+    from .lifecycle import recover
+
+    recover(out)  # (an output an interrupted run left aside is back before a file of it is read: --config's)
+    from_file = sectioned_settings(read_config_file(config), PretrainConfig.SECTIONS) if config else {}
+    from_file = _pretrain_values(from_file)
+    if not out and from_file.get("out"):  # (the flag over the file's)
+        out = from_file["out"]
+        recover(out)  # (before the run's saved settings are read)
     from_file.pop("out", None)
     settings = _pretrain_values(settings)
-    if resume and out:
-        from .lifecycle import recover
-
-        recover(out)  # (what an interrupted save left, before the run's saved settings are read)
     saved = RunFolder(out, "pretrain").settings() if resume else None  # none: as a new run (pretrain.check_run)
     if saved is not None:
         cfg = PretrainConfig.from_dict(saved)
@@ -239,10 +241,12 @@ def finetune_settings(task: str, model: str = "", train: str = "", validation: s
     """(configuration, the task's own settings) of ``bertforge finetune TASK``: the task's defaults, then
     the ``config`` file's, then ``settings`` (flat names, as the flags); the arguments name the model, the
     files and the output folder (over the file's)."""
+    from .lifecycle import recover
     from .tasks import TASKS
 
     if task not in TASKS:
         raise UserError(f"unknown task {task!r}; expected one of {', '.join(TASKS)}")
+    recover(out)  # (an output an interrupted run left aside is back before a file of it is read: --config's)
     kind = TASKS[task]
     own = {f.name for f in dataclasses.fields(kind.settings_class)}
     if config:

@@ -199,13 +199,12 @@ def build_features(tok: Tokenizer, examples: list[Example], max_seq_length: int,
 
 def postprocess(examples: list[Example], features: list[dict], start_logits: list[np.ndarray],
                 end_logits: list[np.ndarray], n_best: int = 20, max_answer_length: int = 30,
-                spans: dict | None = None, ranked: dict | None = None,
-                top_k: int = 1) -> tuple[dict[str, str], dict[str, float]]:
-    """({question id: answer text}, {question id: score}) from per-feature start/end logits; ``spans``, when
-    given, receives {question id: (start, end)} character offsets of each answer in its context, and ``ranked``
-    {question id: [(score, (start, end)), ...]}, the ``top_k`` best different spans.  The score is the answer's
-    probability in its window: P(start) * P(end), each a softmax over the window's context tokens (as
-    transformers' question-answering pipeline scores); 0 and (-1, -1) only for a context without tokens."""
+                ranked: dict | None = None, top_k: int = 1) -> tuple[dict[str, str], dict[str, float]]:
+    """({question id: answer text}, {question id: score}) from per-feature start/end logits; ``ranked``, when
+    given, receives {question id: [(score, (start, end)), ...]}, the ``top_k`` best different spans as character
+    offsets in the context.  The score is the answer's probability in its window: P(start) * P(end), each a
+    softmax over the window's context tokens (as transformers' question-answering pipeline scores); 0 and
+    (-1, -1) only for a context without tokens."""
     by_example: dict[int, list[int]] = {}
     for fi, f in enumerate(features):
         by_example.setdefault(f["example"], []).append(fi)
@@ -227,8 +226,6 @@ def postprocess(examples: list[Example], features: list[dict], start_logits: lis
         _, best_score, best_span = found[0] if found else (0.0, 0.0, (-1, -1))
         answers[ex.id] = ex.context[best_span[0] : best_span[1]] if best_span[0] >= 0 else ""
         scores[ex.id] = best_score
-        if spans is not None:
-            spans[ex.id] = best_span
         if ranked is not None:
             different = {}
             for _, score, span in found:
