@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -16,89 +19,13 @@ import torch
 
 import bertforge.lifecycle as lifecycle
 from bertforge import checkpoint as ckpt
-from bertforge.config import ImplConfig, TrainConfig
 from bertforge.devices import Dist
-from bertforge.engine import Engine, LinearSchedule
 from bertforge.errors import TrainingError
-from bertforge.lifecycle import TrainingRun
 
+from .helpers import torchrun
+from .toy_run import ToyRun, toy_train, weights
 
-class Linear(torch.nn.Linear):
-    def tie_weights(self) -> None:  # (what the checkpoint asks of a model: nothing to tie here)
-        pass
-
-
-class Regression(torch.nn.Module):
-    """The engine's objective protocol around a linear model: a sum of squared errors, averaged over the batch."""
-
-    def __init__(self):
-        super().__init__()
-        self.model = Linear(4, 1)
-
-    @staticmethod
-    def counts(b: dict) -> dict[str, float]:
-        return {"n": float(b["x"].shape[0])}
-
-    def forward(self, b: dict, step: int) -> dict:
-        return {"sse": ((self.model(b["x"]) - b["y"]) ** 2).sum()}
-
-    @staticmethod
-    def loss(out: dict, totals: dict) -> tuple[torch.Tensor, dict]:
-        return out["sse"] / totals["n"], {"sse": out["sse"].detach()}
-
-
-class ToyRun(TrainingRun):
-    """Batches of 8 rows of a fixed random table, in order; the position in it is the run's own state."""
-
-    required = ("position",)
-
-    def __init__(self, out, t: TrainConfig, signal_at: int | None = None, lr: float = 0.05, pace: float = 0.0,
-                 eval_pace: float = 0.0):
-        torch.manual_seed(0)
-        engine = Engine(Regression(), t, ImplConfig(), torch.device("cpu"), Dist(),
-                        LinearSchedule(lr, t.max_steps, t.max_time, 0, 0.0))
-        super().__init__(str(out), Dist(), engine, t, progress=False, tensorboard=False)
-        self.table = torch.randn(64, 5, generator=torch.Generator().manual_seed(1))
-        self.position, self.signal_at, self.evaluations = 0, signal_at, []
-        self.pace, self.eval_pace = pace, eval_pace  # seconds a step and an evaluation take (a timed run)
-
-    def next_batches(self) -> list[dict]:
-        time.sleep(self.pace)
-        if self.signal_at == self.engine.state.step + 1:  # arrives during this step: it ends, then the run stops
-            os.kill(os.getpid(), signal.SIGINT)
-        rows = self.table[(8 * self.position) % 64:][:8]
-        self.position += 1
-        return [{"x": rows[:, :4], "y": rows[:, 4:]}]
-
-    def record(self, out: dict, seconds: float) -> None:
-        self.engine.state.add(sse=float(out["sse"]), steps=1)
-
-    def log_line(self, out: dict) -> tuple[dict, str, dict]:
-        st, m = self.engine.state, self.engine.state.take_meters()
-        return {"type": "train", "step": st.step, "sse": m["sse"] / m["steps"], "lr": out["lr"]}, "", {}
-
-    def evaluate(self) -> None:
-        time.sleep(self.eval_pace)
-        self.evaluations.append(self.engine.state.step)
-        self.log_eval({"weight": float(self.engine.objective.model.weight.sum())}, "eval")
-
-    def run_state(self) -> tuple[dict, dict | None]:
-        return {"position": self.position}, None
-
-    def load_run_state(self, state: dict, path: str) -> None:
-        self.position = state["position"]
-
-    def eval_size(self) -> int:
-        return 64
-
-    def finish(self) -> None:
-        if self.t.max_time:
-            self.save()  # (as pretraining's: a final checkpoint, which a timed run keeps time for)
-
-
-def _train(**kw) -> TrainConfig:
-    return TrainConfig(**{"max_steps": 12, "save_every": 4, "eval_every": 5, "log_every": 1, "keep_checkpoints": 0,
-                          **kw})
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _rows(out) -> list[str]:
@@ -116,15 +43,15 @@ def test_a_signal_saves_the_step_and_the_resumed_run_ends_as_the_uninterrupted_o
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
     for out in (straight, stopped):
         out.mkdir()
-    run = ToyRun(straight, _train())
+    run = ToyRun(straight, toy_train())
     run.fit()
     assert [s for s, _ in ckpt.list_checkpoints(str(straight))] == [4, 8]  # (the last: the command's own)
     assert run.evaluations == [5, 10, 12]
 
     with pytest.raises(TrainingError, match="interrupted at step 6 by SIGINT; saved a checkpoint of it"):
-        ToyRun(stopped, _train(), signal_at=6).fit()
+        ToyRun(stopped, toy_train(), signal_at=6).fit()
     assert [s for s, _ in ckpt.list_checkpoints(str(stopped))] == [4, 6]
-    resumed = ToyRun(stopped, _train())
+    resumed = ToyRun(stopped, toy_train())
     resumed.restore()
     assert resumed.engine.state.step == 6 and resumed.position == 6
     resumed.fit()
@@ -143,13 +70,13 @@ def test_save_every_is_steps_or_the_clock_and_zero_saves_nothing_before_the_end(
         out.mkdir()
         monkeypatch.setattr(lifecycle, "SAVE_INTERVAL", 0)  # None: by the clock, due after every step
         saved.clear()
-        ToyRun(out, _train(save_every=every)).fit()
+        ToyRun(out, toy_train(save_every=every)).fit()
         assert saved == expected, every
 
 
 def test_a_non_finite_loss_names_the_last_good_checkpoint(tmp_path):
     (tmp_path / "o").mkdir()
-    run = ToyRun(tmp_path / "o", _train(max_grad_norm=1e30), lr=1e30)  # diverges within a few steps
+    run = ToyRun(tmp_path / "o", toy_train(max_grad_norm=1e30), lr=1e30)  # diverges within a few steps
     with pytest.raises(TrainingError, match="the loss is not finite at step"):
         run.fit()
 
@@ -172,7 +99,7 @@ def test_a_timed_run_ends_on_time_with_its_final_evaluation_and_no_steps_in_the_
     """--max-time bounds the whole run, and the time its evaluations take shortens what is left of the
     learning rate's decay instead of cutting it in steps (an evaluation here costs as much as 30 steps)."""
     (tmp_path / "o").mkdir()
-    run = ToyRun(tmp_path / "o", _train(max_steps=None, max_time=2.0, eval_every=50, save_every=0),
+    run = ToyRun(tmp_path / "o", toy_train(max_steps=None, max_time=2.0, eval_every=50, save_every=0),
                  pace=0.01, eval_pace=0.3)
     t0 = time.perf_counter()
     run.fit()
@@ -184,6 +111,21 @@ def test_a_timed_run_ends_on_time_with_its_final_evaluation_and_no_steps_in_the_
     falls = [a - b for a, b in zip(lr, lr[1:])]
     assert min(falls) >= 0 and lr[-1] < 0.05 * lr[0]
     assert max(falls) <= 4 * sorted(falls)[len(falls) // 2], falls  # an evaluation's 0.3 s would be a 30x fall
+
+
+def test_a_timed_run_resumed_goes_on_with_the_share_of_its_budget_used(tmp_path):
+    """Found in review: a checkpoint kept a timed run's progress but resuming read it back as 0, so the learning
+    rate started its decay (and warm-up) over again."""
+    (tmp_path / "o").mkdir()
+    timed = toy_train(max_steps=None, max_time=60.0, save_every=0, eval_every=0)
+    stopped = ToyRun(tmp_path / "o", timed, signal_at=6, pace=0.05)
+    with pytest.raises(TrainingError, match="interrupted at step 6"):
+        stopped.fit()
+    used = stopped.engine.state.time_progress
+    assert used > 0
+    resumed = ToyRun(tmp_path / "o", timed)
+    resumed.restore()
+    assert resumed.engine.state.time_progress == used and resumed.engine.lr() == stopped.engine.lr()
 
 
 class _SecondProcess(Dist):
@@ -202,10 +144,56 @@ def test_a_timed_runs_progress_and_its_skipped_evaluation_are_rank_0s_on_every_p
     takes rank 0's share of the budget used, and skips an evaluation when rank 0 does (each by its own clock,
     one process would wait in an evaluation's barrier that the other skipped)."""
     (tmp_path / "o").mkdir()
-    run = ToyRun(tmp_path / "o", _train(max_steps=None, max_time=60.0, save_every=0))
+    run = ToyRun(tmp_path / "o", toy_train(max_steps=None, max_time=60.0, save_every=0))
     run.d = _SecondProcess([0.0, 0.0, 0.25, 1.0])  # rank 0: a quarter of the budget used, too near the end
     assert run._agree(lifecycle.StopSignals(), 0.01) == (False, False, True)
     assert run.engine.state.time_progress == 0.25
     run.d = _SecondProcess([0.0, 0.0, 0.5, 0.0])
     assert run._agree(lifecycle.StopSignals(), 0.01) == (False, False, False)
     assert run.engine.state.time_progress == 0.5
+
+
+def _toy(out, *flags: str, env: dict | None = None, under: list[str] | None = None) -> subprocess.CompletedProcess:
+    """The toy run as a command of its own: in one process, or ``under`` torchrun."""
+    start = under or [sys.executable]
+    return subprocess.run([*start, "-m", "tests.toy_run", str(out), *flags], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, **(env or {})}, cwd=ROOT)
+
+
+@pytest.mark.slow
+def test_a_kill_at_any_instant_of_a_save_resumes_to_the_uninterrupted_run(tmp_path):
+    """SIGKILL (a power cut) at each write and rename of the second checkpoint: the run resumed from what is left
+    (the first checkpoint, or the second whole) ends exactly as the run never killed."""
+    (tmp_path / "straight").mkdir()
+    straight = ToyRun(tmp_path / "straight", toy_train())
+    straight.fit()
+    # a toy checkpoint is four files written, then one folder renamed into place: the second's are writes 5-8
+    for fault in ("write:5", "write:6", "write:7", "write:8", "rename:2"):
+        out = tmp_path / fault.replace(":", "-")
+        r = _toy(out, env={"BERTFORGE_FAULT": fault})
+        assert r.returncode == -signal.SIGKILL, (fault, r.stderr[-2000:])
+        assert [s for s, _ in ckpt.list_checkpoints(str(out))] == ([4, 8] if fault == "rename:2" else [4]), fault
+        resumed = ToyRun(out, toy_train())
+        resumed.restore()
+        resumed.fit()
+        assert weights(resumed) == weights(straight), fault
+        assert _rows(out) == _rows(tmp_path / "straight"), fault
+
+
+@pytest.mark.slow
+def test_under_torchrun_a_signal_to_one_process_stops_both_and_the_resumed_run_ends_as_one_process(tmp_path):
+    """Two processes, each with half of every batch: SIGINT to rank 0 stops both after the same step with one
+    checkpoint of it; resumed under torchrun, the run ends as one process with the whole batches does."""
+    (tmp_path / "one").mkdir()
+    one = ToyRun(tmp_path / "one", toy_train())
+    one.fit()
+    out = tmp_path / "two"
+    r = _toy(out, "--signal-at", "6", under=torchrun(2))
+    assert r.returncode != 0 and [s for s, _ in ckpt.list_checkpoints(str(out))] == [4, 6], r.stderr[-3000:]
+    assert r.stderr.count("error: interrupted at step 6") == 2, r.stderr[-3000:]
+    r = _toy(out, "--resume", under=torchrun(2))
+    assert r.returncode == 0, r.stderr[-3000:]
+    two = json.loads((out / "weights.json").read_text())
+    assert max(abs(a - b) for a, b in zip(two, weights(one))) < 1e-6
+    ra, rb = (_rows(tmp_path / "one"), _rows(out))
+    assert [json.loads(x)["step"] for x in ra] == [json.loads(x)["step"] for x in rb]

@@ -38,7 +38,6 @@ log = logging.getLogger("bertforge")
 WEIGHTS_NAME = "model.safetensors"
 WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
 CONFIG_NAME = "config.json"
-TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 # non-persistent buffers that some checkpoints carry
 _BUFFER_SUFFIXES = ("embeddings.position_ids", "embeddings.token_type_ids")
 _TIED = "cls.predictions.decoder.weight"
@@ -287,7 +286,8 @@ def _read(path: str) -> tuple[dict, dict, dict]:
 
 def _engine_state(opt_state: dict, state: dict) -> dict:
     """The engine's part of a checkpoint, as :meth:`~bertforge.engine.Engine.load_state_dict` takes it."""
-    train = {k: state[k] for k in ("step", "elapsed", "tokens_seen", "meters")}
+    # TrainState's keys, as the save flattened them in (an untimed run's older checkpoints have no time_progress)
+    train = {k: state[k] for k in ("step", "elapsed", "time_progress", "tokens_seen", "meters") if k in state}
     return {"optimizer": opt_state, "train": train, "rng": state["rng"], "generators": state["generators"],
             "scaler": state.get("scaler")}
 
