@@ -42,11 +42,11 @@ def _arrays(corpus) -> dict:
 @pytest.mark.parametrize("small_parts", [False, True], ids=["whole", "parts"])
 def test_arrays_equal_those_of_the_1b969d3_cache(case, small_parts, minilm_tok, tmp_path, monkeypatch):
     """Cut into many parts and prepared by two workers, or whole: the arrays of the old single pass, bit for bit."""
-    import bertforge.corpus as corpus_module
+    import bertforge.files as files_module
 
     if small_parts:
         monkeypatch.setattr(prepared_module, "MIN_PART_BYTES", 2000)
-        monkeypatch.setattr(corpus_module, "READ_BYTES", 700)  # blocks end inside lines, paragraphs, documents
+        monkeypatch.setattr(files_module, "READ_BYTES", 700)  # blocks end inside lines, paragraphs, documents
     writer, sep = reference_corpora.CASES[case]
     paths = writer(str(tmp_path / "in"))
     corpus = prepare_corpus(paths, minilm_tok, str(tmp_path / "out"), Reading(doc_separator=sep), workers=2)

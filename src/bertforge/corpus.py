@@ -30,6 +30,7 @@ import re
 from collections.abc import Iterator
 
 from .errors import UserError, require_file, shown
+from .files import json_lines, newlines_before, text_lines
 
 from .outputs import MARKER, marker_kind
 
@@ -303,7 +304,6 @@ def _folder_signature(spec: str, folder: str) -> tuple[str, int, int, int, int]:
 # document (:func:`file_documents` gathers them into documents); memory holds one block and one paragraph (one
 # line of JSONL, one row of a table), however long a document is.
 END = None
-READ_BYTES = 1 << 20  # a worker holds one block: its memory stays the same whatever the part size
 _SEPARATOR_LINE = re.compile(r"[ \t]*")  # a blank line: between two paragraphs, or documents (blank-line)
 
 
@@ -335,7 +335,7 @@ def read_part(path: str, start: int = 0, end: int | None = None, text_field: str
         yield from _documents_of(texts)
         return
     require_file(path, "data file")
-    lines = _lines(path, start, end, seen)
+    lines = text_lines(path, start, end, seen)
     if not _is_text_file(path):
         yield from _documents_of(_jsonl_part_texts(lines, path, start, text_field))
     elif doc_separator == "line":
@@ -356,77 +356,13 @@ def _documents_of(texts: Iterator[str]) -> Iterator[str | None]:
             yield END
 
 
-def _lines(path: str, start: int, end: int | None, seen) -> Iterator[str]:
-    """The lines (each with its line feed) of bytes ``[start, end)``, decoded as UTF-8 block by block; a byte-order
-    mark at the file's start is dropped; invalid UTF-8 names its byte offset and line in the file."""
-    import gzip
-
-    opener = gzip.open if path.endswith(".gz") else open
-    offset, newlines, carry = start, 0, b""
-    try:
-        with opener(path, "rb") as f:
-            if start:
-                f.seek(start)
-            while True:
-                size = READ_BYTES if end is None else min(READ_BYTES, end - offset)
-                block = f.read(size) if size > 0 else b""
-                if seen and block:
-                    seen(block)
-                data = carry + block
-                cut = len(data) if not block else data.rfind(b"\n") + 1
-                if cut:
-                    text = _decoded(data[:cut], path, offset - len(carry), newlines, start)
-                    parts = text.split("\n")  # on line feeds only, as the whole-file readers split
-                    yield from (p + "\n" for p in parts[:-1])
-                    if parts[-1]:
-                        yield parts[-1]
-                    newlines += data.count(b"\n", 0, cut)
-                carry = data[cut:]
-                offset += len(block)
-                if not block:
-                    return
-    except (OSError, EOFError) as e:
-        raise UserError(f"cannot read {path}: {e}") from None
-
-
-def _decoded(data: bytes, path: str, at: int, newlines: int, start: int) -> str:
-    try:
-        return data.decode("utf-8-sig" if at == 0 else "utf-8")
-    except UnicodeDecodeError as e:
-        line = newlines + data.count(b"\n", 0, e.start) + 1 + (_newlines_before(path, start) if start else 0)
-        raise UserError(f"{path}: invalid UTF-8 at byte {at + e.start} (line {line}); convert the file to UTF-8 "
-                        "first") from None
-
-
-def _newlines_before(path: str, start: int) -> int:
-    """The line breaks in the first ``start`` bytes of a plain file (to name a line in an error)."""
-    n, done = 0, 0
-    with open(path, "rb") as f:
-        while done < start:
-            block = f.read(min(READ_BYTES, start - done))
-            if not block:
-                break
-            n, done = n + block.count(b"\n"), done + len(block)
-    return n
-
-
 def _jsonl_part_texts(lines: Iterator[str], path: str, start: int, field: str) -> Iterator[str]:
-    before = None
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-            problem = None if isinstance(obj, dict) else "expected a JSON object"
-        except json.JSONDecodeError as e:
-            problem = f"not valid JSON ({e.msg})"
-        if problem is None and field not in obj:
-            problem = f"no field {field!r}"
-        elif problem is None and not isinstance(obj[field], str):
-            problem = f"field {field!r} is not a string"
+    before = (lambda: newlines_before(path, start)) if start else 0  # (counted only to name a line in an error)
+    for n, obj in json_lines(lines, path, before):
+        problem = (f"no field {field!r}" if field not in obj else
+                   f"field {field!r} is not a string" if not isinstance(obj[field], str) else None)
         if problem:
-            before = _newlines_before(path, start) if start else 0
-            raise UserError(f"{path}:{before + n}: {problem}")
+            raise UserError(f"{path}:{n + (before() if callable(before) else before)}: {problem}")
         yield obj[field]
 
 

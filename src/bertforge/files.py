@@ -1,26 +1,18 @@
-"""Reading user files: UTF-8 text, JSON and JSON lines, with one clear error for each way they go wrong.
+"""Reading user files: UTF-8 text (whole, or streamed line by line in blocks), JSON and JSON lines, with one clear
+error for each way they go wrong.
 Writing is elsewhere: atomic writes in :mod:`bertforge.atomic`, the rules for output folders in
 :mod:`bertforge.outputs`."""
 
 from __future__ import annotations
 
 import gzip
-import io
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from .errors import UserError, require_file
 
-
-def decode_utf8(data: bytes, path: str) -> str:
-    """``data`` as UTF-8 text (a byte-order mark dropped); invalid UTF-8 names the byte offset and line."""
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
-        raise UserError(f"{path}: invalid UTF-8 at byte {e.start} (line {line}); convert the file to UTF-8 "
-                        "first") from None
+READ_BYTES = 1 << 20  # a reader holds one block: its memory stays the same whatever the file's size
 
 
 def read_text(path: str, what: str = "file") -> str:
@@ -35,21 +27,76 @@ def read_text(path: str, what: str = "file") -> str:
                 data = f.read()
     except (OSError, EOFError) as e:
         raise UserError(f"cannot read {path}: {e}") from None
-    return decode_utf8(data, path)
+    return _decoded(data, path, 0, 0, 0)
 
 
-def json_lines(text: str, path: str) -> Iterator[tuple[int, dict]]:
-    """(line number, object) for each non-blank line; a line that is not a JSON object names the file and line."""
-    for lineno, line in enumerate(io.StringIO(text), 1):
+def json_lines(lines: Iterable[str], path: str, before: int | Callable[[], int] = 0) -> Iterator[tuple[int, dict]]:
+    """(line number among ``lines``, object) for each non-blank line; a line that is not a JSON object names the
+    file and its line there (``before``: the lines that precede ``lines`` in the file, or a function that counts
+    them, called only then)."""
+    for lineno, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             obj = json.loads(line)
+            problem = None if isinstance(obj, dict) else "expected a JSON object"
         except json.JSONDecodeError as e:
-            raise UserError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
-        if not isinstance(obj, dict):
-            raise UserError(f"{path}:{lineno}: expected a JSON object")
+            problem = f"not valid JSON ({e.msg})"
+        if problem:
+            raise UserError(f"{path}:{lineno + (before() if callable(before) else before)}: {problem}")
         yield lineno, obj
+
+
+def text_lines(path: str, start: int = 0, end: int | None = None, seen=None) -> Iterator[str]:
+    """The lines (each with its line feed) of bytes ``[start, end)``, decoded as UTF-8 block by block; a byte-order
+    mark at the file's start is dropped; invalid UTF-8 names its byte offset and line in the file."""
+    opener = gzip.open if path.endswith(".gz") else open
+    offset, newlines, carry = start, 0, b""
+    try:
+        with opener(path, "rb") as f:
+            if start:
+                f.seek(start)
+            while True:
+                size = READ_BYTES if end is None else min(READ_BYTES, end - offset)
+                block = f.read(size) if size > 0 else b""
+                if seen and block:
+                    seen(block)
+                data = carry + block
+                cut = len(data) if not block else data.rfind(b"\n") + 1
+                if cut:
+                    text = _decoded(data[:cut], path, offset - len(carry), newlines, start)
+                    parts = text.split("\n")  # on line feeds only, as the whole-file readers split
+                    yield from (p + "\n" for p in parts[:-1])
+                    if parts[-1]:
+                        yield parts[-1]
+                    newlines += data.count(b"\n", 0, cut)
+                carry = data[cut:]
+                offset += len(block)
+                if not block:
+                    return
+    except (OSError, EOFError) as e:
+        raise UserError(f"cannot read {path}: {e}") from None
+
+
+def _decoded(data: bytes, path: str, at: int, newlines: int, start: int) -> str:
+    try:
+        return data.decode("utf-8-sig" if at == 0 else "utf-8")
+    except UnicodeDecodeError as e:
+        line = newlines + data.count(b"\n", 0, e.start) + 1 + (newlines_before(path, start) if start else 0)
+        raise UserError(f"{path}: invalid UTF-8 at byte {at + e.start} (line {line}); convert the file to UTF-8 "
+                        "first") from None
+
+
+def newlines_before(path: str, start: int) -> int:
+    """The line breaks in the first ``start`` bytes of a plain file (to name a line in an error)."""
+    n, done = 0, 0
+    with open(path, "rb") as f:
+        while done < start:
+            block = f.read(min(READ_BYTES, start - done))
+            if not block:
+                break
+            n, done = n + block.count(b"\n"), done + len(block)
+    return n
 
 
 def read_json(path: str, what: str = "JSON file") -> Any:

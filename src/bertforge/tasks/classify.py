@@ -13,10 +13,10 @@ import os
 import numpy as np
 from tokenizers import Tokenizer
 
-from ..batching import length_sorted_batches, pad_batch, to_device
+from ..batching import pad_batch
 from ..config import BertConfig, ClassifyConfig, FinetuneConfig
 from ..errors import UserError, shown
-from ..evaluation import classification_metrics, eval_mode
+from ..evaluation import by_length, classification_metrics
 from ..corpus import table_rows
 from ..files import json_lines, read_text
 from ..model import BertForSequenceClassification
@@ -43,7 +43,7 @@ def read_table(path: str) -> list[dict[str, str]]:
         return rows
     text = read_text(path, "data file")
     if low.endswith((".jsonl", ".json")):
-        for _, obj in json_lines(text, path):
+        for _, obj in json_lines(io.StringIO(text), path):
             rows.append({k: ("" if v is None else v) for k, v in obj.items()})
     elif low.endswith((".tsv", ".csv")):
         delim = "\t" if low.endswith(".tsv") else ","
@@ -127,12 +127,9 @@ def encode_rows(tok: Tokenizer, rows: list[dict], text: str, pair: str | None, m
 # ------------------------------------------------------------------------------------------------ model use
 def predict_probabilities(model, features: list[dict], pad_id: int, device, batch_size: int = 64) -> np.ndarray:
     """Class probabilities (N, num_labels), batches sorted by length, in eval mode."""
-    out = np.zeros((len(features), model.num_labels), dtype=np.float32)
-    with eval_mode(model):
-        for idx in length_sorted_batches([len(f["input_ids"]) for f in features], batch_size):
-            b = to_device(pad_batch([features[i] for i in idx], pad_id), device)
-            out[idx] = model(**b).logits.float().softmax(-1).cpu().numpy()
-    return out
+    rows = by_length(model, features, pad_id, device, batch_size,
+                     lambda out, b: out.logits.float().softmax(-1).cpu().numpy())
+    return np.asarray(rows, dtype=np.float32).reshape(len(features), model.num_labels)
 
 
 def score(model, features: list[dict], labels: np.ndarray, pad_id: int, device,
