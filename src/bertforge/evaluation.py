@@ -31,6 +31,23 @@ def eval_mode(model: torch.nn.Module):
         model.train(was)
 
 
+def by_length(model, features: list[dict], pad_id: int, device, batch_size: int, fn, desc: str | None = None) -> list:
+    """``fn(model output, batch)`` -> one result per row, over batches of similar lengths (little padding) in eval
+    mode; the results in the features' order.  ``desc``: a progress bar's."""
+    from tqdm import tqdm
+
+    from .batching import length_sorted_batches, pad_batch
+
+    out: list = [None] * len(features)
+    batches = length_sorted_batches([len(f["input_ids"]) for f in features], batch_size)
+    with eval_mode(model):
+        for idx in tqdm(batches, desc=desc, disable=desc is None, leave=False):
+            b = to_device(pad_batch([features[i] for i in idx], pad_id), device)
+            for i, r in zip(idx, fn(model(**b), b)):
+                out[i] = r
+    return out
+
+
 # ------------------------------------------------------------------------------------------------ pretraining
 def mlm_output(out) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(masked-LM logits, masked-LM loss) of a pretraining or masked-LM model's output."""

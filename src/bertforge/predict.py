@@ -24,11 +24,10 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
-from .batching import length_sorted_batches, pad_batch, to_device
 from .checkpoint import has_weight
 from .config import BertConfig, SquadConfig
 from .errors import UserError, checked, require_type, shown
-from .evaluation import eval_mode
+from .evaluation import by_length
 from .loading import check_max_seq_length, load_for_inference, masked_lm, model_dir
 from .model import BertForPreTraining, BertForQuestionAnswering, BertForSequenceClassification
 from .tokenizer import special_ids
@@ -90,16 +89,8 @@ class Pipeline:
 
     def _run(self, feats: list[dict], fn) -> list:
         """fn(model output, batch) -> per-row results, over length-sorted batches; results in input order."""
-        from tqdm import tqdm
-
-        out: list = [None] * len(feats)
-        batches = length_sorted_batches([len(f["input_ids"]) for f in feats], self.batch_size)
-        with eval_mode(self.model):
-            for idx in tqdm(batches, desc=self.task, disable=not self.progress, leave=False):
-                b = to_device(pad_batch([feats[i] for i in idx], self.sp.pad), self.device)
-                for i, r in zip(idx, fn(self.model(b["input_ids"], b["attention_mask"], b["token_type_ids"]), b)):
-                    out[i] = r
-        return out
+        return by_length(self.model, feats, self.sp.pad, self.device, self.batch_size, fn,
+                         self.task if self.progress else None)
 
 
 class FillMaskPipeline(Pipeline):

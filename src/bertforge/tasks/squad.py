@@ -20,11 +20,11 @@ from dataclasses import dataclass
 import numpy as np
 from tokenizers import Tokenizer
 
-from ..batching import length_sorted_batches, pad_batch, to_device
+from ..batching import pad_batch
 from ..config import BertConfig, FinetuneConfig, SquadConfig
 from ..corpus import table_rows
 from ..errors import UserError, shown
-from ..evaluation import eval_mode, squad_evaluate
+from ..evaluation import by_length, squad_evaluate
 from ..atomic import atomic_write_text
 from ..files import read_json
 from ..model import BertForQuestionAnswering
@@ -261,17 +261,12 @@ def _ranked_pairs(s_log: np.ndarray, e_log: np.ndarray, n_ctx: int, n_best: int,
 def qa_logits(model, features: list[dict], pad_id: int, device,
               batch_size: int = 64) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Start and end logits of every feature (batches sorted by length, eval mode)."""
-    starts: list = [None] * len(features)
-    ends: list = [None] * len(features)
-    with eval_mode(model):
-        for idx in length_sorted_batches([len(f["input_ids"]) for f in features], batch_size):
-            b = to_device(pad_batch([features[i] for i in idx], pad_id), device)
-            out = model(**b)
-            s, e = out.start_logits.float().cpu().numpy(), out.end_logits.float().cpu().numpy()
-            for row, i in enumerate(idx):
-                n = len(features[i]["input_ids"])
-                starts[i], ends[i] = s[row, :n], e[row, :n]
-    return starts, ends
+    def rows(out, b: dict) -> list[tuple[np.ndarray, np.ndarray]]:
+        s, e = out.start_logits.float().cpu().numpy(), out.end_logits.float().cpu().numpy()
+        return [(s[r, :n], e[r, :n]) for r, n in enumerate(b["attention_mask"].sum(1).tolist())]
+
+    found = by_length(model, features, pad_id, device, batch_size, rows)
+    return [s for s, _ in found], [e for _, e in found]
 
 
 def predict_answers(model, tok: Tokenizer, examples: list[Example], cfg: SquadConfig, max_seq_length: int, device,
