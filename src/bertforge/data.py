@@ -46,6 +46,7 @@ from tokenizers import Tokenizer
 from .atomic import path_shown, writing
 from .config import progress_shown
 from .corpus import input_signature
+from .devices import Dist
 from .errors import UserError
 from .prepared import VERSION as PREPARED_VERSION
 from .prepared import Reading, TokenizedCorpus, is_prepared, open_prepared, prepare_corpus, tokenizer_fingerprint
@@ -54,7 +55,6 @@ from .prepared import split_documents
 from .tokenizer import SpecialIds, special_ids, vocab_tokens
 
 log = logging.getLogger("bertforge")
-
 
 
 def cut_into_documents(corpus: TokenizedCorpus, parts: int) -> TokenizedCorpus:
@@ -388,7 +388,6 @@ def collate(seqs: list[tuple[np.ndarray, np.ndarray, np.ndarray]], nsp_labels: n
     return batch
 
 
-# ------------------------------------------------------------------------------------------------ splits
 # ------------------------------------------------------------------------------------------------ loader
 class PretrainingLoader:
     """Global batches of ``batch_size`` instances, epoch after epoch, reproducible and resumable.

@@ -475,11 +475,5 @@ class BertForQuestionAnswering(BertPreTrainedModel):
         return QuestionAnsweringOutput(loss, start_logits.contiguous(), end_logits.contiguous())
 
 
-MODEL_CLASSES = {
-    c.__name__: c
-    for c in (BertModel, BertForPreTraining, BertForMaskedLM, BertForSequenceClassification, BertForQuestionAnswering)
-}
-
-
 __all__ = ["BertModel", "BertForPreTraining", "BertForMaskedLM", "BertForSequenceClassification",
-           "BertForQuestionAnswering", "MODEL_CLASSES"]
+           "BertForQuestionAnswering"]

@@ -53,7 +53,7 @@ from tqdm import tqdm
 from .atomic import atomic_write_json, current_umask, fault_point, write_failure
 from .corpus import END, expand_paths, input_signature, is_prepared_folder, line_based, read_part, sentences_of
 from .errors import TrainingError, UserError
-from .outputs import MARKER, OutputLock, check_output, marker_kind, register_output, write_marker
+from .outputs import MARKER, OutputLock, check_output, register_output, write_marker
 
 log = logging.getLogger("bertforge")
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from tokenizers import (
@@ -285,17 +285,6 @@ def _check_ids(tok: Tokenizer, path: str) -> None:
 def encode_batch(tok: Tokenizer, texts: list[str], add_special_tokens: bool = False) -> list[list[int]]:
     """Token ids of many texts at once, in parallel on all cores (the tokenizers library's thread pool)."""
     return [e.ids for e in tok.encode_batch(texts, add_special_tokens=add_special_tokens)]
-
-
-def batched(items: Iterable[str], n: int) -> Iterator[list[str]]:
-    buf: list[str] = []
-    for x in items:
-        buf.append(x)
-        if len(buf) == n:
-            yield buf
-            buf = []
-    if buf:
-        yield buf
 
 
 def train_to_folder(inputs: list[str], out: str, vocab_size: int, kind: str = "wordpiece", lowercase: bool = True,
