@@ -32,6 +32,26 @@ def torchrun(n: int = 2) -> list[str]:
             str(free_port())]
 
 
+def tiny_pretrain(data, out, *extra: str, tokenizer=None, length: int = 32, batch: int = 8, steps: int | None = 2,
+                  preset: str | None = "tiny", progress: bool = False) -> list[str]:
+    """`pretrain` on a tiny BERT for a few steps: the arguments after `bertforge` (a `--quiet` goes before them).
+
+    ``data`` is one path or a list of them; ``extra`` comes last. ``steps=None`` leaves how long it runs to
+    ``extra`` (--max-steps, --max-time, --epochs); ``preset=None`` leaves the model to it (--init, --model-config,
+    a --config file); ``progress=True`` shows the bar (--progress) instead of log lines (--no-progress)."""
+    paths = [data] if isinstance(data, (str, os.PathLike)) else list(data)
+    argv = ["pretrain", "--data", *map(str, paths)]
+    if tokenizer is not None:
+        argv += ["--tokenizer", str(tokenizer)]
+    argv += ["--out", str(out)]
+    if preset is not None:
+        argv += ["--preset", preset]
+    argv += ["--max-seq-length", str(length), "--batch-size", str(batch)]
+    if steps is not None:
+        argv += ["--max-steps", str(steps)]
+    return [*argv, "--progress" if progress else "--no-progress", *extra]
+
+
 def tiny_model_dir(path, texts, vocab_size=800, seed=0, kind="wordpiece") -> str:
     """A randomly initialised tiny BERT with a tokenizer trained on ``texts``, saved as a model directory."""
     tok = train_vocabulary(texts, vocab_size, kind=kind, min_frequency=1)

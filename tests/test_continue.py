@@ -21,7 +21,6 @@ from bertforge.settings import pretrain_settings
 from bertforge.tokenizer import train_vocabulary
 from .helpers import DOCUMENTS
 
-TEXTS = DOCUMENTS
 DROPOUT = 0.05  # the models' own: neither BERT's 0.1 nor the budget recipe's 0
 
 
@@ -29,8 +28,8 @@ DROPOUT = 0.05  # the models' own: neither BERT's 0.1 nor the budget recipe's 0
 def inputs(tmp_path_factory) -> pathlib.Path:
     """A corpus, a BERT with a masked-LM head (``headed``) and a bare ``BertModel`` (``bare``) of one vocabulary."""
     w = tmp_path_factory.mktemp("inputs")
-    (w / "corpus.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
-    tok = train_vocabulary(TEXTS, 60, kind="wordlevel", min_frequency=1)
+    (w / "corpus.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in DOCUMENTS))
+    tok = train_vocabulary(DOCUMENTS, 60, kind="wordlevel", min_frequency=1)
     cfg = BertConfig.preset("tiny", vocab_size=tok.get_vocab_size(), max_position_embeddings=64,
                             hidden_dropout_prob=DROPOUT, attention_probs_dropout_prob=DROPOUT)
     torch.manual_seed(0)

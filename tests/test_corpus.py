@@ -97,6 +97,8 @@ def test_a_runs_own_files_are_never_its_input(tmp_path, capsys):
     from bertforge.cli import main
     from bertforge.demo_corpus import write_story_corpus
 
+    from .helpers import tiny_pretrain
+
     data = tmp_path / "data"
     data.mkdir()
     write_story_corpus(data / "stories.jsonl", n_docs=60, seed=0)
@@ -112,14 +114,16 @@ def test_a_runs_own_files_are_never_its_input(tmp_path, capsys):
     assert main([*tok, "--overwrite"]) == 0
     assert (data / "tok" / "vocab.txt").read_text() == vocab
     shutil.rmtree(data / "tok")
-    run = ["--quiet", "pretrain", "--data", str(data), "--out", str(data / "run"), "--preset", "tiny",
-           "--max-seq-length", "32", "--batch-size", "8", "--log-every", "1", "--save-every", "2",
-           "--max-eval-instances", "16", "--no-progress", "--max-steps", "2"]
-    assert main(run) == 0
+
+    def run(steps, *extra):
+        return main(["--quiet", *tiny_pretrain(data, data / "run", "--log-every", "1", "--save-every", "2",
+                                               "--max-eval-instances", "16", *extra, steps=steps)])
+
+    assert run(2) == 0
     assert expand_paths([str(data)]) == before
     # a glob that also matches the run's own files (its vocab.txt) takes the text alone, as a directory does
     (data / "more.txt").write_text("More text. Here.")
     assert expand_paths([str(data / "**" / "*.txt")]) == [str(data / "more.txt")]
     assert expand_paths([str(data / "run" / "*.txt")]) == [str(data / "run" / "vocab.txt")]  # (asked for by name)
     (data / "more.txt").unlink()
-    assert main([*run[:-2], "--max-steps", "3", "--resume"]) == 0, capsys.readouterr().err
+    assert run(3, "--resume") == 0, capsys.readouterr().err

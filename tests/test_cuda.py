@@ -42,6 +42,7 @@ from bertforge.engine import build_optimizer, param_groups
 from bertforge.ops import layout as P
 from bertforge.ops.layout import Layout
 from bertforge.ops.rows import pretraining_losses
+from .helpers import tiny_pretrain
 
 pytestmark = [
     pytest.mark.cuda,
@@ -312,14 +313,16 @@ def test_checkpoint_written_on_cuda_resumes_on_the_cpu(small_text_corpus, story_
 
     tok, out = tmp_path / "tok", tmp_path / "run"
     save_tokenizer(story_tokenizer, str(tok))
-    common = ["--quiet", "pretrain", "--data", str(small_text_corpus), "--tokenizer", str(tok), "--out", str(out),
-              "--preset", "tiny", "--max-seq-length", "64", "--batch-size", "16", "--lr", "1e-3", "--log-every", "2",
-              "--max-eval-instances", "32", "--eval-every", "0", "--no-progress"]
-    assert main([*common, "--device", "cuda", "--max-steps", "4", "--save-every", "4"]) == 0
+    def run(steps, *extra):
+        return main(["--quiet", *tiny_pretrain(small_text_corpus, out, "--lr", "1e-3", "--log-every", "2",
+                                               "--max-eval-instances", "32", "--eval-every", "0", *extra, tokenizer=tok,
+                                               length=64, batch=16, steps=steps)])
+
+    assert run(4, "--device", "cuda", "--save-every", "4") == 0
     gpu = json.loads((out / "metrics.json").read_text())
     assert gpu["device"].startswith("cuda") and gpu["steps"] == 4
     w4 = load_file(str(out / "model.safetensors"))
-    assert main([*common, "--resume", "--device", "cpu", "--max-steps", "8"]) == 0
+    assert run(8, "--resume", "--device", "cpu") == 0
     cpu = json.loads((out / "metrics.json").read_text())
     w8 = load_file(str(out / "model.safetensors"))
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]

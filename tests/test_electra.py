@@ -18,7 +18,7 @@ from bertforge.config import BertConfig, TrainConfig
 from bertforge.engine import build_optimizer
 from bertforge.electra import ElectraForMaskedLM, ElectraPretraining, generator_config, sample
 from bertforge.ops.dropout import DropoutKeys
-from .helpers import torchrun
+from .helpers import tiny_pretrain, torchrun
 
 
 @pytest.fixture(scope="module")
@@ -30,9 +30,8 @@ def tok_dir(small_text_corpus, tmp_path_factory):
 
 
 def _args(corpus, tok, out, *extra):
-    return ["pretrain", "--objective", "electra", "--data", str(corpus), "--tokenizer", tok, "--out", str(out),
-            "--preset", "tiny", "--max-seq-length", "64", "--batch-size", "8", "--log-every", "1",
-            "--max-eval-instances", "32", "--no-progress", "--dropout", "0.1", "--mask-prob", "0.15", *extra]
+    return tiny_pretrain(corpus, out, "--objective", "electra", "--log-every", "1", "--max-eval-instances", "32",
+                         "--dropout", "0.1", "--mask-prob", "0.15", *extra, tokenizer=tok, length=64, steps=None)
 
 
 @pytest.fixture(scope="module")

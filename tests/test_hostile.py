@@ -11,18 +11,16 @@ import pytest
 
 from bertforge.cli import main
 
-from .helpers import SENTENCES, tiny_model_dir
-
-TEXTS = SENTENCES
+from .helpers import SENTENCES, tiny_model_dir, tiny_pretrain
 
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory) -> pathlib.Path:
     """Inputs every case may use, and outputs of earlier runs that must survive."""
     w = tmp_path_factory.mktemp("world")
-    (w / "corpus.txt").write_text("\n\n".join(TEXTS) + "\n")
-    (w / "corpus.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
-    tiny_model_dir(w / "model", TEXTS, vocab_size=40, kind="wordlevel")
+    (w / "corpus.txt").write_text("\n\n".join(SENTENCES) + "\n")
+    (w / "corpus.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in SENTENCES))
+    tiny_model_dir(w / "model", SENTENCES, vocab_size=40, kind="wordlevel")
     assert main(["--quiet", "tokenizer", "train", "--input", str(w / "corpus.txt"), "--vocab-size", "12",
                  "--model", "wordlevel", "--min-frequency", "1", "--out", str(w / "tok")]) == 0
     (w / "notes").mkdir()
@@ -49,9 +47,8 @@ def world(tmp_path_factory) -> pathlib.Path:
     (w / "run.yaml").write_text("lr: abc\n")
     (w / "broken.yaml").write_text("a: [\n")
     (w / "recipe.yaml").write_text("recipe: [budget]\n")
-    assert main(["--quiet", "pretrain", "--data", str(w / "corpus.jsonl"), "--tokenizer", str(w / "model"), "--out", str(w / "run"),
-                 "--preset", "tiny", "--max-seq-length", "32", "--batch-size", "4", "--max-steps", "1", "--eval-every", "0",
-                 "--max-eval-instances", "4", "--no-progress"]) == 0  # an earlier pretraining output ...
+    assert main(["--quiet", *tiny_pretrain(w / "corpus.jsonl", w / "run", "--eval-every", "0", "--max-eval-instances", "4",
+                                           tokenizer=w / "model", batch=4, steps=1)]) == 0  # an earlier pretraining output ...
     (w / "run" / "book.jsonl").write_text((w / "corpus.jsonl").read_text())  # ... where the user keeps a corpus
     (w / "corrupt").mkdir()
     for name in os.listdir(w / "model"):

@@ -7,6 +7,7 @@ import torch
 
 import bertforge
 from bertforge.cli import main
+from .helpers import tiny_pretrain
 
 transformers = pytest.importorskip("transformers")
 
@@ -16,9 +17,9 @@ def pretrained_tiny(small_text_corpus, tmp_path_factory):
     """A tiny BERT pretrained for a few dozen steps on the story corpus (MLM + NSP heads)."""
     d = tmp_path_factory.mktemp("pt")
     out = d / "model"
-    assert main(["--quiet", "pretrain", "--recipe", "bert", "--data", str(small_text_corpus), "--out", str(out), "--preset", "tiny",
-                 "--vocab-size", "400", "--tokenizer-model", "wordlevel", "--max-seq-length", "64", "--batch-size", "32",
-                 "--lr", "2e-3", "--max-steps", "60", "--eval-every", "0", "--no-progress", "--cache-dir", str(d / "c")]) == 0
+    assert main(["--quiet", *tiny_pretrain(small_text_corpus, out, "--recipe", "bert", "--vocab-size", "400",
+                                           "--tokenizer-model", "wordlevel", "--lr", "2e-3", "--eval-every", "0",
+                                           "--cache-dir", str(d / "c"), length=64, batch=32, steps=60)]) == 0
     return str(out)
 
 

@@ -22,7 +22,7 @@ from bertforge.tokenizer import load_tokenizer
 
 from . import reference_corpora
 from .conftest import data_path
-from .helpers import DOCUMENTS, torchrun
+from .helpers import DOCUMENTS, tiny_pretrain, torchrun
 
 
 @pytest.fixture(scope="module")
@@ -79,13 +79,15 @@ def test_pretraining_from_a_prepared_folder_is_pretraining_from_the_raw_text(sma
                                                                               tmp_path):
     """The same batches: the same losses and weights after a few steps, no tokenization at the start."""
     out = _prepare(["--data", str(small_text_corpus), "--tokenizer", minilm_dir, "--workers", "2"], tmp_path)
-    common = ["--preset", "tiny", "--max-steps", "3", "--batch-size", "8", "--max-seq-length", "64", "--eval-every",
-              "0", "--save-every", "0", "--max-eval-instances", "16", "--no-progress"]
+
+    def run(data, dest, cache, tokenizer=None):
+        return main(["--quiet", *tiny_pretrain(data, dest, "--cache-dir", str(cache), "--eval-every", "0",
+                                               "--save-every", "0", "--max-eval-instances", "16", tokenizer=tokenizer,
+                                               length=64, steps=3)])
+
     raw, ready = tmp_path / "raw", tmp_path / "ready"
-    assert main(["--quiet", "pretrain", "--data", str(small_text_corpus), "--tokenizer", minilm_dir, "--out", str(raw),
-                 "--cache-dir", str(tmp_path / "cache"), *common]) == 0
-    assert main(["--quiet", "pretrain", "--data", str(out), "--out", str(ready), "--cache-dir", str(tmp_path / "none"),
-                 *common]) == 0
+    assert run(small_text_corpus, raw, tmp_path / "cache", tokenizer=minilm_dir) == 0
+    assert run(out, ready, tmp_path / "none") == 0
     assert os.listdir(tmp_path / "none") == []  # nothing tokenized; the epoch's plan has no file name
     a, b = (json.loads((d / "metrics.json").read_text()) for d in (raw, ready))
     assert a["mlm_loss"] == b["mlm_loss"] and a["steps"] == b["steps"] == 3
@@ -242,11 +244,11 @@ def test_torchrun_ranks_wait_for_the_preparation_outside_any_collective(minilm_d
 
     corpus = write_story_corpus(tmp_path / "stories.jsonl", n_docs=30000)
     env = {**os.environ, "BERTFORGE_DIST_TIMEOUT": "2", "BERTFORGE_THREADS": "2"}
-    r = subprocess.run([*torchrun(2), "-m", "bertforge", "pretrain",
-                        "--data", corpus, "--tokenizer", minilm_dir, "--out", str(tmp_path / "run"), "--preset", "tiny",
-                        "--max-steps", "2", "--batch-size", "8", "--max-seq-length", "64", "--eval-every", "0",
-                        "--save-every", "0", "--max-eval-instances", "8", "--no-progress",
-                        "--cache-dir", str(tmp_path / "cache")], capture_output=True, text=True, env=env, timeout=600)
+    r = subprocess.run([*torchrun(2), "-m", "bertforge",
+                        *tiny_pretrain(corpus, tmp_path / "run", "--eval-every", "0", "--save-every", "0",
+                                       "--max-eval-instances", "8", "--cache-dir", str(tmp_path / "cache"),
+                                       tokenizer=minilm_dir, length=64)],
+                       capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     # rank 0 speaks for both: it prepared (and rank 1 waited), or it waited for rank 1
     took = [float(x.split(" in ")[1].split(" s")[0]) for x in r.stderr.splitlines() if "rank 0 prepared it)" in x]
@@ -355,9 +357,8 @@ def test_a_prepared_folder_is_recognised_by_every_command_that_takes_a_corpus(sm
     copy = tmp_path / "copy"
     shutil.copytree(out, copy)
     (copy / ".bertforge").unlink()  # as `cp -r prep/* dst/` leaves it
-    assert main(["--quiet", "pretrain", "--data", str(copy), "--out", str(tmp_path / "run"), "--preset", "tiny",
-                 "--max-steps", "1", "--batch-size", "4", "--max-seq-length", "32", "--eval-every", "0",
-                 "--max-eval-instances", "4", "--no-progress"]) == 0, capsys.readouterr().err
+    assert main(["--quiet", *tiny_pretrain(copy, tmp_path / "run", "--eval-every", "0", "--max-eval-instances", "4",
+                                           batch=4, steps=1)]) == 0, capsys.readouterr().err
     assert (tmp_path / "run" / "vocab.txt").read_text() == (copy / "vocab.txt").read_text()  # the folder's own
     raw = tmp_path / "raw"  # a text corpus that happens to hold a manifest.json and a shards/ folder is text
     (raw / "shards").mkdir(parents=True)
@@ -381,9 +382,8 @@ def test_an_input_that_yields_no_tokens_leaves_a_folder_that_trains(minilm_dir, 
     (tmp_path / "in" / "empty.jsonl").write_text(json.dumps({"text": ""}) + "\n")
     (tmp_path / "in" / "story.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in DOCUMENTS))
     out = _prepare(["--data", str(tmp_path / "in"), "--tokenizer", minilm_dir, "--workers", "1"], tmp_path)
-    assert main(["--quiet", "pretrain", "--data", str(out), "--out", str(tmp_path / "run"), "--preset", "tiny",
-                 "--max-steps", "1", "--batch-size", "4", "--max-seq-length", "32", "--eval-every", "0",
-                 "--max-eval-instances", "4", "--no-progress"]) == 0, capsys.readouterr().err
+    assert main(["--quiet", *tiny_pretrain(out, tmp_path / "run", "--eval-every", "0", "--max-eval-instances", "4",
+                                           batch=4, steps=1)]) == 0, capsys.readouterr().err
 
 
 @pytest.mark.slow
@@ -414,11 +414,13 @@ def test_reader_flags_with_a_prepared_corpus_are_its_own_or_refused(minilm_dir, 
     (tmp_path / "g.txt").write_text("One sentence.\nAnother one.\n\nA second document.\nIts end.\n" * 20)
     out = _prepare(["--data", str(tmp_path / "g.txt"), "--tokenizer", minilm_dir, "--doc-separator", "blank-line",
                     "--workers", "1"], tmp_path)
-    run = ["--quiet", "pretrain", "--data", str(out), "--preset", "tiny", "--max-steps", "1", "--batch-size", "4",
-           "--max-seq-length", "32", "--eval-every", "0", "--max-eval-instances", "4", "--no-progress"]
-    assert main([*run, "--out", str(tmp_path / "a"), "--doc-separator", "line"]) == 2
+    def run(dest, *extra):
+        return main(["--quiet", *tiny_pretrain(out, dest, "--eval-every", "0", "--max-eval-instances", "4", *extra,
+                                               batch=4, steps=1)])
+
+    assert run(tmp_path / "a", "--doc-separator", "line") == 2
     assert "the prepared corpus" in capsys.readouterr().err and not (tmp_path / "a").exists()
-    assert main([*run, "--out", str(tmp_path / "b")]) == 0
+    assert run(tmp_path / "b") == 0
     saved = json.loads((tmp_path / "b" / "pretrain_config.json").read_text())
     assert saved["data"]["doc_separator"] == "blank-line"  # what the corpus was read with
 

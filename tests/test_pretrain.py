@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from bertforge.checkpoint import list_checkpoints, load_checkpoint
 from bertforge.cli import main
 from bertforge.engine import LinearSchedule
-from .helpers import torchrun
+from .helpers import tiny_pretrain, torchrun
 
 
 @pytest.fixture(scope="module")
@@ -30,9 +30,8 @@ def story_tok_dir(small_text_corpus, tmp_path_factory):
 
 def _args(corpus, tok, out, *extra, recipe="bert"):
     """BERT's recipe (NSP and dropout on) by default: the machinery under its heaviest load."""
-    return ["pretrain", "--recipe", recipe, "--data", str(corpus), "--tokenizer", tok, "--out", str(out), "--preset", "tiny",
-            "--max-seq-length", "64", "--batch-size", "16", "--lr", "1e-3", "--log-every", "5",
-            "--max-eval-instances", "64", "--no-progress", *extra]
+    return tiny_pretrain(corpus, out, "--recipe", recipe, "--lr", "1e-3", "--log-every", "5",
+                         "--max-eval-instances", "64", *extra, tokenizer=tok, length=64, batch=16, steps=None)
 
 
 def _weights(path):
@@ -367,11 +366,13 @@ def test_the_budget_recipe_is_the_default_and_bert_is_one_flag_away(small_text_c
 
     assert PretrainConfig().recipe == "budget" and PretrainConfig().train.lr == RECIPES["budget"]["lr"]
     assert PretrainConfig.for_recipe("bert").data.nsp is True and PretrainConfig.for_recipe("bert").train.lr == 1e-4
-    base = ["pretrain", "--data", str(small_text_corpus), "--tokenizer", story_tok_dir, "--preset", "tiny",
-            "--max-seq-length", "64", "--batch-size", "16", "--max-eval-instances", "64", "--no-progress",
-            "--eval-every", "0", "--save-every", "2"]
+
+    def run(out, *extra):
+        return main(["--quiet", *tiny_pretrain(small_text_corpus, out, "--max-eval-instances", "64", "--eval-every", "0",
+                                               "--save-every", "2", *extra, tokenizer=story_tok_dir, length=64, batch=16)])
+
     budget, bert = tmp_path / "budget", tmp_path / "bert"
-    assert main(["--quiet", *base, "--out", str(budget), "--max-steps", "2"]) == 0
+    assert run(budget) == 0
     saved = json.loads((budget / "pretrain_config.json").read_text())
     assert saved["recipe"] == "budget" and saved["data"]["nsp"] is False and saved["model"]["dropout"] == 0.0
     assert saved["train"]["lr"] == 1e-3 and saved["train"]["adam_beta2"] == 0.98 and saved["train"]["max_grad_norm"] == 0.5
@@ -381,7 +382,7 @@ def test_the_budget_recipe_is_the_default_and_bert_is_one_flag_away(small_text_c
     m = json.loads((budget / "metrics.json").read_text())
     assert 0 <= m["mlm_accuracy_masked"] <= 1 and "nsp_accuracy" not in m
 
-    assert main(["--quiet", *base, "--out", str(bert), "--max-steps", "2", "--recipe", "bert", "--lr", "3e-4"]) == 0
+    assert run(bert, "--recipe", "bert", "--lr", "3e-4") == 0
     saved = json.loads((bert / "pretrain_config.json").read_text())
     assert saved["recipe"] == "bert" and saved["data"]["nsp"] is True and saved["model"]["dropout"] is None
     assert saved["train"]["lr"] == 3e-4 and saved["train"]["adam_beta2"] == 0.999  # the flag wins, the rest is BERT's

@@ -19,9 +19,8 @@ from safetensors.torch import load_file
 
 from bertforge.checkpoint import list_checkpoints
 from bertforge.cli import main
-from .helpers import DOCUMENTS
+from .helpers import DOCUMENTS, tiny_pretrain
 
-TEXTS = DOCUMENTS
 OTHER = ["the mat sat on the cat. it was cold there.", "a park ran in the dog. the sun was down.",
          "the song sang a bird. it sang all night long.", "a pond swam in the fish. the water was warm."] * 7
 
@@ -34,17 +33,16 @@ def _corpus(path: pathlib.Path, texts: list[str]) -> pathlib.Path:
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory) -> pathlib.Path:
     w = tmp_path_factory.mktemp("inputs")
-    _corpus(w / "corpus.jsonl", TEXTS)
+    _corpus(w / "corpus.jsonl", DOCUMENTS)
     assert main(["--quiet", "tokenizer", "train", "--input", str(w / "corpus.jsonl"), "--vocab-size", "60",
                  "--model", "wordlevel", "--min-frequency", "1", "--out", str(w / "tok")]) == 0
     return w
 
 
-def _args(inputs: pathlib.Path, out, *extra: str, data=None, preset=("--preset", "tiny")) -> list[str]:
-    return ["--quiet", "pretrain", "--data", str(data or inputs / "corpus.jsonl"), "--tokenizer", str(inputs / "tok"),
-            "--out", str(out), *preset, "--max-seq-length", "32", "--batch-size", "4", "--max-steps", "2",
-            "--save-every", "1", "--eval-every", "0", "--max-eval-instances", "4", "--log-every", "1", "--no-progress",
-            *extra]
+def _args(inputs: pathlib.Path, out, *extra: str, data=None, steps=2, preset="tiny") -> list[str]:
+    return ["--quiet", *tiny_pretrain(data or inputs / "corpus.jsonl", out, "--save-every", "1", "--eval-every", "0",
+                                      "--max-eval-instances", "4", "--log-every", "1", *extra, tokenizer=inputs / "tok",
+                                      batch=4, steps=steps, preset=preset)]
 
 
 @pytest.fixture(scope="module")
@@ -78,9 +76,9 @@ def _refused(argv: list[str], capsys) -> str:
 
 
 def test_a_corpus_changed_under_the_same_name_is_refused_naming_both(inputs, tmp_path, capsys):
-    corpus = _corpus(tmp_path / "corpus.jsonl", TEXTS)
+    corpus = _corpus(tmp_path / "corpus.jsonl", DOCUMENTS)
     out = tmp_path / "run"
-    assert main(_args(inputs, out, "--max-steps", "1", data=corpus)) == 0
+    assert main(_args(inputs, out, data=corpus, steps=1)) == 0
     saved = json.loads((out / "pretrain_config.json").read_text())["corpus"]
     _corpus(corpus, OTHER)  # the same file name, another text
     before = _snapshot(out)
@@ -88,7 +86,7 @@ def test_a_corpus_changed_under_the_same_name_is_refused_naming_both(inputs, tmp
     assert "on the corpus it was started on" in err and f"digest {saved['digest'][:12]} ->" in err, err
     assert f"{saved['documents']} documents, {saved['tokens']} tokens" in err, err
     assert _snapshot(out) == before
-    _corpus(corpus, TEXTS)  # the text it was started on: it continues
+    _corpus(corpus, DOCUMENTS)  # the text it was started on: it continues
     assert main(["--quiet", "pretrain", "--out", str(out), "--resume", "--max-steps", "2", "--no-progress"]) == 0
     assert json.loads((out / "metrics.json").read_text())["steps"] == 2
 
@@ -139,7 +137,7 @@ def test_the_saved_settings_name_no_preset_the_model_does_not_have(inputs, run, 
     config.write_text("preset: mini\n")
     for flags in (["--init", str(run)], ["--model-config", str(run / "config.json")], ["--preset", "tiny"]):
         out = tmp_path / flags[0].strip("-")
-        argv = _args(inputs, out, "--max-steps", "1", "--config", str(config), *flags, preset=())  # the file's, and these
+        argv = _args(inputs, out, "--config", str(config), *flags, steps=1, preset=None)  # the file's, and these
         assert main(argv) == 0, capsys.readouterr().err
         saved = json.loads((out / "pretrain_config.json").read_text())
         assert json.loads((out / "config.json").read_text())["hidden_size"] == 128  # a tiny model
@@ -221,10 +219,10 @@ def _interrupted_fine_tune(tmp_path) -> tuple[list[str], pathlib.Path]:
 
     from .helpers import tiny_model_dir
 
-    rows = [{"text": t, "label": "pos" if i % 2 else "neg"} for i, t in enumerate(TEXTS[:8])]
+    rows = [{"text": t, "label": "pos" if i % 2 else "neg"} for i, t in enumerate(DOCUMENTS[:8])]
     data = tmp_path / "cls.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    model, out = tiny_model_dir(tmp_path / "model", TEXTS, vocab_size=60, kind="wordlevel"), tmp_path / "ft"
+    model, out = tiny_model_dir(tmp_path / "model", DOCUMENTS, vocab_size=60, kind="wordlevel"), tmp_path / "ft"
     argv = ["--quiet", "finetune", "classify", "--model", model, "--train", str(data), "--validation", str(data),
             "--out", str(out), "--max-seq-length", "32", "--batch-size", "4", "--epochs", "1", "--save-every", "1",
             "--no-progress"]
@@ -269,8 +267,8 @@ def test_a_run_from_init_resumes_without_its_base_model(tmp_path, capsys):
     """A checkpoint holds all that a resumed run needs: the --init folder may have moved since."""
     from .helpers import tiny_model_dir
 
-    base = tiny_model_dir(tmp_path / "base", TEXTS, vocab_size=60)
-    data, out = _corpus(tmp_path / "c.jsonl", TEXTS), tmp_path / "run"
+    base = tiny_model_dir(tmp_path / "base", DOCUMENTS, vocab_size=60)
+    data, out = _corpus(tmp_path / "c.jsonl", DOCUMENTS), tmp_path / "run"
     assert main(["--quiet", "pretrain", "--init", base, "--data", str(data), "--out", str(out), "--max-seq-length",
                  "32", "--batch-size", "4", "--max-steps", "2", "--save-every", "1", "--eval-every", "0",
                  "--max-eval-instances", "4", "--no-progress"]) == 0

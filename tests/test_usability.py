@@ -16,7 +16,7 @@ import bertforge
 from bertforge.cli import main
 from bertforge.demo_corpus import generate_stories
 
-from .helpers import tiny_model_dir
+from .helpers import tiny_model_dir, tiny_pretrain
 
 
 @pytest.fixture(scope="module")
@@ -37,15 +37,14 @@ def tok(book, tmp_path_factory):
     return str(out)
 
 
-def _pretrain(book, tok, out, *extra):
-    return ["pretrain", "--data", str(book), "--tokenizer", tok, "--out", str(out), "--preset", "tiny",
-            "--max-seq-length", "32", "--batch-size", "8", "--max-eval-instances", "16", *extra]
+def _pretrain(book, tok, out, *extra, **kw):
+    """The book with its tokenizer and 16 held-out instances (as the Python API's run below)."""
+    return tiny_pretrain(book, out, "--max-eval-instances", "16", *extra, tokenizer=tok, **kw)
 
 
 def test_a_single_text_file_pretrains_and_log_lines_need_no_terminal(book, tok, tmp_path, capsys):
     out = tmp_path / "pt"
-    assert main(_pretrain(book, tok, out, "--max-steps", "6", "--log-every", "2", "--eval-every", "0", "--no-progress",
-                          "--nsp")) == 0
+    assert main(_pretrain(book, tok, out, "--log-every", "2", "--eval-every", "0", "--nsp", steps=6)) == 0
     err = capsys.readouterr().err
     assert "cut into" in err and "held-out evaluation text" in err  # said, not refused
     lines = [x for x in err.splitlines() if x.startswith("step ")]
@@ -56,7 +55,7 @@ def test_a_single_text_file_pretrains_and_log_lines_need_no_terminal(book, tok, 
     assert sum("step 4/6" in x for x in log.splitlines()) == 1
     # with a progress bar the terminal shows the bar, and train.log still gets every line
     out2 = tmp_path / "pt2"
-    assert main(_pretrain(book, tok, out2, "--max-steps", "4", "--log-every", "2", "--eval-every", "0", "--progress")) == 0
+    assert main(_pretrain(book, tok, out2, "--log-every", "2", "--eval-every", "0", steps=4, progress=True)) == 0
     assert not [x for x in capsys.readouterr().err.splitlines() if x.startswith("step ")]
     assert "step 4/4" in (out2 / "train.log").read_text()
 
@@ -71,9 +70,8 @@ def test_one_example_per_line(tmp_path, capsys):
     assert len(list(iter_documents([str(f)]))) == 1  # the default: one file, one document
     many = tmp_path / "many.txt"
     many.write_text("".join(" ".join(s) + "\n" for s in generate_stories(80, seed=2)))
-    assert main(["--quiet", "pretrain", "--data", str(many), "--doc-separator", "line", "--vocab-size", "200",
-                 "--out", str(tmp_path / "pt"), "--preset", "tiny", "--max-seq-length", "32", "--batch-size", "8",
-                 "--max-steps", "2", "--eval-every", "0", "--max-eval-instances", "8", "--no-progress"]) == 0
+    assert main(["--quiet", *tiny_pretrain(many, tmp_path / "pt", "--doc-separator", "line", "--vocab-size", "200",
+                                           "--eval-every", "0", "--max-eval-instances", "8")]) == 0
     assert "cut into" not in capsys.readouterr().err  # 80 documents: nothing to cut
 
 
@@ -90,7 +88,7 @@ def test_outputs_follow_the_umask(book, tok, tmp_path, capsys):
     old = os.umask(0o022)
     try:
         out = tmp_path / "pt"
-        assert main(["--quiet", *_pretrain(book, tok, out, "--max-steps", "2", "--eval-every", "0", "--no-progress")]) == 0
+        assert main(["--quiet", *_pretrain(book, tok, out, "--eval-every", "0")]) == 0
         model = tiny_model_dir(tmp_path / "m", ["good fun", "bad mess"] * 4, vocab_size=20, kind="wordlevel")
         (tmp_path / "t.jsonl").write_text('{"text": "good fun", "label": "pos"}\n{"text": "bad mess", "label": "neg"}\n')
         ft = tmp_path / "ft"
@@ -125,8 +123,7 @@ def test_transformers_names_underscores_and_version(book, tok, tmp_path, capsys)
 
 
 def test_the_python_api_equals_the_commands(book, tok, tmp_path, capsys):
-    args = ["--max-steps", "3", "--eval-every", "0", "--seed", "3", "--no-progress"]
-    assert main(["--quiet", *_pretrain(book, tok, tmp_path / "cli", *args)]) == 0
+    assert main(["--quiet", *_pretrain(book, tok, tmp_path / "cli", "--eval-every", "0", "--seed", "3", steps=3)]) == 0
     m = bertforge.run_pretraining(str(tmp_path / "api"), data=str(book), tokenizer=tok, preset="tiny", max_seq_length=32,
                                   batch_size=8, max_eval_instances=16, max_steps=3, eval_every=0, seed=3, progress=False)
     cli_m = json.loads((tmp_path / "cli" / "metrics.json").read_text())
@@ -158,9 +155,8 @@ def test_fp16_with_loss_scaling_trains_and_resumes(book, tok, tmp_path, capsys):
     """The GPU-without-bf16 path, forced on the CPU: fp16 autocast with a gradient scaler whose state is
     checkpointed and restored."""
     out = tmp_path / "fp16"
-    args = _pretrain(book, tok, out, "--precision", "fp16", "--device", "cpu", "--eval-every", "0", "--save-every", "2",
-                     "--no-progress")
-    assert main(["--quiet", *args, "--max-steps", "2"]) == 0
+    args = _pretrain(book, tok, out, "--precision", "fp16", "--device", "cpu", "--eval-every", "0", "--save-every", "2")
+    assert main(["--quiet", *args]) == 0
     state = torch.load(out / "checkpoints" / "step-00000002" / "trainer_state.pt", weights_only=True)
     assert state["scaler"]["scale"] > 0
     assert main(["pretrain", "--out", str(out), "--resume", "--max-steps", "4", "--no-progress"]) == 0
@@ -172,9 +168,8 @@ def test_fp16_with_loss_scaling_trains_and_resumes(book, tok, tmp_path, capsys):
 
 def test_report_to_tensorboard_and_small_vocabularies_are_said(book, tmp_path, capsys):
     out = tmp_path / "pt"
-    assert main(["pretrain", "--data", str(book), "--vocab-size", "5000", "--out", str(out), "--preset", "tiny",
-                 "--max-seq-length", "32", "--batch-size", "8", "--max-steps", "1", "--eval-every", "0",
-                 "--max-eval-instances", "8", "--report-to", "tensorboard", "--no-progress"]) == 0
+    assert main(tiny_pretrain(book, out, "--vocab-size", "5000", "--eval-every", "0", "--max-eval-instances", "8",
+                              "--report-to", "tensorboard", steps=1)) == 0
     err = capsys.readouterr().err
     assert "asked for a vocabulary of 5000 tokens; the corpus gave" in err
     try:
@@ -194,8 +189,12 @@ def _loader_position(out) -> tuple[int, int, int]:
 
 def test_pretraining_stops_after_its_epochs_and_takes_transformers_names(book, tok, tmp_path, capsys):
     one, two = tmp_path / "one", tmp_path / "two"
-    fast = ["--batch-size", "16", "--max-eval-instances", "8", "--eval-every", "0", "--no-progress"]
-    assert main(_pretrain(book, tok, one, "--epochs", "1", *fast)) == 0
+
+    def epochs(out, *flags):  # as long as ``flags`` say
+        return tiny_pretrain(book, out, *flags, "--max-eval-instances", "8", "--eval-every", "0", tokenizer=tok, batch=16,
+                             steps=None)
+
+    assert main(epochs(one, "--epochs", "1")) == 0
     # the log says what the README says: the text cut into 20 parts, some of them held out, with their tokens
     import re
 
@@ -203,7 +202,7 @@ def test_pretraining_stops_after_its_epochs_and_takes_transformers_names(book, t
                      capsys.readouterr().err)
     assert said and int(said[1]) + int(said[3]) == 20 and int(said[3]) >= 1
     assert 0.04 < int(said[4]) / (int(said[2]) + int(said[4])) < 0.2  # about 5% of the text
-    assert main(["--quiet", *_pretrain(book, tok, two, "--num_train_epochs", "2", *fast)]) == 0
+    assert main(["--quiet", *epochs(two, "--num_train_epochs", "2")]) == 0
     steps1, epoch1, at1 = _loader_position(one)
     steps2, epoch2, at2 = _loader_position(two)
     assert (epoch1, at1) == (0, steps1)  # the whole first epoch and no more ...

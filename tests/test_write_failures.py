@@ -16,27 +16,24 @@ import torch
 
 from bertforge.cli import main
 
-from .helpers import SENTENCES, tiny_model_dir
+from .helpers import SENTENCES, tiny_model_dir, tiny_pretrain
 from .test_hostile import snapshot
-
-TEXTS = SENTENCES
 
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory) -> pathlib.Path:
     w = tmp_path_factory.mktemp("inputs")
-    (w / "corpus.txt").write_text("\n\n".join(TEXTS) + "\n")
-    (w / "corpus.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
-    tiny_model_dir(w / "model", TEXTS, vocab_size=40, kind="wordlevel")
+    (w / "corpus.txt").write_text("\n\n".join(SENTENCES) + "\n")
+    (w / "corpus.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in SENTENCES))
+    tiny_model_dir(w / "model", SENTENCES, vocab_size=40, kind="wordlevel")
     rows = [{"text": "good movie", "label": "pos"}, {"text": "bad film", "label": "neg"}]
     (w / "cls.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return w
 
 
 def pretrain_args(w: pathlib.Path, out: pathlib.Path) -> list[str]:
-    return ["pretrain", "--data", str(w / "corpus.jsonl"), "--tokenizer", str(w / "model"), "--preset", "tiny",
-            "--max-seq-length", "32", "--batch-size", "4", "--max-steps", "1", "--eval-every", "0",
-            "--max-eval-instances", "4", "--no-progress", "--out", str(out)]
+    return tiny_pretrain(w / "corpus.jsonl", out, "--eval-every", "0", "--max-eval-instances", "4", tokenizer=w / "model",
+                         batch=4, steps=1)
 
 
 def tokenizer_args(w: pathlib.Path, out: pathlib.Path, vocab: int = 30) -> list[str]:
