@@ -357,12 +357,14 @@ def _documents_of(texts: Iterator[str]) -> Iterator[str | None]:
 
 
 def _jsonl_part_texts(lines: Iterator[str], path: str, start: int, field: str) -> Iterator[str]:
-    before = (lambda: newlines_before(path, start)) if start else 0  # (counted only to name a line in an error)
+    def before() -> int:  # (counted only to name a line in an error)
+        return newlines_before(path, start) if start else 0
+
     for n, obj in json_lines(lines, path, before):
         problem = (f"no field {field!r}" if field not in obj else
                    f"field {field!r} is not a string" if not isinstance(obj[field], str) else None)
         if problem:
-            raise UserError(f"{path}:{n + (before() if callable(before) else before)}: {problem}")
+            raise UserError(f"{path}:{n + before()}: {problem}")
         yield obj[field]
 
 

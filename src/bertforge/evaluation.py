@@ -16,7 +16,7 @@ from collections.abc import Iterable
 import numpy as np
 import torch
 
-from .batching import to_device
+from .batching import length_sorted_batches, pad_batch, to_device
 from .errors import UserError
 
 
@@ -35,8 +35,6 @@ def by_length(model, features: list[dict], pad_id: int, device, batch_size: int,
     """``fn(model output, batch)`` -> one result per row, over batches of similar lengths (little padding) in eval
     mode; the results in the features' order.  ``desc``: a progress bar's."""
     from tqdm import tqdm
-
-    from .batching import length_sorted_batches, pad_batch
 
     out: list = [None] * len(features)
     batches = length_sorted_batches([len(f["input_ids"]) for f in features], batch_size)

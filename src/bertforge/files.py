@@ -30,10 +30,9 @@ def read_text(path: str, what: str = "file") -> str:
     return _decoded(data, path, 0, 0, 0)
 
 
-def json_lines(lines: Iterable[str], path: str, before: int | Callable[[], int] = 0) -> Iterator[tuple[int, dict]]:
+def json_lines(lines: Iterable[str], path: str, before: Callable[[], int] = lambda: 0) -> Iterator[tuple[int, dict]]:
     """(line number among ``lines``, object) for each non-blank line; a line that is not a JSON object names the
-    file and its line there (``before``: the lines that precede ``lines`` in the file, or a function that counts
-    them, called only then)."""
+    file and its line there (``before()``: the lines that precede ``lines`` in the file, counted only then)."""
     for lineno, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -43,7 +42,7 @@ def json_lines(lines: Iterable[str], path: str, before: int | Callable[[], int] 
         except json.JSONDecodeError as e:
             problem = f"not valid JSON ({e.msg})"
         if problem:
-            raise UserError(f"{path}:{lineno + (before() if callable(before) else before)}: {problem}")
+            raise UserError(f"{path}:{lineno + before()}: {problem}")
         yield lineno, obj
 
 
