@@ -1,14 +1,16 @@
 """bertforge: pretrain BERT from scratch and fine-tune it, in PyTorch.
 
 The Python API mirrors the commands (:mod:`bertforge.api`): :func:`train_tokenizer`, :func:`prepare`,
-:func:`run_pretraining`, :func:`run_finetuning`, :func:`evaluate_classifier`, :func:`evaluate_squad` and
-:func:`pipeline`; the model classes load and save Hugging Face BERT directories (``from_pretrained`` /
+:func:`run_pretraining`, :func:`run_finetuning`, :func:`evaluate_classifier`, :func:`evaluate_squad`,
+:func:`evaluate_retrieval`, :func:`embed` and :func:`pipeline`; the model classes load and save Hugging Face BERT directories (``from_pretrained`` /
 ``save_pretrained``).
 """
 
 from .api import (
+    embed,
     evaluate_classifier,
     evaluate_mlm,
+    evaluate_retrieval,
     evaluate_squad,
     pipeline,
     prepare,
@@ -40,6 +42,8 @@ __all__ = [
     "UserError",
     "load_tokenizer",
     "pipeline",
+    "embed",
+    "evaluate_retrieval",
     "train_tokenizer",
     "prepare",
     "run_pretraining",

@@ -171,8 +171,39 @@ def evaluate_mlm(model: str | os.PathLike, data: list[str | os.PathLike] | str |
             "seed": seed}
 
 
-__all__ = ["evaluate_classifier", "evaluate_mlm", "evaluate_squad", "pipeline", "prepare", "run_finetuning",
-           "run_pretraining", "train_tokenizer"]
+@checked(batch_size=1)
+def embed(model: str | os.PathLike, texts: str | list[str], batch_size: int = 32, device: str = "auto",
+          pooling: str | None = None, max_seq_length: int | None = None):
+    """``bertforge predict embed``: a text's vector (C,), or (N, C) float32 for a list, as
+    ``SentenceTransformer(model).encode`` gives them for a sentence-transformers folder (its pooling,
+    normalisation and ``max_seq_length``); a plain BERT directory: the mean of the last layer, L2-normalised.
+    ``pooling`` (``mean`` or ``cls``) overrides the folder's."""
+    from .predict import EmbedPipeline
+
+    return EmbedPipeline(model, device, batch_size, max_seq_length=max_seq_length, pooling=pooling)(texts)
+
+
+@checked(batch_size=1)
+def evaluate_retrieval(model: str | os.PathLike, data: str | os.PathLike, batch_size: int = 64, device: str = "auto",
+                       pooling: str | None = None, max_seq_length: int | None = None) -> dict:
+    """``bertforge evaluate retrieval``: MRR@10, recall@1, recall@10 and nDCG@10 (fractions) of ``model``'s
+    embeddings on ``data`` (a SQuAD JSON file: every question against every paragraph; a BEIR folder; a JSONL
+    file of ``{"query", "positive"}`` pairs against the distinct positives), by exact search; ``model="bm25"``
+    scores BM25 instead (:data:`bertforge.retrieval.BM25_SETTINGS`)."""
+    from .predict import EmbedPipeline
+    from .retrieval import evaluate, read_retrieval_set
+
+    data = os.fspath(data)
+    embed_texts = "bm25"
+    if os.fspath(model) != "bm25":
+        embed_texts = EmbedPipeline(model, device, batch_size, max_seq_length=max_seq_length, pooling=pooling)
+    elif pooling is not None or max_seq_length is not None:
+        raise UserError("--pooling and --max-seq-length are settings of an embedding model, not of bm25")
+    return evaluate(read_retrieval_set(data), embed_texts)
+
+
+__all__ = ["embed", "evaluate_classifier", "evaluate_mlm", "evaluate_retrieval", "evaluate_squad", "pipeline",
+           "prepare", "run_finetuning", "run_pretraining", "train_tokenizer"]
 
 
 def _paths(value: Any, listed: bool = False) -> Any:

@@ -274,7 +274,8 @@ def cmd_pretrain(a: argparse.Namespace) -> int:
 # ------------------------------------------------------------------------------------------------ finetune
 
 
-FINETUNE_PRINTED = {"classify": ("accuracy", "macro_f1", "loss"), "squad": ("exact_match", "f1", "precision", "recall")}
+FINETUNE_PRINTED = {"classify": ("accuracy", "macro_f1", "loss"), "squad": ("exact_match", "f1", "precision", "recall"),
+                    "embed": ("mrr@10", "recall@1", "recall@10", "ndcg@10")}
 
 
 def cmd_finetune(a: argparse.Namespace) -> int:
@@ -297,11 +298,13 @@ def _add_finetune_parsers(sub) -> None:
     from .lifecycle import SAVE_INTERVAL
     from .tasks import TASKS
 
-    ft = sub.add_parser("finetune", help="fine-tune a BERT for classification or SQuAD question answering")
+    ft = sub.add_parser("finetune", help="fine-tune a BERT for classification, SQuAD question answering or embeddings")
     fts = ft.add_subparsers(dest="task", metavar="TASK", parser_class=_Parser)
     fts.required = True
     helps = {"classify": "sentence or sentence-pair classification (TSV, CSV, JSONL)",
-             "squad": "SQuAD v1.1 extractive question answering"}
+             "squad": "SQuAD v1.1 extractive question answering",
+             "embed": "sentence embeddings from query/passage pairs (JSONL, TSV or SQuAD JSON), in-batch negatives; "
+                      "the output is also a sentence-transformers folder"}
     for name, kind in TASKS.items():
         p = fts.add_parser(name, help=helps[name])
         flags = add_setting_flags(p, kind.config(), defaults={"lr": finetune_lr_rule(), "save_every": (
@@ -341,6 +344,13 @@ def cmd_evaluate_classify(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_evaluate_retrieval(a: argparse.Namespace) -> int:
+    from .api import evaluate_retrieval
+
+    _print_json(evaluate_retrieval(a.model, a.data, a.batch_size, a.device, a.pooling, a.max_seq_length))
+    return 0
+
+
 def cmd_evaluate_mlm(a: argparse.Namespace) -> int:
     from .api import evaluate_mlm
 
@@ -356,6 +366,13 @@ def _task_settings(a: argparse.Namespace, kind: type):
     settings = kind(**explicit_flags(a, [f.name for f in dataclasses.fields(kind)]))
     validate_fields(settings)
     return settings
+
+
+def _embedding_flags(p) -> None:
+    p.add_argument("--pooling", choices=("mean", "cls"), help="default: the folder's sentence-transformers pooling, "
+                                                             "else mean")
+    p.add_argument("--max-seq-length", type=positive_int, help="tokens read of a text (default: the folder's "
+                                                                "max_seq_length, else 512)")
 
 
 def _add_evaluate_parsers(sub) -> None:
@@ -383,6 +400,16 @@ def _add_evaluate_parsers(sub) -> None:
     c.add_argument("--device", default="auto")
     add_setting_flags(c, ClassifyConfig())
     c.set_defaults(func=cmd_evaluate_classify)
+    r = evs.add_parser("retrieval", help="MRR@10, recall@1/10 and nDCG@10 of a model's embeddings (or BM25)")
+    r.add_argument("--model", required=True, help="a BERT or sentence-transformers directory, or bm25 (BM25 through the "
+                                                  "bm25s library: k1 1.5, b 0.75, Lucene's idf, English stop words)")
+    r.add_argument("--data", required=True, help="a SQuAD JSON file (each question against every paragraph), a BEIR "
+                                                 "folder (corpus.jsonl, queries.jsonl, qrels/test.tsv) or a JSONL "
+                                                 "file of {query, positive} (against the distinct positives)")
+    r.add_argument("--batch-size", type=positive_int, default=64)
+    _embedding_flags(r)
+    r.add_argument("--device", default="auto")
+    r.set_defaults(func=cmd_evaluate_retrieval)
     m = evs.add_parser("mlm", help="held-out masked-LM accuracy on a fixed protocol (any model with an MLM head)")
     m.add_argument("--model", required=True, help="a BERT directory with a masked-LM head, ours or transformers'")
     m.add_argument("--data", required=True, nargs="+", metavar="PATH", help="held-out text: .txt/.jsonl/.gz files")
@@ -440,6 +467,21 @@ def _emit(a: argparse.Namespace, results: Any, table) -> None:
             print(line)
 
 
+def cmd_predict_embed(a: argparse.Namespace) -> int:
+    from .api import embed
+
+    texts = _texts(a)
+    vecs = embed(a.model, texts, a.batch_size, a.device, a.pooling, a.max_seq_length)
+
+    def table(rows):
+        for t, v in zip(texts, rows):
+            head = " ".join(f"{x:+.3f}" for x in v[:4])
+            yield f"[{head} ...] ({len(v)} values, norm {float((v ** 2).sum()) ** 0.5:.3f})  {_line(t, 60)}"
+
+    _emit(a, vecs.tolist() if a.json else vecs, table)
+    return 0
+
+
 def cmd_predict(a: argparse.Namespace) -> int:
     from .predict import pipeline
 
@@ -494,7 +536,7 @@ def cmd_predict(a: argparse.Namespace) -> int:
 def _add_predict_parsers(sub) -> None:
     from .config import SquadConfig
 
-    pr = sub.add_parser("predict", help="use a trained model: fill-mask, next-sentence, classify, qa")
+    pr = sub.add_parser("predict", help="use a trained model: fill-mask, next-sentence, classify, qa, embed")
     prs = pr.add_subparsers(dest="task", metavar="TASK", parser_class=_Parser)
     prs.required = True
 
@@ -530,6 +572,13 @@ def _add_predict_parsers(sub) -> None:
     q.add_argument("--max-seq-length", type=positive_int, default=384)
     q.add_argument("--top-k", type=positive_int, default=1, help="the k best answers to the question")
     add_setting_flags(q, SquadConfig())
+    e = prs.add_parser("embed", help="sentence vectors (as SentenceTransformer.encode gives them)")
+    common(e)
+    e.add_argument("--input", help="a .txt file (one text per line) or a .tsv/.csv/.jsonl file")
+    e.add_argument("--text-column")
+    _embedding_flags(e)
+    e.add_argument("text", nargs="*")
+    e.set_defaults(func=cmd_predict_embed)
 
 
 # ------------------------------------------------------------------------------------------------ parser

@@ -663,3 +663,13 @@ class SquadConfig:
     max_query_length: int = setting(64, "question tokens kept", check="positive")
     n_best: int = setting(20, "start and end candidates per window", check="positive")
     max_answer_length: int = setting(30, "longest answer in tokens", check="positive")
+
+
+@dataclass
+class EmbedConfig:
+    pooling: str = setting("auto", "how a text's vector is made: mean (of the last layer over its tokens) or cls (the "
+                                   "[CLS] state); auto: the model folder's sentence-transformers pooling, else mean",
+                           choices=("auto", "mean", "cls"))
+    scale: float = setting(20.0, "similarities are multiplied by this before the softmax over the batch (1/temperature;"
+                                 " 20 as sentence-transformers' MultipleNegativesRankingLoss)", check="positive")
+    symmetric: bool = setting(False, "add the loss of each positive picking its query among the batch's queries")

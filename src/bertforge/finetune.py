@@ -33,11 +33,11 @@ from .atomic import atomic_write_json
 from .batching import EpochBatches, plan_steps, to_device
 from .config import BertConfig, FinetuneConfig, dataclass_from_dict, validate_fields
 from .devices import Dist
+from .embeddings import ST_FILES
 from .engine import Engine, LinearSchedule
 from .errors import TrainingError, UserError, shown
 from .lifecycle import TrainingRun, finish, preflight, run_folder, start_run
 from .loading import warn_untrained_positions
-from .objectives.task import TaskLoss
 from .outputs import MODEL_FILES, register_output
 from .plots import plot_finetuning
 from .runfolder import COMMAND, CORPUS, SETTINGS_FILES, RunFolder
@@ -50,7 +50,7 @@ log = logging.getLogger("bertforge")
 SETTINGS_FILE = SETTINGS_FILES["finetune"]
 register_output("finetune", MODEL_FILES | {SETTINGS_FILE, "metrics.jsonl", "metrics.json", "train.log", "plots",
                                            "tensorboard", "predictions.json", "predictions.jsonl", "README.md",
-                                           "checkpoints"})
+                                           "checkpoints"} | ST_FILES)
 MIN_UPDATES = 100  # fewer optimizer updates than this rarely fine-tune a BERT well: warned
 
 
@@ -152,6 +152,7 @@ def write_outputs(folder: str, task: FinetuneTask, cfg: FinetuneConfig, model, t
     """The fine-tuned model, the task's predictions, metrics.json, finetune_config.json, card and plots (without
     validation data: the model and what it was trained on alone)."""
     ckpt.save_pretrained(model, folder, tokenizer=tok)
+    task.write_model(folder, model.config)
     if history:
         extra = task.write_outputs(folder, best.artifacts)
         metrics = {**best.metrics, "best_epoch": best.epoch, "best_step": best.step,
@@ -190,7 +191,7 @@ class FineTuning(TrainingRun):
             model.base_model.embeddings.word_embeddings.weight.requires_grad_(False)
         self.epochs, total = plan_steps(len(features), t)
         schedule = LinearSchedule(t.lr, total, t.max_time, t.warmup_steps, t.warmup_ratio)
-        engine = Engine(TaskLoss(model, t.seed), t, cfg.impl, device, d, schedule=schedule)
+        engine = Engine(task.objective(model, t.seed, d.world), t, cfg.impl, device, d, schedule=schedule)
         super().__init__(folder, d, engine, t, cfg.impl.progress, cfg.impl.report_to == "tensorboard", total=total)
         self.checkpoints = t.save_every != 0  # (0: the outputs go to a temporary folder, where nothing resumes)
         self.validating = bool(cfg.data.validation_file or cfg.data.validation_split)

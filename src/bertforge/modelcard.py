@@ -195,6 +195,7 @@ def finetuning_card(task, cfg, metrics: dict) -> str:
         kept = (f"the weights of epoch {metrics['best_epoch']} (step {metrics['best_step']}) kept, the best by "
                 f"{task.select} on {on}")
     summary = f"`{cfg.model}` fine-tuned for {task.name} on `{dc.train_file}` for {length}; {kept}."
+    summary = f"{summary} {task.describe()}".rstrip()
     settings = {"task": task.name, "epochs": t.epochs, "max_steps": t.max_steps, "max_time (s)": t.max_time,
                 "grad_accum": t.grad_accum, "eval_every": t.eval_every, "batch_size": t.batch_size, "lr": t.lr,
                 "warmup_ratio": t.warmup_ratio, "weight_decay": t.weight_decay, "max_seq_length": dc.max_seq_length,
@@ -203,6 +204,6 @@ def finetuning_card(task, cfg, metrics: dict) -> str:
                 "seed": t.seed, **dataclasses.asdict(task.settings)}
     shown = {k: v for k, v in metrics.items() if k != "epochs"}
     return render(f"{task.name} model fine-tuned by bertforge", summary,
-                  "question-answering" if task.name == "squad" else "text-classification", shown, settings,
+                  task.pipeline_tag, shown, settings,
                   [dc.train_file, dc.validation_file], cfg.model, base_license(cfg.model),
                   load=task.model_class.__name__)

@@ -2,7 +2,8 @@
 
 Tasks: ``fill-mask`` (each [MASK] filled, top-k tokens with probabilities), ``next-sentence`` (IsNext
 probability of a sentence pair), ``classify`` (label probabilities), ``qa`` (extractive answer, widened to
-whole words, scored by its probability).  They work on any BERT directory, ours or a transformers checkpoint,
+whole words, scored by its probability), ``embed`` (sentence vectors, as ``SentenceTransformer.encode`` gives
+them for a sentence-transformers folder; :mod:`bertforge.embeddings`).  They work on any BERT directory, ours or a transformers checkpoint,
 and refuse clearly when the directory lacks the head a task needs (all-MiniLM-L6-v2 has no MLM head) instead of
 predicting from random weights.  Calls take and shape what transformers' pipelines do (one text in, one result
 out; a list in, a list out; fill-mask's candidates a flat list for a text with one [MASK]; question answering
@@ -29,7 +30,7 @@ from .config import BertConfig, SquadConfig
 from .errors import UserError, checked, require_type, shown
 from .evaluation import by_length
 from .loading import check_max_seq_length, load_for_inference, masked_lm, model_dir
-from .model import BertForPreTraining, BertForQuestionAnswering, BertForSequenceClassification
+from .model import BertForPreTraining, BertForQuestionAnswering, BertForSequenceClassification, BertModel
 from .tokenizer import special_ids
 
 log = logging.getLogger("bertforge")
@@ -43,6 +44,7 @@ _HEADS = {
     "classify": ("classifier.weight", "classification head (classifier)",
                  "fine-tune it with bertforge finetune classify"),
     "qa": ("qa_outputs.weight", "question-answering head (qa_outputs)", "fine-tune it with bertforge finetune squad"),
+    "embed": ("embeddings.word_embeddings.weight", "encoder weights", "give a BERT directory"),
 }
 TASKS = tuple(_HEADS)
 
@@ -246,6 +248,32 @@ class QAPipeline(Pipeline):
         return found
 
 
+class EmbedPipeline(Pipeline):
+    task = "embed"
+    model_class = BertModel
+
+    def __init__(self, model: str | os.PathLike, device: str = "auto", batch_size: int = 32, progress: bool = False,
+                 max_seq_length: int | None = None, pooling: str | None = None):
+        from .embeddings import settings_of
+
+        self.settings = settings_of(model_dir(model), pooling)
+        self.default_length = self.settings.max_seq_length or Pipeline.default_length  # the folder's, as ST reads it
+        super().__init__(model, device, batch_size, progress, max_seq_length)
+
+    @checked
+    def __call__(self, texts: str | list[str]) -> np.ndarray:
+        """(C,) float32 vector of a text, or (N, C) of a list, cut at the folder's ``max_seq_length`` tokens."""
+        from .embeddings import encode, tokenize
+
+        single = isinstance(texts, str)
+        texts = [texts] if single else list(texts)
+        for i, t in enumerate(texts):
+            require_type(t, str, f"texts[{i}]")
+        vecs = encode(self.model, tokenize(self.tok, texts, self.settings, self.max_length), self.sp.pad, self.device,
+                      self.settings, self.batch_size, self.task if self.progress else None)
+        return vecs[0] if single else vecs
+
+
 def _qa_inputs(inputs: tuple, question, context) -> tuple[list[tuple[str, str]], bool]:
     """((question, context) pairs, whether one question was asked) of a question-answering call, each checked:
     two strings, ``question=`` and ``context=`` (strings, lists, or a list of questions and one context for
@@ -310,9 +338,10 @@ def whole_words(context: str, start: int, end: int) -> tuple[int, int]:
 
 
 _PIPELINES = {"fill-mask": FillMaskPipeline, "next-sentence": NextSentencePipeline, "classify": ClassifyPipeline,
-              "qa": QAPipeline}
+              "qa": QAPipeline, "embed": EmbedPipeline}
 # transformers' names
-ALIASES = {"text-classification": "classify", "sentiment-analysis": "classify", "question-answering": "qa"}
+ALIASES = {"text-classification": "classify", "sentiment-analysis": "classify", "question-answering": "qa",
+           "feature-extraction": "embed", "sentence-similarity": "embed"}
 
 
 @checked(batch_size=1)

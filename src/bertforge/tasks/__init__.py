@@ -1,4 +1,5 @@
-"""Fine-tuning tasks: sentence (pair) classification and SQuAD v1.1 extractive question answering.
+"""Fine-tuning tasks: sentence (pair) classification, SQuAD v1.1 extractive question answering, and sentence
+embeddings.
 
 Each is a :class:`~bertforge.tasks.base.FinetuneTask` that the one runner (:mod:`bertforge.finetune`)
 trains; their data handling is also what evaluation and prediction use.
@@ -6,8 +7,9 @@ trains; their data handling is also what evaluation and prediction use.
 
 from .base import FinetuneTask
 from .classify import ClassificationTask
+from .embed import EmbedTask
 from .squad import SquadTask
 
-TASKS: dict[str, type[FinetuneTask]] = {t.name: t for t in (ClassificationTask, SquadTask)}
+TASKS: dict[str, type[FinetuneTask]] = {t.name: t for t in (ClassificationTask, SquadTask, EmbedTask)}
 
-__all__ = ["TASKS", "ClassificationTask", "FinetuneTask", "SquadTask"]
+__all__ = ["TASKS", "ClassificationTask", "EmbedTask", "FinetuneTask", "SquadTask"]

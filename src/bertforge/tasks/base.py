@@ -27,6 +27,7 @@ class FinetuneTask:
     select: ClassVar[str] = ""  # the metric that picks the best epoch (higher is better)
     plotted: ClassVar[list[tuple[str, str]]] = []  # (metric, label) drawn per epoch
     defaults: ClassVar[dict[str, Any]] = {}  # this task's defaults of FinetuneConfig fields (by flat name)
+    pipeline_tag: ClassVar[str] = ""  # the Hub's name of what the model does, for its card
 
     def __init__(self, settings: Any):
         self.settings = settings  # the task's own dataclass (ClassifyConfig, SquadConfig)
@@ -62,6 +63,12 @@ class FinetuneTask:
         """Adapt the model's config to the task; True when the checkpoint's head must be re-initialised."""
         return False
 
+    def objective(self, model, seed: int | None, world: int):
+        """The module the engine trains around ``model``: the model's own loss, unless the task has another."""
+        from ..objectives.task import TaskLoss
+
+        return TaskLoss(model, seed)
+
     def encode(self, tok: Tokenizer, cfg: FinetuneConfig) -> tuple[list[dict], Callable[[list[dict]], dict]]:
         """Training features and the function that makes a batch of them."""
         raise NotImplementedError
@@ -73,6 +80,13 @@ class FinetuneTask:
     def eval_size(self) -> int:
         """Sequences that ``evaluate`` reads (after ``encode``)."""
         return 0
+
+    def write_model(self, folder: str, config: BertConfig) -> None:
+        """Files of the task's own beside the saved model (with validation data or without)."""
+
+    def describe(self) -> str:
+        """What the model card says of the task's model besides the run's settings."""
+        return ""
 
     def write_outputs(self, folder: str, artifacts: Any) -> dict:
         """Write predictions into the output folder; return figures for metrics.json."""

@@ -160,6 +160,7 @@ class ClassificationTask(FinetuneTask):
     model_class = BertForSequenceClassification
     settings_class = ClassifyConfig
     select = "accuracy"
+    pipeline_tag = "text-classification"
     plotted = [("accuracy", "accuracy"), ("macro_f1", "macro-F1")]
     defaults = {}
 

@@ -283,6 +283,7 @@ class SquadTask(FinetuneTask):
     model_class = BertForQuestionAnswering
     settings_class = SquadConfig
     select = "f1"
+    pipeline_tag = "question-answering"
     plotted = [("exact_match", "exact match"), ("f1", "F1")]
     defaults = {"max_seq_length": 384, "epochs": 2, "batch_size": 16}
 

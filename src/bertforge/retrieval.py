@@ -1,0 +1,202 @@
+"""Retrieval: query/passage pairs and retrieval sets read from files, exact search, and the figures.
+
+Files: a SQuAD v1.1 JSON file (each question with its paragraph; the corpus every paragraph of the file), a
+JSONL file of ``{"query", "positive"[, "negative"]}`` rows or a TSV file of ``query<TAB>positive[<TAB>negative]``
+lines (the corpus the distinct positives), or, for evaluation, a BEIR folder (``corpus.jsonl``,
+``queries.jsonl``, ``qrels/test.tsv``).  Figures as BEIR and pytrec_eval compute them: MRR@10 (the reciprocal
+rank of the first relevant passage in the top ten, else 0), recall@k (the share of a query's relevant passages
+in its top k), nDCG@10 (gain = the relevance grade, discount log2(rank + 1)), averaged over the queries that
+have a relevant passage.  Search is exact: every query against every passage, by cosine similarity.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import os
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .errors import UserError, shown
+from .files import json_lines, read_text
+
+TOP_K = 10
+
+
+@dataclass
+class Pair:
+    query: str
+    positive: str
+    negative: str | None = None
+
+
+@dataclass
+class RetrievalSet:
+    queries: list[str]
+    corpus: list[str]
+    relevant: list[dict[int, int]]  # per query: {passage index: relevance grade > 0}
+
+
+# ------------------------------------------------------------------------------------------------ reading
+def _is_squad(path: str) -> bool:
+    return path.lower().endswith(".json")
+
+
+def read_pairs(path: str) -> tuple[list[Pair], list[str] | None]:
+    """(pairs in the file's order, the corpus when the file defines one: a SQuAD file's paragraphs)."""
+    if _is_squad(path):
+        from .tasks.squad import read_examples
+
+        examples, data = read_examples(path)
+        corpus = [p["context"] for a in data for p in a["paragraphs"]]
+        for ex in examples:
+            if not ex.question.strip():
+                raise UserError(f"{path}: question {ex.id} is empty")
+        return [Pair(ex.question, ex.context) for ex in examples], list(dict.fromkeys(corpus))
+    low = path.lower()
+    rows: list[tuple[int, list]] = []
+    text = read_text(path, "pairs file")
+    if low.endswith(".jsonl"):
+        for n, obj in json_lines(io.StringIO(text), path):
+            for key in ("query", "positive"):
+                if key not in obj:
+                    raise UserError(f"{path}:{n}: no {key!r} field (a pair is {{\"query\", \"positive\"[, "
+                                    "\"negative\"]}})")
+            rows.append((n, [obj["query"], obj["positive"], obj.get("negative")]))
+    elif low.endswith(".tsv"):
+        reader = csv.reader(io.StringIO(text), delimiter="\t", quoting=csv.QUOTE_NONE)
+        for n, fields in enumerate(reader, 1):
+            if not fields or all(not f.strip() for f in fields):
+                continue
+            if n == 1 and [f.strip().lower() for f in fields[:2]] == ["query", "positive"]:
+                continue  # a header
+            if len(fields) not in (2, 3):
+                raise UserError(f"{path}:{n}: {len(fields)} fields; a pair is query<TAB>positive[<TAB>negative]")
+            rows.append((n, [*fields, None][:3]))
+    else:
+        raise UserError(f"{path}: unknown format; expected .jsonl or .tsv pairs, or a SQuAD .json file")
+    pairs = []
+    for n, (q, p, neg) in rows:
+        for name, v in (("query", q), ("positive", p), ("negative", neg)):
+            if v is None and name == "negative":
+                continue
+            if not isinstance(v, str):
+                raise UserError(f"{path}:{n}: {name!r} must be text, not {shown(v)}")
+            if not v.strip():
+                raise UserError(f"{path}:{n}: the {name} is empty")
+        pairs.append(Pair(q, p, neg))
+    if not pairs:
+        raise UserError(f"{path} holds no pairs")
+    return pairs, None
+
+
+def pairs_set(pairs: list[Pair], corpus: list[str] | None) -> RetrievalSet:
+    """Each pair's query against ``corpus`` (default: the distinct positives), its positive relevant."""
+    corpus = corpus if corpus is not None else list(dict.fromkeys(p.positive for p in pairs))
+    where = {text: i for i, text in enumerate(corpus)}
+    return RetrievalSet([p.query for p in pairs], corpus, [{where[p.positive]: 1} for p in pairs])
+
+
+def _beir(folder: str) -> RetrievalSet:
+    def jsonl(name: str, fields: tuple[str, ...]) -> list[dict]:
+        path = os.path.join(folder, name)
+        rows = []
+        for n, obj in json_lines(io.StringIO(read_text(path, "BEIR file")), path):
+            for key in fields:
+                if not isinstance(obj.get(key), str):
+                    raise UserError(f"{path}:{n}: {key!r} must be text, not {shown(obj.get(key))}")
+            rows.append(obj)
+        if not rows:
+            raise UserError(f"{path} is empty")
+        return rows
+
+    corpus_rows = jsonl("corpus.jsonl", ("_id", "text"))
+    query_rows = jsonl("queries.jsonl", ("_id", "text"))
+    # BEIR's dense models read a passage as its title, a space, and its text
+    corpus = [(f"{r['title']} {r['text']}" if isinstance(r.get("title"), str) and r["title"] else r["text"])
+              for r in corpus_rows]
+    doc_at = {r["_id"]: i for i, r in enumerate(corpus_rows)}
+    qrels_path = os.path.join(folder, "qrels", "test.tsv")
+    qrels: dict[str, dict[int, int]] = {}
+    for n, fields in enumerate(csv.reader(io.StringIO(read_text(qrels_path, "BEIR qrels")), delimiter="\t"), 1):
+        if not fields or (n == 1 and fields[0] == "query-id"):
+            continue
+        if len(fields) != 3:
+            raise UserError(f"{qrels_path}:{n}: {len(fields)} fields; expected query-id, corpus-id, score")
+        qid, did, score = fields
+        try:
+            grade = int(score)
+        except ValueError:
+            raise UserError(f"{qrels_path}:{n}: score {shown(score)} is no integer") from None
+        if did not in doc_at:
+            raise UserError(f"{qrels_path}:{n}: corpus-id {shown(did)} is not in corpus.jsonl")
+        if grade > 0:
+            qrels.setdefault(qid, {})[doc_at[did]] = grade
+    queries = [r for r in query_rows if r["_id"] in qrels]  # BEIR scores the queries its qrels judge
+    if not queries:
+        raise UserError(f"{qrels_path}: no query of queries.jsonl has a relevant passage")
+    return RetrievalSet([r["text"] for r in queries], corpus, [qrels[r["_id"]] for r in queries])
+
+
+def read_retrieval_set(path: str) -> RetrievalSet:
+    """A BEIR folder, a SQuAD JSON file, or a file of pairs, as queries, corpus and relevance."""
+    if os.path.isdir(path):
+        return _beir(path)
+    return pairs_set(*read_pairs(path))
+
+
+# ------------------------------------------------------------------------------------------------ figures
+def metrics(ranked: np.ndarray, relevant: list[dict[int, int]]) -> dict[str, float]:
+    """MRR@10, recall@1, recall@10 and nDCG@10 of ``ranked`` (Q, k): each query's passage indices, best first."""
+    mrr = r1 = r10 = ndcg = 0.0
+    for row, rel in zip(ranked, relevant):
+        top = [int(i) for i in row[:TOP_K]]
+        hits = [rel.get(i, 0) for i in top]
+        first = next((k for k, g in enumerate(hits) if g > 0), None)
+        mrr += 0.0 if first is None else 1.0 / (first + 1)
+        r1 += sum(1 for g in hits[:1] if g > 0) / len(rel)
+        r10 += sum(1 for g in hits if g > 0) / len(rel)
+        dcg = sum(g / math.log2(k + 2) for k, g in enumerate(hits))
+        ideal = sum(g / math.log2(k + 2) for k, g in enumerate(sorted(rel.values(), reverse=True)[:TOP_K]))
+        ndcg += dcg / ideal
+    n = len(relevant)
+    return {"mrr@10": mrr / n, "recall@1": r1 / n, "recall@10": r10 / n, "ndcg@10": ndcg / n}
+
+
+def search(queries: np.ndarray, corpus: np.ndarray, k: int = TOP_K, chunk: int = 1024) -> np.ndarray:
+    """(Q, min(k, N)) passage indices of each query, by cosine similarity, best first (exact)."""
+    q = torch.nn.functional.normalize(torch.from_numpy(queries), dim=-1)
+    d = torch.nn.functional.normalize(torch.from_numpy(corpus), dim=-1)
+    k = min(k, d.shape[0])
+    out = [torch.topk(q[i : i + chunk] @ d.T, k, dim=-1).indices for i in range(0, q.shape[0], chunk)]
+    return torch.cat(out).numpy()
+
+
+def bm25_ranked(rs: RetrievalSet, k: int = TOP_K) -> np.ndarray:
+    """(Q, k) passage indices by BM25 (:data:`BM25_SETTINGS`, through the ``bm25s`` library)."""
+    try:
+        import bm25s
+    except ImportError:
+        raise UserError("--model bm25 needs the bm25s library: pip install 'bertforge[retrieval]'") from None
+    index = bm25s.BM25(k1=BM25_SETTINGS["k1"], b=BM25_SETTINGS["b"], method=BM25_SETTINGS["method"])
+    stop = BM25_SETTINGS["stopwords"]
+    index.index(bm25s.tokenize(rs.corpus, stopwords=stop, show_progress=False), show_progress=False)
+    k = min(k, len(rs.corpus))
+    docs, _ = index.retrieve(bm25s.tokenize(rs.queries, stopwords=stop, show_progress=False), k=k,
+                             show_progress=False)
+    return np.asarray(docs)
+
+
+BM25_SETTINGS = {"k1": 1.5, "b": 0.75, "method": "lucene", "stopwords": "en"}
+
+
+def evaluate(rs: RetrievalSet, embed) -> dict:
+    """The figures of ``embed`` (texts -> (N, C) vectors; the string ``"bm25"`` for BM25) on ``rs``."""
+    t0 = time.perf_counter()
+    ranked = bm25_ranked(rs) if embed == "bm25" else search(embed(rs.queries), embed(rs.corpus))
+    return {**metrics(ranked, rs.relevant), "queries": len(rs.queries), "corpus": len(rs.corpus),
+            "seconds": round(time.perf_counter() - t0, 3)}

@@ -1,0 +1,120 @@
+"""Sentence embeddings: contrastive fine-tuning on query/passage pairs with in-batch negatives
+(:mod:`bertforge.objectives.contrastive`), validated by retrieval (MRR@10), saved as a BERT directory that
+is also a sentence-transformers folder (:mod:`bertforge.embeddings`)."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from tokenizers import Tokenizer
+
+from ..batching import pad_batch
+from ..config import BertConfig, EmbedConfig, FinetuneConfig
+from ..embeddings import EmbeddingSettings, encode, settings_of, tokenize, write_settings
+from ..errors import UserError
+from ..model import BertModel
+from ..retrieval import Pair, RetrievalSet, evaluate, pairs_set, read_pairs
+from ..tokenizer import special_ids
+from .base import FinetuneTask, held_out
+
+log = logging.getLogger("bertforge")
+
+
+class EmbedTask(FinetuneTask):
+    """Query/passage pairs (JSONL, TSV or a SQuAD file); MRR@10 on the validation pairs picks the best epoch."""
+
+    name = "embed"
+    model_class = BertModel
+    settings_class = EmbedConfig
+    select = "mrr@10"
+    plotted = [("mrr@10", "MRR@10"), ("recall@10", "recall@10")]
+    pipeline_tag = "sentence-similarity"
+    defaults = {}
+
+    def read(self, cfg: FinetuneConfig) -> None:
+        if cfg.train.grad_accum > 1:
+            raise UserError("finetune embed takes no --grad-accum: accumulated micro-batches would not see each other's "
+                            "passages as negatives (gradient caching is not built); lower --batch-size, or spread "
+                            "the batch over more processes (torchrun), which gathers every passage")
+        dc = cfg.data
+        pairs, _ = read_pairs(dc.train_file)
+        val: RetrievalSet | None = None
+        if dc.validation_file:
+            val_pairs, corpus = read_pairs(dc.validation_file)
+            val = pairs_set(val_pairs[: dc.max_eval_examples] if dc.max_eval_examples else val_pairs, corpus)
+        elif dc.validation_split:
+            pairs, val_pairs = held_out(pairs, dc.validation_split, cfg.train.seed, key=lambda p: p.positive)
+            val = pairs_set(val_pairs[: dc.max_eval_examples] if dc.max_eval_examples else val_pairs, None)
+        if dc.max_train_examples:
+            pairs = pairs[: dc.max_train_examples]
+        negatives = sum(p.negative is not None for p in pairs)
+        if negatives not in (0, len(pairs)):
+            raise UserError(f"{dc.train_file}: {negatives} of {len(pairs)} pairs have a negative; give one to every "
+                            "pair or to none")
+        self.pairs, self.val = pairs, val
+        pooling = self.settings.pooling
+        self.embedding: EmbeddingSettings = settings_of(cfg.model, None if pooling == "auto" else pooling)
+        self.embedding.max_seq_length = dc.max_seq_length
+
+    def objective(self, model, seed: int | None, world: int):
+        from ..objectives.contrastive import InBatchNegatives
+
+        return InBatchNegatives(model, seed, self.embedding, self.settings.scale, self.settings.symmetric, world)
+
+    def encode(self, tok: Tokenizer, cfg: FinetuneConfig):
+        n = cfg.data.max_seq_length
+        self.tok, self.max_length, self.eval_batch_size = tok, n, cfg.data.eval_batch_size
+        self.pad = special_ids(tok).pad
+        texts: dict[str, int] = {}  # each distinct passage's number: equal texts are no negatives of each other
+        sides = {"input_ids": [p.query for p in self.pairs], "positive": [p.positive for p in self.pairs]}
+        if self.pairs[0].negative is not None:
+            sides["negative"] = [p.negative for p in self.pairs]
+        features: list[dict] = [{} for _ in self.pairs]
+        for side, side_texts in sides.items():
+            for f, ids, text in zip(features, tokenize(tok, side_texts, self.embedding, n), side_texts):
+                f[side] = ids["input_ids"]
+                if side != "input_ids":
+                    f[side + "_key"] = texts.setdefault(text, len(texts))
+                else:
+                    f["token_type_ids"] = ids["token_type_ids"]
+        log.info("fine-tuning %s for embeddings on %d pairs%s (%d distinct passages), %s pooling, validating on %d "
+                 "queries", cfg.model, len(features), " with hard negatives" if "negative" in sides else "",
+                 len(texts), self.embedding.pooling, len(self.val.queries) if self.val else 0)
+        return features, self._collate
+
+    def _collate(self, fs: list[dict]) -> dict:
+        b = pad_batch(fs, self.pad)  # the queries
+        for side in ("positive", "negative"):
+            if side in fs[0]:
+                s = pad_batch([{"input_ids": f[side], "token_type_ids": [0] * len(f[side])} for f in fs], self.pad)
+                b[side + "_input_ids"], b[side + "_attention_mask"] = s["input_ids"], s["attention_mask"]
+                b[side + "_keys"] = torch.tensor([f[side + "_key"] for f in fs], dtype=torch.long)
+        return b
+
+    def vectors(self, model, device, texts: list[str]):
+        feats = tokenize(self.tok, texts, self.embedding, self.max_length)
+        return encode(model, feats, self.pad, device, self.embedding, self.eval_batch_size)
+
+    def evaluate(self, model, device):
+        res = evaluate(self.val, lambda texts: self.vectors(model, device, texts))
+        del res["seconds"]  # (a run's figures do not depend on the machine's speed)
+        return res, None
+
+    def eval_size(self) -> int:
+        return len(self.val.queries) + len(self.val.corpus) if self.val else 0
+
+    def write_model(self, folder: str, config: BertConfig) -> None:
+        write_settings(folder, self.embedding, config.hidden_size)
+
+    def describe(self) -> str:
+        e, s = self.embedding, self.settings
+        return (f"Sentence embeddings: {e.pooling} pooling{', L2-normalised' if e.normalize else ''}, at most "
+                f"{e.max_seq_length} tokens a text; trained with in-batch negatives (MultipleNegativesRankingLoss), "
+                f"scale {s.scale:g}{', symmetric' if s.symmetric else ''}. Loads as `SentenceTransformer(folder)`.")
+
+    def train_figures(self) -> dict:
+        return {"train_pairs": len(self.pairs)}
+
+
+__all__ = ["EmbedTask", "Pair"]
