@@ -53,6 +53,7 @@ from tqdm import tqdm
 from .atomic import atomic_write_json, current_umask, fault_point, write_failure
 from .corpus import END, expand_paths, input_signature, is_prepared_folder, line_based, read_part, sentences_of
 from .errors import TrainingError, UserError
+from .files import json_object_or_none
 from .outputs import MARKER, OutputLock, check_output, register_output, write_marker
 
 log = logging.getLogger("bertforge")
@@ -596,12 +597,7 @@ def _settings(files: list[str], tok: Tokenizer, reading: Reading) -> dict:
 def prepared_settings(folder: str) -> dict | None:
     """What a prepared folder was prepared with (its ``settings.json``: inputs, tokenizer, reading); None when it is
     missing or unreadable."""
-    try:
-        with open(os.path.join(folder, "settings.json"), encoding="utf-8") as f:
-            found = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return found if isinstance(found, dict) else None
+    return json_object_or_none(os.path.join(folder, "settings.json"))
 
 
 def _state(out: str, files: list[str], tok: Tokenizer, reading: Reading, overwrite: bool) -> str:
@@ -626,9 +622,8 @@ def _state(out: str, files: list[str], tok: Tokenizer, reading: Reading, overwri
         what = [names[k] for k in now if before.get(k) != now[k]]
         raise UserError(f"{out} holds a corpus prepared with other {' and '.join(what)}; pass --overwrite to "
                         "replace it, or choose another --out")
+    manifest = json_object_or_none(os.path.join(out, "manifest.json")) or {}
     try:
-        with open(os.path.join(out, "manifest.json"), encoding="utf-8") as f:
-            manifest = json.load(f)
         if [i["identity"] for i in manifest["inputs"]] == [list(s) for s in input_signature(files)]:
             TokenizedCorpus(out, manifest).check()  # else: damaged, its whole shards kept, the others again
             return "finished"
@@ -688,10 +683,8 @@ def _run_parts(out: str, files: list[str], tok: Tokenizer, reading: Reading, wor
 
 
 def _finished_record(folder: str, job: dict) -> dict | None:
-    try:
-        with open(os.path.join(folder, "record.json"), encoding="utf-8") as f:
-            r = json.load(f)
-    except (OSError, ValueError):
+    r = json_object_or_none(os.path.join(folder, "record.json"))
+    if r is None:
         return None
     same = (r.get("part"), r.get("identity"), r.get("reading"), r.get("dtype")) == (
         job["part"], job["identity"], job["reading"], job["dtype"])
