@@ -536,8 +536,7 @@ class PretrainingData:
                             f"{t.batch_size}; lower --batch-size or add data")
 
     def _corpus(self, paths: list[str], tok) -> TokenizedCorpus:
-        """Every rank asks; one process per machine (per shared cache) prepares while the others wait for it on
-        a lock file, outside any collective (:func:`build_corpus`)."""
+        """Every rank asks; one process per shared cache prepares, the others wait (:func:`build_corpus`)."""
         dc = self.cfg.data
         return build_corpus(paths, tok, dc.cache_dir, dc.text_field, dc.doc_separator,
                             progress=self.d.is_main and progress_shown(self.cfg.impl.progress))
