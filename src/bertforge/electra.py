@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from . import checkpoint
 from .config import BertConfig
 from .errors import UserError
-from .files import json_object_or_none
+from .files import json_object_or_none, read_json_object
 from .model import ACT2FN, BertEmbeddings, BertModel, BertPreTrainedModel, MaskedLMOutput, _mlm_logits
 from .ops.rows import hidden_at
 
@@ -230,8 +230,6 @@ def sample(logits: torch.Tensor, seq_of_row: torch.Tensor, keys=None, sampler: t
 
 def generator_config_of(path: str) -> tuple[BertConfig, int]:
     """(config, embedding size) of an ELECTRA generator directory."""
-    from .files import read_json_object
-
     d = read_json_object(os.path.join(path, checkpoint.CONFIG_NAME), "config.json")
     if d.get("model_type") != "electra" or not isinstance(d.get("embedding_size"), int):
         raise UserError(f"{path} is not an ELECTRA generator directory (config.json model_type 'electra')")
