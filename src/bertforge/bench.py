@@ -24,6 +24,7 @@ transformers is needed only by this command (install the ``test`` extra); nothin
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import statistics
@@ -177,6 +178,14 @@ def _seconds(dev: torch.device, fn) -> float:
     return time.perf_counter() - t0
 
 
+def _rate(dev: torch.device, step, steps: int, tokens: int):
+    """A side of :func:`_alternate`: the tokens per second of ``steps`` calls of ``step()``, each of ``tokens``."""
+    def run():
+        for _ in range(steps):
+            step()
+    return lambda r: steps * tokens / _seconds(dev, run)
+
+
 def _alternate(rounds: int, ours, theirs, what: str, out,
                names: tuple[str, str] = ("bertforge", "transformers")) -> list[tuple[float, float]]:
     """(ours, theirs) tokens per second of each round: ``ours(r)`` then ``theirs(r)``, round after round, so
@@ -281,15 +290,9 @@ def _pretraining_rounds(cfg: BertConfig, hf_cfg, transformers, batch: dict, toke
     def step_theirs():
         transformers_step(theirs, opt_theirs, theirs_batch, autocast)
 
-    def timed(step):
-        def run():
-            for _ in range(steps):
-                step()
-        return lambda r: steps * tokens / _seconds(dev, run)
-
     for fn in (step_ours, step_theirs):  # warm-up
         fn()
-    return _alternate(rounds, timed(step_ours), timed(step_theirs), "train", out)
+    return _alternate(rounds, *(_rate(dev, fn, steps, tokens) for fn in (step_ours, step_theirs)), "train", out)
 
 
 def _compile_rounds(cfg: BertConfig, batch: dict, tokens: int, impl: ImplConfig, dev: torch.device, steps: int,
@@ -303,18 +306,13 @@ def _compile_rounds(cfg: BertConfig, batch: dict, tokens: int, impl: ImplConfig,
         run_impl = dataclasses.replace(impl, compile=compiled)
         engines.append(Engine(MaskedLM(model, PretrainConfig()), TrainConfig(lr=1e-4), run_impl, dev))
 
-    def timed(engine):
-        def run():
-            for _ in range(steps):
-                engine.step([batch])
-        return lambda r: steps * tokens / _seconds(dev, run)
-
     t0 = time.perf_counter()
     for _ in range(2):  # the compilation, and the recompilation once the step number is seen to vary
         engines[0].step([batch])
     compile_seconds = time.perf_counter() - t0
     engines[1].step([batch])
-    rows = _alternate(rounds, timed(engines[0]), timed(engines[1]), "compile", out, ("compiled", "eager"))
+    rates = [_rate(dev, functools.partial(engine.step, [batch]), steps, tokens) for engine in engines]
+    rows = _alternate(rounds, *rates, "compile", out, ("compiled", "eager"))
     compiled_tps, eager_tps, speedup = _medians(rows)
     out(f"compile: compiled {compiled_tps:.0f} tok/s, eager {eager_tps:.0f} tok/s, median speed-up x{speedup:.2f} "
         f"(the first two compiled steps took {compile_seconds:.0f} s)")
@@ -342,8 +340,7 @@ def _inference_bench(cfg: BertConfig, hf_cfg, transformers, dev: torch.device, a
 
     fo, ft = infer(enc_ours, False), infer(enc_theirs, True)
     fo(), ft()
-    rows = _alternate(rounds, lambda r: real / _seconds(dev, fo), lambda r: real / _seconds(dev, ft), "inference",
-                      out)
+    rows = _alternate(rounds, _rate(dev, fo, 1, real), _rate(dev, ft, 1, real), "inference", out)
     ours_tps, theirs_tps, speedup = _medians(rows)
     res = {
         "inference_source": source, "inference_padding_fraction": 1 - real / padded,

@@ -24,13 +24,12 @@ as "Mr." or "e.g." and single-letter initials.
 from __future__ import annotations
 
 import glob
-import json
 import os
 import re
 from collections.abc import Iterator
 
 from .errors import UserError, require_file, shown
-from .files import json_lines, newlines_before, text_lines
+from .files import json_lines, json_object_or_none, newlines_before, text_lines
 
 from .outputs import MARKER, marker_kind
 
@@ -126,11 +125,9 @@ def is_prepared_folder(path: str) -> bool:
         return False
     if marker_kind(path) == "prepared":
         return True
-    try:  # (a text corpus may hold a file of that name: its manifest says whose it is)
-        with open(os.path.join(path, "manifest.json"), encoding="utf-8") as f:
-            return json.load(f).get("kind") == "prepared" and os.path.isdir(os.path.join(path, "shards"))
-    except (OSError, ValueError, AttributeError):
-        return False
+    # (a text corpus may hold a file of that name: its manifest says whose it is)
+    manifest = json_object_or_none(os.path.join(path, "manifest.json")) or {}
+    return manifest.get("kind") == "prepared" and os.path.isdir(os.path.join(path, "shards"))
 
 
 def expand_paths(paths: list[str]) -> list[str]:

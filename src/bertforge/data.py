@@ -44,6 +44,7 @@ import torch
 from tokenizers import Tokenizer
 
 from .atomic import path_shown, writing
+from .batching import pad_batch
 from .config import progress_shown
 from .corpus import input_signature
 from .devices import Dist
@@ -367,22 +368,13 @@ class Masker:
 
 
 def collate(seqs: list[tuple[np.ndarray, np.ndarray, np.ndarray]], nsp_labels: np.ndarray | None, pad_id: int) -> dict:
-    """Pad (ids, token types, labels) triples to the longest in the batch; tensors ready for the model."""
-    B = len(seqs)
-    T = max(len(s[0]) for s in seqs)
-    ids = np.full((B, T), pad_id, dtype=np.int64)
-    tt = np.zeros((B, T), dtype=np.int64)
-    am = np.zeros((B, T), dtype=np.int64)
-    lab = np.full((B, T), -100, dtype=np.int64)
-    for i, (x, t, lbl) in enumerate(seqs):
-        n = len(x)
-        ids[i, :n], tt[i, :n], am[i, :n], lab[i, :n] = x, t, 1, lbl
-    batch = {
-        "input_ids": torch.from_numpy(ids),
-        "token_type_ids": torch.from_numpy(tt),
-        "attention_mask": torch.from_numpy(am),
-        "labels": torch.from_numpy(lab),
-    }
+    """Pad (ids, token types, labels) triples to the longest in the batch (:func:`~bertforge.batching.pad_batch`,
+    the labels with -100); tensors ready for the model."""
+    batch = pad_batch([{"input_ids": x, "token_type_ids": t} for x, t, _ in seqs], pad_id)
+    lab = np.full(tuple(batch["input_ids"].shape), -100, dtype=np.int64)
+    for i, (x, _, lbl) in enumerate(seqs):
+        lab[i, : len(x)] = lbl
+    batch["labels"] = torch.from_numpy(lab)
     if nsp_labels is not None:
         batch["next_sentence_label"] = torch.from_numpy(np.asarray(nsp_labels, dtype=np.int64))
     return batch
@@ -544,8 +536,7 @@ class PretrainingData:
                             f"{t.batch_size}; lower --batch-size or add data")
 
     def _corpus(self, paths: list[str], tok) -> TokenizedCorpus:
-        """Every rank asks; one process per machine (per shared cache) prepares while the others wait for it on
-        a lock file, outside any collective (:func:`build_corpus`)."""
+        """Every rank asks; one process per shared cache prepares, the others wait (:func:`build_corpus`)."""
         dc = self.cfg.data
         return build_corpus(paths, tok, dc.cache_dir, dc.text_field, dc.doc_separator,
                             progress=self.d.is_main and progress_shown(self.cfg.impl.progress))

@@ -171,10 +171,9 @@ def _run_demo(out: str, s: DemoSettings, wordpiece: bool, progress: bool) -> dic
         "tokenizer": kind,
         "settings": asdict(s),
     }
-    with open(os.path.join(out, "metrics.json"), "w", encoding="utf-8") as f:
-        json.dump(metrics, f, indent=2)
-    with open(os.path.join(out, "samples.json"), "w", encoding="utf-8") as f:
-        json.dump(samples, f, indent=2)
+    for name, content in (("metrics.json", metrics), ("samples.json", samples)):
+        with open(os.path.join(out, name), "w", encoding="utf-8") as f:
+            json.dump(content, f, indent=2)
     summary = {**metrics, "samples": samples}
     _comparison_plot(summary, os.path.join(out, "results.png"))
     _report(out, summary)

@@ -31,7 +31,6 @@ to float rounding: logits that differ in the last bit between two batch layouts 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 
 import torch
@@ -41,6 +40,7 @@ import torch.nn.functional as F
 from . import checkpoint
 from .config import BertConfig
 from .errors import UserError
+from .files import json_object_or_none, read_json_object
 from .model import ACT2FN, BertEmbeddings, BertModel, BertPreTrainedModel, MaskedLMOutput, _mlm_logits
 from .ops.rows import hidden_at
 
@@ -230,8 +230,6 @@ def sample(logits: torch.Tensor, seq_of_row: torch.Tensor, keys=None, sampler: t
 
 def generator_config_of(path: str) -> tuple[BertConfig, int]:
     """(config, embedding size) of an ELECTRA generator directory."""
-    from .files import read_json_object
-
     d = read_json_object(os.path.join(path, checkpoint.CONFIG_NAME), "config.json")
     if d.get("model_type") != "electra" or not isinstance(d.get("embedding_size"), int):
         raise UserError(f"{path} is not an ELECTRA generator directory (config.json model_type 'electra')")
@@ -242,10 +240,7 @@ def generator_config_of(path: str) -> tuple[BertConfig, int]:
 
 
 def is_generator_dir(path: str) -> bool:
-    try:
-        with open(os.path.join(path, checkpoint.CONFIG_NAME), encoding="utf-8") as f:
-            return json.load(f).get("model_type") == "electra"
-    except (OSError, ValueError, AttributeError):
-        return False
+    config = json_object_or_none(os.path.join(path, checkpoint.CONFIG_NAME))
+    return config is not None and config.get("model_type") == "electra"
 
 

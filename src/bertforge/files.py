@@ -113,3 +113,14 @@ def read_json_object(path: str, what: str = "JSON file") -> dict:
     if not isinstance(d, dict):
         raise UserError(f"{path} is not a JSON object")
     return d
+
+
+def json_object_or_none(path: str) -> dict | None:
+    """The object a JSON file holds; None when it is missing, unreadable, not JSON or not an object (a file that
+    only hints: an output's marker, a record of what was written)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            found = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) else None

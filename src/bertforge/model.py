@@ -145,9 +145,12 @@ class BertSelfAttention(nn.Module):
 
 
 class BertSelfOutput(nn.Module):
-    def __init__(self, config: BertConfig):
+    """dense (``width`` -> hidden, default hidden) + dropout, added to the residual, LayerNorm: after attention,
+    and (:class:`BertOutput`) after the feed-forward block."""
+
+    def __init__(self, config: BertConfig, width: int | None = None):
         super().__init__()
-        self.dense = Linear(config.hidden_size, config.hidden_size)
+        self.dense = Linear(config.hidden_size if width is None else width, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = Dropout(config.hidden_dropout_prob)
 
@@ -175,15 +178,9 @@ class BertIntermediate(nn.Module):
         return self.intermediate_act_fn(self.dense(x))  # (..., 4C)
 
 
-class BertOutput(nn.Module):
+class BertOutput(BertSelfOutput):  # the same block over the feed-forward's width (transformers' name)
     def __init__(self, config: BertConfig):
-        super().__init__()
-        self.dense = Linear(config.intermediate_size, config.hidden_size)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = Dropout(config.hidden_dropout_prob)
-
-    def forward(self, h, residual, layout=None):
-        return self.LayerNorm(self.dropout(self.dense(h), layout) + residual)  # post-LN
+        super().__init__(config, config.intermediate_size)
 
 
 class BertLayer(nn.Module):

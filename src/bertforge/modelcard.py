@@ -9,11 +9,12 @@ or is left out.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
 from typing import Any
+
+from .files import json_object_or_none
 
 COMMAND: list[str] | None = None  # the command line of this process (set by bertforge.cli.main)
 CARD = "README.md"
@@ -66,11 +67,7 @@ def hub_id(model_dir: str | None) -> str | None:
     found = HUB_CACHE.search(os.path.abspath(model_dir).replace(os.sep, "/"))
     if found:
         return found.group(1).replace("--", "/")
-    try:
-        with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as f:
-            name = json.load(f).get("_name_or_path")
-    except (OSError, ValueError, AttributeError):
-        return None
+    name = (json_object_or_none(os.path.join(model_dir, "config.json")) or {}).get("_name_or_path")
     if not isinstance(name, str) or not HUB_ID.fullmatch(name) or ".." in name or os.path.exists(name):
         return None  # empty, or a local path (absolute, or a folder here)
     return name

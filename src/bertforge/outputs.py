@@ -11,6 +11,7 @@ import shutil
 
 from .atomic import creating, lock_file, missing_folders, path_shown, remove_folders, unlock_file
 from .errors import UserError
+from .files import json_object_or_none
 
 # Every command that writes a folder writes this marker into it: it is how ``--overwrite`` recognises a folder
 # that bertforge wrote (and may replace) from anything else (which it never removes).
@@ -25,11 +26,8 @@ def write_marker(folder: str, kind: str) -> None:
 
 def marker_kind(folder: str) -> str | None:
     """The kind of output bertforge wrote in ``folder`` (None when it is not one of ours)."""
-    try:
-        with open(os.path.join(folder, MARKER), encoding="utf-8") as f:
-            return str(json.load(f).get("kind"))
-    except (OSError, ValueError, AttributeError):
-        return None
+    marker = json_object_or_none(os.path.join(folder, MARKER))
+    return None if marker is None else str(marker.get("kind"))
 
 
 # What each kind of output holds, declared by the command that writes it (:func:`register_output`):
@@ -120,12 +118,8 @@ def check_output_file(path: str, overwrite: bool, flag: str, inputs: tuple = ())
     if os.path.lexists(path) and not overwrite:
         raise UserError(f"{flag} {path} already exists; pass --overwrite to replace it, or choose another file")
     if os.path.lexists(path):
-        try:
-            with open(path, encoding="utf-8") as f:
-                earlier = json.load(f)
-            ours = isinstance(earlier, dict) and all(isinstance(v, str) for v in earlier.values())
-        except (OSError, ValueError):
-            ours = False
+        earlier = json_object_or_none(path)
+        ours = earlier is not None and all(isinstance(v, str) for v in earlier.values())
         if not ours or os.path.islink(path):
             raise UserError(f"--overwrite replaces only a predictions file; {path} is not one")
     parent = os.path.dirname(os.path.abspath(path))

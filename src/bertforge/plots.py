@@ -50,50 +50,37 @@ def _figure(panels: list[tuple[str, list[tuple[str, str, str]]]], rows: list[dic
 
 def plot_pretraining(metrics_path: str, out_dir: str) -> list[str]:
     """loss.png (training and evaluation losses), accuracy.png (MLM/NSP accuracy), lr.png."""
-    rows = read_metrics(metrics_path)
-    os.makedirs(out_dir, exist_ok=True)
-    made = [
-        _figure(
-            [
-                ("MLM loss", [("train", "mlm_loss", "train"), ("eval", "mlm_loss", "held-out")]),
-                ("NSP loss", [("train", "nsp_loss", "train"), ("eval", "nsp_loss", "held-out")]),
-                ("ELECTRA discriminator loss", [("train", "disc_loss", "train"),
-                                                ("eval", "disc_loss", "held-out")]),
-            ],
-            rows, os.path.join(out_dir, "loss.png"), "Pretraining loss", "step",
-        ),
-        _figure(
-            [
-                ("MLM accuracy (selected tokens)", [("eval", "mlm_accuracy", "all selected"),
-                                                    ("eval", "mlm_accuracy_masked", "[MASK] only"),
-                                                    ("eval", "mlm_baseline_accuracy", "most frequent token")]),
-                ("NSP accuracy", [("eval", "nsp_accuracy", "held-out")]),
-                ("ELECTRA discriminator accuracy", [("eval", "disc_accuracy_replaced", "replaced tokens"),
-                                                    ("eval", "disc_accuracy_original", "original tokens"),
-                                                    ("eval", "replaced_fraction", "fraction replaced")]),
-            ],
-            rows, os.path.join(out_dir, "accuracy.png"), "Pretraining accuracy", "step",
-        ),
-        _figure([("learning rate", [("train", "lr", "lr")])], rows, os.path.join(out_dir, "lr.png"), "Schedule",
-                "step"),
-    ]
-    return [m for m in made if m]
+    return _plots(metrics_path, out_dir, [
+        ("loss.png", "Pretraining loss", [
+            ("MLM loss", [("train", "mlm_loss", "train"), ("eval", "mlm_loss", "held-out")]),
+            ("NSP loss", [("train", "nsp_loss", "train"), ("eval", "nsp_loss", "held-out")]),
+            ("ELECTRA discriminator loss", [("train", "disc_loss", "train"), ("eval", "disc_loss", "held-out")]),
+        ]),
+        ("accuracy.png", "Pretraining accuracy", [
+            ("MLM accuracy (selected tokens)", [("eval", "mlm_accuracy", "all selected"),
+                                                ("eval", "mlm_accuracy_masked", "[MASK] only"),
+                                                ("eval", "mlm_baseline_accuracy", "most frequent token")]),
+            ("NSP accuracy", [("eval", "nsp_accuracy", "held-out")]),
+            ("ELECTRA discriminator accuracy", [("eval", "disc_accuracy_replaced", "replaced tokens"),
+                                                ("eval", "disc_accuracy_original", "original tokens"),
+                                                ("eval", "replaced_fraction", "fraction replaced")]),
+        ]),
+    ])
 
 
 def plot_finetuning(metrics_path: str, out_dir: str, metric_keys: list[tuple[str, str]]) -> list[str]:
-    """loss.png (training loss, validation loss) and metrics.png (``metric_keys``: (key, label))."""
+    """loss.png (training loss, validation loss) and metrics.png (``metric_keys``: (key, label)), lr.png."""
+    return _plots(metrics_path, out_dir, [
+        ("loss.png", "Fine-tuning loss", [("loss", [("train", "loss", "train"), ("eval", "loss", "validation")])]),
+        ("metrics.png", "Fine-tuning metrics", [("validation", [("eval", k, label) for k, label in metric_keys])]),
+    ])
+
+
+def _plots(metrics_path: str, out_dir: str, figures: list[tuple[str, str, list]]) -> list[str]:
+    """The paths of the (file name, title, panels of :func:`_figure`) figures, then lr.png (the schedule), that
+    have data to plot: each drawn into ``out_dir``, against the step."""
     rows = read_metrics(metrics_path)
     os.makedirs(out_dir, exist_ok=True)
-    made = [
-        _figure(
-            [("loss", [("train", "loss", "train"), ("eval", "loss", "validation")])],
-            rows, os.path.join(out_dir, "loss.png"), "Fine-tuning loss", "step",
-        ),
-        _figure(
-            [("validation", [("eval", k, label) for k, label in metric_keys])],
-            rows, os.path.join(out_dir, "metrics.png"), "Fine-tuning metrics", "step",
-        ),
-        _figure([("learning rate", [("train", "lr", "lr")])], rows, os.path.join(out_dir, "lr.png"), "Schedule",
-                "step"),
-    ]
+    figures = [*figures, ("lr.png", "Schedule", [("learning rate", [("train", "lr", "lr")])])]
+    made = [_figure(panels, rows, os.path.join(out_dir, name), title, "step") for name, title, panels in figures]
     return [m for m in made if m]

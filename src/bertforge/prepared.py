@@ -53,6 +53,7 @@ from tqdm import tqdm
 from .atomic import atomic_write_json, current_umask, fault_point, write_failure
 from .corpus import END, expand_paths, input_signature, is_prepared_folder, line_based, read_part, sentences_of
 from .errors import TrainingError, UserError
+from .files import json_object_or_none
 from .outputs import MARKER, OutputLock, check_output, register_output, write_marker
 
 log = logging.getLogger("bertforge")
@@ -170,14 +171,9 @@ class TokenizedCorpus:
         """Raise ValueError unless every shard is whole: each array of its size and checksum, its boundaries
         ending where its arrays do (a truncated file, garbage of the right size, a broken manifest)."""
         for s, tok, sent, doc in zip(self.meta["shards"], *self._parts):
-            where = os.path.join(self.folder, "shards", s["name"])
-            sizes = (s["tokens"] * tok.itemsize, s["sentences"] * sent.itemsize, s["documents"] * doc.itemsize)
-            for name, size in zip(ARRAYS, sizes):
-                path = os.path.join(where, name)
-                if os.path.getsize(path) != size:
-                    raise ValueError(f"shard {s['name']}: {name} holds {os.path.getsize(path)} bytes, not {size}")
-                if _crc32(path) != s["crc32"][name]:
-                    raise ValueError(f"shard {s['name']}: {name} does not match its checksum")
+            problem = _arrays_problem(os.path.join(self.folder, "shards", s["name"]), s, tok.itemsize)
+            if problem:
+                raise ValueError(f"shard {s['name']}: {problem}")
             if len(sent) and (sent[-1] != len(tok) or doc[-1] != len(sent)):
                 raise ValueError(f"shard {s['name']}: the boundaries do not end with the arrays")
         if not self.n_documents or not self.n_tokens:
@@ -596,12 +592,7 @@ def _settings(files: list[str], tok: Tokenizer, reading: Reading) -> dict:
 def prepared_settings(folder: str) -> dict | None:
     """What a prepared folder was prepared with (its ``settings.json``: inputs, tokenizer, reading); None when it is
     missing or unreadable."""
-    try:
-        with open(os.path.join(folder, "settings.json"), encoding="utf-8") as f:
-            found = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return found if isinstance(found, dict) else None
+    return json_object_or_none(os.path.join(folder, "settings.json"))
 
 
 def _state(out: str, files: list[str], tok: Tokenizer, reading: Reading, overwrite: bool) -> str:
@@ -626,9 +617,8 @@ def _state(out: str, files: list[str], tok: Tokenizer, reading: Reading, overwri
         what = [names[k] for k in now if before.get(k) != now[k]]
         raise UserError(f"{out} holds a corpus prepared with other {' and '.join(what)}; pass --overwrite to "
                         "replace it, or choose another --out")
+    manifest = json_object_or_none(os.path.join(out, "manifest.json")) or {}
     try:
-        with open(os.path.join(out, "manifest.json"), encoding="utf-8") as f:
-            manifest = json.load(f)
         if [i["identity"] for i in manifest["inputs"]] == [list(s) for s in input_signature(files)]:
             TokenizedCorpus(out, manifest).check()  # else: damaged, its whole shards kept, the others again
             return "finished"
@@ -688,26 +678,27 @@ def _run_parts(out: str, files: list[str], tok: Tokenizer, reading: Reading, wor
 
 
 def _finished_record(folder: str, job: dict) -> dict | None:
-    try:
-        with open(os.path.join(folder, "record.json"), encoding="utf-8") as f:
-            r = json.load(f)
-    except (OSError, ValueError):
+    r = json_object_or_none(os.path.join(folder, "record.json"))
+    if r is None:
         return None
     same = (r.get("part"), r.get("identity"), r.get("reading"), r.get("dtype")) == (
         job["part"], job["identity"], job["reading"], job["dtype"])
-    return r if same and _shard_whole(folder, r) else None
-
-
-def _shard_whole(folder: str, record: dict) -> bool:
-    """Each array of a finished shard has the size and checksum its record says (a damaged one is redone)."""
-    width = np.dtype(record["dtype"]).itemsize
-    sizes = {"tokens.bin": record["tokens"] * width, "sent_ends.bin": record["sentences"] * 8,
-             "doc_ends.bin": record["documents"] * 8}
-    try:
-        return all(os.path.getsize(os.path.join(folder, n)) == sizes[n] and
-                   _crc32(os.path.join(folder, n)) == record["crc32"][n] for n in ARRAYS)
+    try:  # a damaged shard (an array not of the size and checksum its record says) is redone
+        return r if same and _arrays_problem(folder, r, np.dtype(r["dtype"]).itemsize) is None else None
     except (OSError, KeyError, TypeError):
-        return False
+        return None
+
+
+def _arrays_problem(folder: str, record: dict, width: int) -> str | None:
+    """The first array of a shard whose size or checksum is not its record's, and how; None when all are whole."""
+    sizes = (record["tokens"] * width, record["sentences"] * 8, record["documents"] * 8)  # the boundaries: int64
+    for name, size in zip(ARRAYS, sizes):
+        path = os.path.join(folder, name)
+        if os.path.getsize(path) != size:
+            return f"{name} holds {os.path.getsize(path)} bytes, not {size}"
+        if _crc32(path) != record["crc32"][name]:
+            return f"{name} does not match its checksum"
+    return None
 
 
 def _part_size(job: dict) -> int:

@@ -210,12 +210,10 @@ def save_tokenizer(tok: Tokenizer, folder: str, model_max_length: int = 512) -> 
         "model_input_names": ["input_ids", "token_type_ids", "attention_mask"],
         **specials,
     }
-    with open(os.path.join(folder, "tokenizer_config.json"), "w", encoding="utf-8") as f:
-        json.dump(cfg, f, indent=2)
-        f.write("\n")
-    with open(os.path.join(folder, "special_tokens_map.json"), "w", encoding="utf-8") as f:
-        json.dump(specials, f, indent=2)
-        f.write("\n")
+    for name, content in (("tokenizer_config.json", cfg), ("special_tokens_map.json", specials)):
+        with open(os.path.join(folder, name), "w", encoding="utf-8") as f:
+            json.dump(content, f, indent=2)
+            f.write("\n")
 
 
 def _read_vocab_txt(path: str) -> list[str]:

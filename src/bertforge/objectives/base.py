@@ -10,13 +10,11 @@ from ..evaluation import evaluate_pretraining
 
 
 class PretrainingObjective(nn.Module):
-    """The module the engine trains around ``model`` (what checkpoints hold).
-
-    ``forward(batch, step)`` returns a micro-batch's summed losses; :meth:`loss` normalises them over the global
-    batch (``totals``, the sums of :meth:`counts` over every micro-batch of every process) and names the parts
-    to report.  On the CPU, with ``seed``, dropout masks are keyed by (seed, ``step``, each sequence's index in
-    the epoch: the batch's ``sequence_ids``), so that they do not depend on how sequences are split among
-    processes and micro-batches (on CUDA the fused attention kernels draw their own).
+    """The module the engine trains around ``model`` (what checkpoints hold): an
+    :class:`~bertforge.engine.Objective` (``forward``, :meth:`counts`, :meth:`loss`).  On the CPU, with ``seed``,
+    dropout masks are keyed by (seed, ``step``, each sequence's index in the epoch: the batch's
+    ``sequence_ids``), so that they do not depend on how sequences are split among processes and micro-batches
+    (on CUDA the fused attention kernels draw their own).
     """
 
     name = ""

@@ -1,10 +1,7 @@
-"""ELECTRA (Clark et al., 2020) as a pretraining objective: replaced-token detection, with a BERT as the
-discriminator.  The model (the generator, the discriminator's head, and the objective's pass) is in
-:mod:`bertforge.electra`, with the departures from the paper.
-
-The run's model directory is the discriminator, a plain BERT directory; the generator is saved beside it in
-``generator/``, a directory transformers loads as ``ElectraForMaskedLM`` (and bertforge's ``predict
-fill-mask`` and ``evaluate mlm``, through :meth:`Electra.masked_lm_of`)."""
+"""ELECTRA (Clark et al., 2020) as a pretraining objective.  The model (the generator, the discriminator's head,
+the objective's pass), the run's folder and the departures from the paper are :mod:`bertforge.electra`'s; the
+generator it saves in ``generator/`` is also what ``predict fill-mask`` and ``evaluate mlm`` run
+(:meth:`Electra.masked_lm_of`)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
 """The layout of a batch: where its real tokens are, and whose dropout masks they take.
 
 Departure (listed in :mod:`bertforge.model`): padding is removed before every token-wise computation
-(projections, feed-forward, LayerNorm) and put back only for attention; on CUDA a padded batch's attention
-runs variable-length over nested jagged tensors instead, and in CPU training with dropout one sequence at a
-time over its real rows (see :mod:`bertforge.ops.attention`).
+(projections, feed-forward, LayerNorm) and put back only for attention (whose kernels, some of them over the
+real tokens only, are :mod:`bertforge.ops.attention`'s).
 
 Every module of the encoder takes one :class:`Layout`: the padding (or none), the dropout keys of the
 batch's sequences (:class:`~bertforge.ops.dropout.DropoutKeys`), and for a selection of rows (the rows-only
