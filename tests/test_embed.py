@@ -140,8 +140,15 @@ def test_grad_accum_and_mixed_negatives_are_refused(setup, tmp_path, capsys):
 def test_sentence_transformers_settings_classic_and_6x(tmp_path):
     write_settings(str(tmp_path), EmbeddingSettings("cls", False, 77, True), 8)
     assert read_settings(str(tmp_path)) == EmbeddingSettings("cls", False, 77, True)
+    # 6.x: the classes moved, the pooling is one string, the length is the tokenizer's
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.base.modules.transformer.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling",
+                "type": "sentence_transformers.sentence_transformer.modules.pooling.Pooling"}]
+    (tmp_path / "modules.json").write_text(json.dumps(modules))
     (tmp_path / "1_Pooling" / "config.json").write_text('{"embedding_dimension": 8, "pooling_mode": "mean"}')
-    assert read_settings(str(tmp_path)).pooling == "mean"
+    (tmp_path / "sentence_bert_config.json").write_text('{"transformer_task": "feature-extraction"}')
+    (tmp_path / "tokenizer_config.json").write_text('{"model_max_length": 99}')
+    assert read_settings(str(tmp_path)) == EmbeddingSettings("mean", False, 99, False)
     (tmp_path / "1_Pooling" / "config.json").write_text('{"pooling_mode_max_tokens": true}')
     with pytest.raises(UserError, match="bertforge embeds by the mean or the"):
         read_settings(str(tmp_path))
@@ -195,8 +202,11 @@ def test_sentence_transformers_loads_the_folder_with_the_same_vectors(setup, tmp
         capsys.readouterr()
         assert main(["predict", "embed", "--model", str(folder), "--json", *texts]) == 0
         ours = np.array(json.loads(capsys.readouterr().out))
-        theirs = st.SentenceTransformer(str(folder), device="cpu").encode(texts)
+        model = st.SentenceTransformer(str(folder), device="cpu")
+        theirs = model.encode(texts)
         assert ours.shape == theirs.shape and np.abs(ours - theirs).max() < 1e-5, folder
+    model.save(str(tmp_path / "saved"))  # and the folder as this sentence-transformers version writes it
+    assert np.abs(embed(str(tmp_path / "saved"), texts, device="cpu") - theirs).max() < 1e-5
 
 
 @pytest.mark.slow

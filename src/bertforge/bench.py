@@ -1,7 +1,7 @@
 """``bertforge bench``: bertforge against transformers on the same config, batch and machine, in one process.
 
-``--task pretrain`` (the default) times pretraining and inference; ``--task classify|squad`` a fine-tuning step
-(:func:`run_finetune_bench`).
+``--task pretrain`` (the default) times pretraining and inference; ``--task classify|squad|embed`` a fine-tuning
+step (:func:`run_finetune_bench`; embed's against sentence-transformers' MultipleNegativesRankingLoss step).
 
 Training: a full pretraining step exactly as ``bertforge pretrain`` runs it (:meth:`bertforge.engine.Engine.step`
 with the masked-LM objective, :class:`bertforge.objectives.MaskedLM`: forward with dropout masks keyed by
@@ -18,7 +18,8 @@ Inference: the encoder's forward pass over variable-length batches (SST-2 senten
 hand, else the demo corpus' sentences), each batch padded to its longest sentence for both (transformers'
 dynamic padding), in eval mode under ``torch.inference_mode()``.
 
-transformers is needed only by this command (install the ``test`` extra); nothing else in the package imports it.
+transformers (and sentence-transformers for embed) is needed only by this command (install the ``test`` extra);
+nothing else in the package imports it.
 """
 
 from __future__ import annotations
@@ -359,6 +360,8 @@ def _finetune_data(task: str, data_dir: str | None, train: str | None, tmp: str)
     under ``data_dir``, else (classification only) the demo's sentiment sentences."""
     if train:
         return train, train
+    if task == "embed" and data_dir and os.path.isfile(os.path.join(data_dir, "squad", "train-8k-v1.1.json")):
+        return os.path.join(data_dir, "squad", "train-8k-v1.1.json"), os.path.join(data_dir, "squad", "dev-v1.1.json")
     if task == "classify":
         if data_dir and os.path.isfile(os.path.join(data_dir, "sst2", "train.tsv")):
             return os.path.join(data_dir, "sst2", "train.tsv"), os.path.join(data_dir, "sst2", "dev.tsv")
@@ -369,7 +372,7 @@ def _finetune_data(task: str, data_dir: str | None, train: str | None, tmp: str)
     if data_dir and os.path.isfile(os.path.join(data_dir, "squad", "train-8k-v1.1.json")):
         return (os.path.join(data_dir, "squad", "train-8k-v1.1.json"),
                 os.path.join(data_dir, "squad", "dev-v1.1.json"))
-    raise UserError("bench --task squad needs --train FILE or --data-dir (SQuAD's train-8k-v1.1.json under squad/)")
+    raise UserError(f"bench --task {task} needs --train FILE or --data-dir (SQuAD's train-8k-v1.1.json under squad/)")
 
 
 def run_finetune_bench(task: str, model: str | None = None, preset: str = "mini", batch_size: int = 32,
@@ -384,7 +387,6 @@ def run_finetune_bench(task: str, model: str | None = None, preset: str = "mini"
     process, alternating round by round; the medians of real tokens per second are compared."""
     import tempfile
 
-    from .finetune import TaskLoss
     from .tasks import TASKS
 
     transformers = _import_transformers()
@@ -398,19 +400,23 @@ def run_finetune_bench(task: str, model: str | None = None, preset: str = "mini"
         cfg = kind.config(model=model or os.path.join(tmp, "model"), train_file=train_file, validation_file=val_file,
                           out=os.path.join(tmp, "out"), max_seq_length=seq_len, batch_size=batch_size,
                           max_train_examples=batch_size * n_batches)
-        ours, theirs, config, batches = _finetune_setup(kind, cfg, transformers, tmp, preset if model is None else None,
-                                                        batch_size, n_batches, group_by_length, dev)
+        t, ours, theirs, config, batches = _finetune_setup(kind, cfg, transformers, tmp,
+                                                           preset if model is None else None, batch_size, n_batches,
+                                                           group_by_length, dev)
     ours = ours.to(dev).train()
-    engine = Engine(TaskLoss(ours, 0), TrainConfig(lr=5e-5), impl, dev)
+    engine = Engine(t.objective(ours, 0, 1), TrainConfig(lr=5e-5), impl, dev)
     opt_theirs = _transformers_optimizer(theirs, 5e-5, dev)
-    real = [int(b["attention_mask"].sum()) for b in batches]
-    padded = sum(b["attention_mask"].numel() for b in batches)
+    masks = [[b[k] for k in ("attention_mask", "positive_attention_mask", "negative_attention_mask") if k in b]
+             for b in batches]  # (embed: the queries' and the passages')
+    real = [sum(int(m.sum()) for m in ms) for ms in masks]
+    padded = sum(m.numel() for ms in masks for m in ms)
     out(_versions(dev, transformers))
     out(f"fine-tuning {task}: {model or preset} ({config.num_hidden_layers} layers, hidden {config.hidden_size}), "
         f"{len(batches)} batches of {batch_size} from {os.path.basename(train_file)} (up to {seq_len} tokens, "
         f"{1 - sum(real) / padded:.0%} padding{', grouped by length' if group_by_length else ''})")
-    logit_diff = _logit_difference(ours, theirs, batches[0], task)
-    rows = _finetune_rounds(engine, theirs, opt_theirs, batches, real, batch_size, dev, autocast, steps, rounds, out)
+    logit_diff = _logit_difference(t, ours, theirs, batches[0])
+    rows = _finetune_rounds(engine, _step_of(t, theirs), opt_theirs, batches, real, batch_size, dev, autocast, steps,
+                            rounds, out)
     ours_tps, theirs_tps, speedup = _medians(rows)
     res = {"device": str(dev), "task": task, "model": model or preset, "batch_size": batch_size,
            "max_seq_length": seq_len, "batches": len(batches), "padding_fraction": 1 - sum(real) / padded,
@@ -424,9 +430,9 @@ def run_finetune_bench(task: str, model: str | None = None, preset: str = "mini"
 
 def _finetune_setup(kind, cfg, transformers, tmp: str, random_preset: str | None, batch_size: int, n_batches: int,
                     group_by_length: bool, dev: torch.device):
-    """(our model, transformers' model with the same weights, the model's config, the batches on ``dev``) of
-    the task ``kind`` as ``bertforge finetune`` reads and encodes it; with ``random_preset``, the model is that
-    preset, randomly initialised, written to ``cfg.model`` first."""
+    """(the task, our model, transformers' model with the same weights (a SentenceTransformer for embed), the
+    model's config, the batches on ``dev``) of the task ``kind`` as ``bertforge finetune`` reads and encodes it;
+    with ``random_preset``, the model is that preset, randomly initialised, written to ``cfg.model`` first."""
     from .tokenizer import load_tokenizer
 
     t = kind(kind.settings_class())
@@ -439,10 +445,16 @@ def _finetune_setup(kind, cfg, transformers, tmp: str, random_preset: str | None
     batches = _finetune_batches(t, tok, cfg, batch_size, n_batches, group_by_length, dev)
     torch.manual_seed(0)
     ours = kind.model_class.from_pretrained(cfg.model, config=config, reinit_head=reinit)
-    ours.save_pretrained(os.path.join(tmp, "same"), tokenizer=tok)  # the same weights for transformers
+    same = os.path.join(tmp, "same")
+    ours.save_pretrained(same, tokenizer=tok)  # the same weights for transformers
+    t.write_model(same, config)
+    if kind.name == "embed":
+        from sentence_transformers import SentenceTransformer
+
+        return t, ours, SentenceTransformer(same, device=str(dev)).train(), config, batches
     hf_class = getattr(transformers, kind.model_class.__name__)
-    theirs = hf_class.from_pretrained(os.path.join(tmp, "same"), attn_implementation="sdpa").to(dev).train()
-    return ours, theirs, config, batches
+    theirs = hf_class.from_pretrained(same, attn_implementation="sdpa").to(dev).train()
+    return t, ours, theirs, config, batches
 
 
 def _random_model(t, folder: str, preset: str) -> None:
@@ -450,8 +462,9 @@ def _random_model(t, folder: str, preset: str) -> None:
     ``folder``."""
     from .tokenizer import save_tokenizer, train_vocabulary
 
-    rows = getattr(t, "train_rows", None)
-    texts = [r[t.text] for r in rows] if rows else [e.context + " " + e.question for e in t.train_ex]
+    rows, pairs = getattr(t, "train_rows", None), getattr(t, "pairs", None)
+    texts = ([r[t.text] for r in rows] if rows else [p.query + " " + p.positive for p in pairs] if pairs else
+             [e.context + " " + e.question for e in t.train_ex])
     tok = train_vocabulary(texts, 8000, kind="wordpiece")
     save_tokenizer(tok, folder)
     torch.manual_seed(0)
@@ -479,15 +492,22 @@ def _finetune_batches(t, tok, cfg, batch_size: int, n_batches: int, group_by_len
     return batches
 
 
-def _logit_difference(ours, theirs, batch: dict, task: str) -> float:
-    """The largest difference of the two models' logits on ``batch`` (at real positions for squad): the same
-    model on the same batch, so they agree."""
+def _logit_difference(t, ours, theirs, batch: dict) -> float:
+    """The largest difference of the two models' logits on ``batch`` (at real positions for squad; the
+    queries' vectors for embed): the same model on the same batch, so they agree."""
     with torch.no_grad():
         ours.eval(), theirs.eval()
         b = {k: v for k, v in batch.items() if k in ("input_ids", "token_type_ids", "attention_mask")}
+        if t.name == "embed":
+            from .embeddings import pool
+
+            o = pool(ours(**b).last_hidden_state, b["attention_mask"], t.embedding)
+            h = theirs(dict(b))["sentence_embedding"]
+            ours.train(), theirs.train()
+            return float((o - h).abs().max())
         o, h = ours(**b), theirs(**b)
         real_pos = b["attention_mask"].bool()
-        if task == "classify":
+        if t.name == "classify":
             pairs = [(o.logits, h.logits)]
         else:
             pairs = [(o.start_logits[real_pos], h.start_logits[real_pos]),
@@ -495,6 +515,30 @@ def _logit_difference(ours, theirs, batch: dict, task: str) -> float:
         logit_diff = max(float((x.float() - y.float()).abs().max()) for x, y in pairs)
         ours.train(), theirs.train()
     return logit_diff
+
+
+def _step_of(t, theirs):
+    """What the reference trains on one of our batches: transformers' model, or for embed
+    sentence-transformers' model under its MultipleNegativesRankingLoss."""
+    return _RankingLossStep(theirs, t.settings.scale) if t.name == "embed" else theirs
+
+
+class _RankingLossStep(torch.nn.Module):
+    """sentence-transformers' MultipleNegativesRankingLoss (cosine, ``scale``) over a batch's queries and
+    positives, as a model whose output has the loss."""
+
+    def __init__(self, st, scale: float):
+        super().__init__()
+        from sentence_transformers.losses import MultipleNegativesRankingLoss
+
+        self.mnrl = MultipleNegativesRankingLoss(st, scale=scale)  # (holds the model: its parameters are ours here)
+
+    def forward(self, **b):
+        import types
+
+        sides = [{"input_ids": b[p + "input_ids"], "attention_mask": b[p + "attention_mask"],
+                  "token_type_ids": torch.zeros_like(b[p + "input_ids"])} for p in ("", "positive_")]
+        return types.SimpleNamespace(loss=self.mnrl(sides, None))
 
 
 def _finetune_rounds(engine: Engine, theirs, opt_theirs, batches: list[dict], real: list[int], batch_size: int,
@@ -507,7 +551,7 @@ def _finetune_rounds(engine: Engine, theirs, opt_theirs, batches: list[dict], re
         engine.step([{**b, "sequence_ids": ids}])
 
     def step_theirs(b):
-        transformers_step(theirs, opt_theirs, b, autocast)
+        transformers_step(theirs, opt_theirs, {k: v for k, v in b.items() if k != "sequence_ids"}, autocast)
 
     def timed(step):
         def rate(r: int) -> float:

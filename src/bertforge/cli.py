@@ -627,14 +627,15 @@ def build_parser() -> argparse.ArgumentParser:
     dm.set_defaults(func=cmd_demo)
 
     b = sub.add_parser("bench", help="pretraining, inference or fine-tuning speed against transformers, side by side")
-    b.add_argument("--task", default="pretrain", choices=("pretrain", "classify", "squad"),
-                   help="pretrain (training step and inference), or a fine-tuning step of classify or squad")
+    b.add_argument("--task", default="pretrain", choices=("pretrain", "classify", "squad", "embed"),
+                   help="pretrain (training step and inference), or a fine-tuning step of classify, squad or embed "
+                        "(against sentence-transformers)")
     b.add_argument("--preset", default="mini")
     b.add_argument("--model",
-                   help="--task classify|squad: a BERT directory to fine-tune (default: a random --preset model)")
-    b.add_argument("--train",
-                   help="--task classify|squad: the training file (default: SST-2 or SQuAD train-8k under --data-dir)")
-    b.add_argument("--group-by-length", action="store_true", help="--task classify|squad: batches of similar lengths")
+                   help="fine-tuning tasks: a BERT directory to fine-tune (default: a random --preset model)")
+    b.add_argument("--train", help="fine-tuning tasks: the training file (default: SST-2, or SQuAD train-8k under "
+                                   "--data-dir)")
+    b.add_argument("--group-by-length", action="store_true", help="fine-tuning tasks: batches of similar lengths")
     b.add_argument("--batch-size", type=positive_int, default=32)
     b.add_argument("--seq-len", type=positive_int, help="default: 128 (384 for squad)")
     b.add_argument("--steps", type=positive_int, default=3, help="training steps per timed round")

@@ -21,12 +21,9 @@ from tokenizers import Tokenizer
 
 from .errors import UserError, shown
 from .evaluation import by_length
-from .files import read_json
+from .files import json_object_or_none, read_json
 
 POOLINGS = ("mean", "cls")
-ST_TRANSFORMER = "sentence_transformers.models.Transformer"
-ST_POOLING = "sentence_transformers.models.Pooling"
-ST_NORMALIZE = "sentence_transformers.models.Normalize"
 # what finetune embed writes beside the model (the output rules list them as the run's own)
 ST_FILES = frozenset({"modules.json", "sentence_bert_config.json", "config_sentence_transformers.json", "1_Pooling",
                       "2_Normalize"})
@@ -52,14 +49,12 @@ def read_settings(path: str) -> EmbeddingSettings | None:
     if not isinstance(modules, list) or not all(isinstance(m, dict) and isinstance(m.get("type"), str)
                                                 for m in modules):
         raise UserError(f"{modules_file}: expected a list of modules, each with a 'type'")
-    types = [m["type"] for m in modules]
-    known = (ST_TRANSFORMER, ST_POOLING, ST_NORMALIZE)
-    other = [t for t in types if t not in known]
-    if other or not types or types[0] != ST_TRANSFORMER or ST_POOLING not in types:
+    types = [m["type"].rsplit(".", 1)[-1] for m in modules]  # (6.x moved the classes: the names stayed)
+    if types not in (["Transformer", "Pooling"], ["Transformer", "Pooling", "Normalize"]):
         raise UserError(f"{path}: sentence-transformers modules {', '.join(types) or 'none'}; bertforge embeds with a "
                         "Transformer, a Pooling (mean or CLS) and optionally Normalize, in that order")
-    settings = EmbeddingSettings(normalize=ST_NORMALIZE in types)
-    pooling_path = next(m.get("path") or "" for m in modules if m["type"] == ST_POOLING)
+    settings = EmbeddingSettings(normalize="Normalize" in types)
+    pooling_path = modules[1].get("path") or ""
     pool = read_json(os.path.join(path, pooling_path, "config.json"), "pooling configuration")
     mode = pool.get("pooling_mode") if isinstance(pool, dict) else None  # 6.x writes one string
     if mode is None and isinstance(pool, dict):
@@ -71,13 +66,14 @@ def read_settings(path: str) -> EmbeddingSettings | None:
         raise UserError(f"{path}: pooling {shown(mode)} in {pooling_path or '.'}/config.json; bertforge embeds by the "
                         "mean or the [CLS] token")
     settings.pooling = mode
-    sbert = os.path.join(path, "sentence_bert_config.json")
-    if os.path.isfile(sbert):
-        d = read_json(sbert, "sentence-transformers configuration")
-        if isinstance(d, dict):
-            length = d.get("max_seq_length")
-            settings.max_seq_length = length if isinstance(length, int) and length > 2 else None
-            settings.do_lower_case = bool(d.get("do_lower_case", False))
+    d = json_object_or_none(os.path.join(path, "sentence_bert_config.json")) or {}
+    settings.do_lower_case = bool(d.get("do_lower_case", False))
+    # the classic key; 6.x keeps the length as the tokenizer's model_max_length
+    for length in (d.get("max_seq_length"), (json_object_or_none(os.path.join(path, "tokenizer_config.json")) or {})
+                   .get("model_max_length")):
+        if isinstance(length, int) and 2 < length < 1_000_000:  # (transformers writes 1e30 for "no limit")
+            settings.max_seq_length = length
+            break
     return settings
 
 
@@ -95,10 +91,11 @@ def settings_of(path: str, pooling: str | None = None) -> EmbeddingSettings:
 def write_settings(folder: str, settings: EmbeddingSettings, hidden_size: int) -> None:
     """sentence-transformers' classic folder layout beside the model files of ``folder`` (read by every
     version since 2.x): Transformer (the folder itself), Pooling, and Normalize when the embeddings are."""
-    modules = [{"idx": 0, "name": "0", "path": "", "type": ST_TRANSFORMER},
-               {"idx": 1, "name": "1", "path": "1_Pooling", "type": ST_POOLING}]
+    st = "sentence_transformers.models."  # the classic names, which 6.x still reads
+    modules = [{"idx": 0, "name": "0", "path": "", "type": st + "Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": st + "Pooling"}]
     if settings.normalize:
-        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": ST_NORMALIZE})
+        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": st + "Normalize"})
         os.makedirs(os.path.join(folder, "2_Normalize"), exist_ok=True)
     pooling = {"word_embedding_dimension": hidden_size, "pooling_mode_cls_token": settings.pooling == "cls",
                "pooling_mode_mean_tokens": settings.pooling == "mean", "pooling_mode_max_tokens": False,
