@@ -27,6 +27,7 @@ EXTRA = {
     "classify": ["--epochs", "1", "--batch-size", "8", "--max-seq-length", "48", "--no-progress"],
     "squad": ["--epochs", "1", "--batch-size", "8", "--max-seq-length", "64", "--doc-stride", "16",
               "--max-query-length", "16", "--no-progress"],
+    "embed": ["--epochs", "1", "--batch-size", "8", "--max-seq-length", "64", "--no-progress"],
 }
 
 
@@ -83,8 +84,8 @@ def _data(root: pathlib.Path) -> None:
 @pytest.mark.slow
 def test_every_command_of_the_readme_runs_as_shown(tmp_path, monkeypatch, capsys):
     blocks = _blocks()
-    assert [b[0].split()[1] for b in blocks] == ["tokenizer", "pretrain", "finetune", "predict"], blocks
-    assert sum(map(len, blocks)) >= 13  # (the parse keeps every command of those blocks)
+    assert [b[0].split()[1] for b in blocks] == ["tokenizer", "pretrain", "finetune", "finetune", "predict"], blocks
+    assert sum(map(len, blocks)) >= 17  # (the parse keeps every command of those blocks)
     for folder, run in (("quick-start", blocks[:1]), ("guide", blocks[1:])):
         (tmp_path / folder).mkdir()
         _data(tmp_path / folder)
