@@ -362,6 +362,8 @@ def _finetune_data(task: str, data_dir: str | None, train: str | None, tmp: str)
         return train, train
     if task == "embed" and data_dir and os.path.isfile(os.path.join(data_dir, "squad", "train-8k-v1.1.json")):
         return os.path.join(data_dir, "squad", "train-8k-v1.1.json"), os.path.join(data_dir, "squad", "dev-v1.1.json")
+    if task == "ner" and data_dir and os.path.isfile(os.path.join(data_dir, "wnut16", "train.conll")):
+        return os.path.join(data_dir, "wnut16", "train.conll"), os.path.join(data_dir, "wnut16", "dev.conll")
     if task == "classify":
         if data_dir and os.path.isfile(os.path.join(data_dir, "sst2", "train.tsv")):
             return os.path.join(data_dir, "sst2", "train.tsv"), os.path.join(data_dir, "sst2", "dev.tsv")
@@ -372,7 +374,8 @@ def _finetune_data(task: str, data_dir: str | None, train: str | None, tmp: str)
     if data_dir and os.path.isfile(os.path.join(data_dir, "squad", "train-8k-v1.1.json")):
         return (os.path.join(data_dir, "squad", "train-8k-v1.1.json"),
                 os.path.join(data_dir, "squad", "dev-v1.1.json"))
-    raise UserError(f"bench --task {task} needs --train FILE or --data-dir (SQuAD's train-8k-v1.1.json under squad/)")
+    wanted = "wnut16/train.conll" if task == "ner" else "squad/train-8k-v1.1.json"
+    raise UserError(f"bench --task {task} needs --train FILE or --data-dir (holding {wanted})")
 
 
 def run_finetune_bench(task: str, model: str | None = None, preset: str = "mini", batch_size: int = 32,
@@ -462,9 +465,14 @@ def _random_model(t, folder: str, preset: str) -> None:
     ``folder``."""
     from .tokenizer import save_tokenizer, train_vocabulary
 
-    rows, pairs = getattr(t, "train_rows", None), getattr(t, "pairs", None)
-    texts = ([r[t.text] for r in rows] if rows else [p.query + " " + p.positive for p in pairs] if pairs else
-             [e.context + " " + e.question for e in t.train_ex])
+    if t.name == "classify":
+        texts = [r[t.text] for r in t.train_rows]
+    elif t.name == "embed":
+        texts = [p.query + " " + p.positive for p in t.pairs]
+    elif t.name == "ner":
+        texts = [" ".join(s.tokens) for s in t.train]
+    else:
+        texts = [e.context + " " + e.question for e in t.train_ex]
     tok = train_vocabulary(texts, 8000, kind="wordpiece")
     save_tokenizer(tok, folder)
     torch.manual_seed(0)
@@ -509,6 +517,8 @@ def _logit_difference(t, ours, theirs, batch: dict) -> float:
         real_pos = b["attention_mask"].bool()
         if t.name == "classify":
             pairs = [(o.logits, h.logits)]
+        elif t.name == "ner":
+            pairs = [(o.logits[real_pos], h.logits[real_pos])]
         else:
             pairs = [(o.start_logits[real_pos], h.start_logits[real_pos]),
                      (o.end_logits[real_pos], h.end_logits[real_pos])]

@@ -275,7 +275,7 @@ def cmd_pretrain(a: argparse.Namespace) -> int:
 
 
 FINETUNE_PRINTED = {"classify": ("accuracy", "macro_f1", "loss"), "squad": ("exact_match", "f1", "precision", "recall"),
-                    "embed": ("mrr@10", "recall@1", "recall@10", "ndcg@10")}
+                    "embed": ("mrr@10", "recall@1", "recall@10", "ndcg@10"), "ner": ("f1", "precision", "recall", "accuracy")}
 
 
 def cmd_finetune(a: argparse.Namespace) -> int:
@@ -298,13 +298,14 @@ def _add_finetune_parsers(sub) -> None:
     from .lifecycle import SAVE_INTERVAL
     from .tasks import TASKS
 
-    ft = sub.add_parser("finetune", help="fine-tune a BERT for classification, SQuAD question answering or embeddings")
+    ft = sub.add_parser("finetune", help="fine-tune a BERT: classification, SQuAD, embeddings, NER")
     fts = ft.add_subparsers(dest="task", metavar="TASK", parser_class=_Parser)
     fts.required = True
     helps = {"classify": "sentence or sentence-pair classification (TSV, CSV, JSONL)",
              "squad": "SQuAD v1.1 extractive question answering",
              "embed": "sentence embeddings from query/passage pairs (JSONL, TSV or SQuAD JSON), in-batch negatives; "
-                      "the output is also a sentence-transformers folder"}
+                      "the output is also a sentence-transformers folder",
+             "ner": "token classification (named entities) from CoNLL-style columns or JSONL; entity F1 by seqeval"}
     for name, kind in TASKS.items():
         p = fts.add_parser(name, help=helps[name])
         flags = add_setting_flags(p, kind.config(), defaults={"lr": finetune_lr_rule(), "save_every": (
@@ -344,6 +345,15 @@ def cmd_evaluate_classify(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_evaluate_ner(a: argparse.Namespace) -> int:
+    from .config import NerConfig
+    from .tasks.ner import evaluate_ner_model
+
+    _print_json(evaluate_ner_model(a.model, a.data, _task_settings(a, NerConfig), a.max_seq_length, a.batch_size,
+                                   a.device))
+    return 0
+
+
 def cmd_evaluate_retrieval(a: argparse.Namespace) -> int:
     from .api import evaluate_retrieval
 
@@ -376,7 +386,7 @@ def _embedding_flags(p) -> None:
 
 
 def _add_evaluate_parsers(sub) -> None:
-    from .config import ClassifyConfig, PretrainDataConfig, SquadConfig
+    from .config import ClassifyConfig, NerConfig, PretrainDataConfig, SquadConfig
 
     ev = sub.add_parser("evaluate", help="score predictions or a saved model")
     evs = ev.add_subparsers(dest="task", metavar="TASK", parser_class=_Parser)
@@ -400,6 +410,14 @@ def _add_evaluate_parsers(sub) -> None:
     c.add_argument("--device", default="auto")
     add_setting_flags(c, ClassifyConfig())
     c.set_defaults(func=cmd_evaluate_classify)
+    n = evs.add_parser("ner", help="entity precision, recall and F1 (seqeval) of a token classifier on a tagged file")
+    n.add_argument("--model", required=True)
+    n.add_argument("--data", required=True, help="CoNLL-style columns or JSONL of {tokens, tags}")
+    n.add_argument("--max-seq-length", type=positive_int, help="default: 128, or the model's positions if fewer")
+    n.add_argument("--batch-size", type=positive_int, default=64)
+    n.add_argument("--device", default="auto")
+    add_setting_flags(n, NerConfig(), only=("token_column", "tag_column", "labels_file", "strict"))
+    n.set_defaults(func=cmd_evaluate_ner)
     r = evs.add_parser("retrieval", help="MRR@10, recall@1/10 and nDCG@10 of a model's embeddings (or BM25)")
     r.add_argument("--model", required=True, help="a BERT or sentence-transformers directory, or bm25 (BM25 through the "
                                                   "bm25s library: k1 1.5, b 0.75, Lucene's idf, English stop words)")
@@ -627,14 +645,14 @@ def build_parser() -> argparse.ArgumentParser:
     dm.set_defaults(func=cmd_demo)
 
     b = sub.add_parser("bench", help="pretraining, inference or fine-tuning speed against transformers, side by side")
-    b.add_argument("--task", default="pretrain", choices=("pretrain", "classify", "squad", "embed"),
-                   help="pretrain (training step and inference), or a fine-tuning step of classify, squad or embed "
-                        "(against sentence-transformers)")
+    b.add_argument("--task", default="pretrain", choices=("pretrain", "classify", "squad", "embed", "ner"),
+                   help="pretrain (training step and inference), or a fine-tuning step of classify, squad, ner or "
+                        "embed (against sentence-transformers)")
     b.add_argument("--preset", default="mini")
     b.add_argument("--model",
                    help="fine-tuning tasks: a BERT directory to fine-tune (default: a random --preset model)")
-    b.add_argument("--train", help="fine-tuning tasks: the training file (default: SST-2, or SQuAD train-8k under "
-                                   "--data-dir)")
+    b.add_argument("--train", help="fine-tuning tasks: the training file (default: SST-2, SQuAD train-8k or WNUT-16 "
+                                   "under --data-dir)")
     b.add_argument("--group-by-length", action="store_true", help="fine-tuning tasks: batches of similar lengths")
     b.add_argument("--batch-size", type=positive_int, default=32)
     b.add_argument("--seq-len", type=positive_int, help="default: 128 (384 for squad)")

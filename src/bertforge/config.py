@@ -673,3 +673,15 @@ class EmbedConfig:
     scale: float = setting(20.0, "similarities are multiplied by this before the softmax over the batch (1/temperature;"
                                  " 20 as sentence-transformers' MultipleNegativesRankingLoss)", check="positive")
     symmetric: bool = setting(False, "add the loss of each positive picking its query among the batch's queries")
+
+
+@dataclass
+class NerConfig:
+    token_column: int = setting(0, "column of the token in CoNLL-style files (0: the first)")
+    tag_column: int = setting(-1, "column of the tag in CoNLL-style files (-1: the last)")
+    labels_file: str = setting("", "the tag names of JSONL ner_tags integers, one per line, in id order",
+                               flag="--labels")
+    label_all_tokens: bool = setting(False, "train on every sub-token of a word (the later ones with the I- form of "
+                                            "its tag), as run_ner's option; evaluation stays per word")
+    strict: bool = setting(False, "score entities as seqeval's mode='strict' with the file's scheme (default: "
+                                  "seqeval's default mode, as conlleval)")

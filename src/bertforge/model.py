@@ -27,6 +27,8 @@ Departures of the model from the paper, Google's code and transformers (the data
 * Question answering: the start and end logits at pad positions are the lowest float, so padding takes no
   part in any softmax and a sequence's loss does not depend on the padding of its batch (transformers'
   does); the logits at real positions are transformers'.
+* Token classification runs its classifier on the real tokens only: its logits at pad positions are zeros
+  (transformers': computed values that no loss reads).
 * On the CPU, dropout masks come from 16-bit random numbers (``p`` rounded to a multiple of 1/65536), and
   in training each sequence's masks from a generator keyed by (seed, step, the sequence's index, the
   dropout site), so that a run does not depend on the number of processes or accumulation steps
@@ -85,6 +87,12 @@ class MaskedLMOutput:
 class SequenceClassifierOutput:
     loss: torch.Tensor | None = None
     logits: torch.Tensor | None = None  # (B, num_labels)
+
+
+@dataclass
+class TokenClassifierOutput:
+    loss: torch.Tensor | None = None
+    logits: torch.Tensor | None = None  # (B, T, num_labels)
 
 
 @dataclass
@@ -441,6 +449,33 @@ class BertForSequenceClassification(BertPreTrainedModel):
         return SequenceClassifierOutput(loss, logits)
 
 
+class BertForTokenClassification(BertPreTrainedModel):
+    """The encoder with a classifier over every token: ``logits`` (B, T, num_labels), the labels named by
+    ``config.id2label``; cross-entropy over the tokens whose ``labels`` are not -100."""
+
+    head_prefixes = ("classifier.",)
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.bert = BertModel(config, add_pooling_layer=False)
+        p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        self.dropout = Dropout(p)
+        self.classifier = nn.Linear(config.hidden_size, self.num_labels)
+        self.init_weights()
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, labels=None,
+                dropout_keys=None) -> TokenClassifierOutput:
+        B, T = input_ids.shape
+        layout = self.bert.layout(input_ids, attention_mask, dropout_keys)
+        x = self.bert.encoder(self.bert.embed(input_ids, token_type_ids, position_ids, layout), layout)  # (N, C)
+        logits = layout.pad(self.classifier(self.dropout(x, layout)))  # (B, T, labels), zeros at padding
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.reshape(B * T, -1), labels.reshape(-1), ignore_index=-100)
+        return TokenClassifierOutput(loss, logits)
+
+
 class BertForQuestionAnswering(BertPreTrainedModel):
     """The encoder with a span head: ``start_logits`` and ``end_logits`` (B, T) for extractive question
     answering; a loss with ``start_positions`` / ``end_positions``."""
@@ -473,4 +508,4 @@ class BertForQuestionAnswering(BertPreTrainedModel):
 
 
 __all__ = ["BertModel", "BertForPreTraining", "BertForMaskedLM", "BertForSequenceClassification",
-           "BertForQuestionAnswering"]
+           "BertForTokenClassification", "BertForQuestionAnswering"]

@@ -97,6 +97,14 @@ class FinetuneTask:
         return {}
 
 
+def use_labels(config: BertConfig, labels: list[str]) -> bool:
+    """Name the model's outputs ``labels`` (``id2label``); True when the checkpoint's were others (a new head)."""
+    same = config.id2label and [config.id2label[i] for i in sorted(config.id2label)] == labels
+    config.id2label, config.label2id = {i: lab for i, lab in enumerate(labels)}, None
+    config.__post_init__()
+    return not same
+
+
 def held_out(items: list, fraction: float, seed: int, key: Callable[[Any], Any] | None = None) -> tuple[list, list]:
     """(the rest, the held-out part) of ``items``, each in the file's order: groups of items (by ``key``; each
     item its own without one) drawn at random until ``fraction`` of the items are held out, one group at

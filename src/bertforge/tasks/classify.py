@@ -22,7 +22,7 @@ from ..files import json_lines, read_text
 from ..model import BertForSequenceClassification
 from ..loading import check_max_seq_length, load_for_inference, model_dir
 from ..tokenizer import special_ids
-from .base import FinetuneTask
+from .base import FinetuneTask, use_labels
 
 log = logging.getLogger("bertforge")
 
@@ -185,10 +185,7 @@ class ClassificationTask(FinetuneTask):
         self.y_val = _labels_to_ids(self.val_rows, self.label_col, label2id, cfg.data.validation_file)
 
     def configure(self, config: BertConfig) -> bool:
-        same_labels = config.id2label and [config.id2label[i] for i in sorted(config.id2label)] == self.labels
-        config.id2label, config.label2id = {i: lab for i, lab in enumerate(self.labels)}, None
-        config.__post_init__()
-        return not same_labels
+        return use_labels(config, self.labels)
 
     def encode(self, tok: Tokenizer, cfg: FinetuneConfig):
         n = cfg.data.max_seq_length

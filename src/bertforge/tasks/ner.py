@@ -1,0 +1,316 @@
+"""Token classification (named entities): CoNLL-style column files and JSONL, fine-tuning, entity-level
+figures as seqeval computes them, and evaluation of a saved model.
+
+As transformers' ``run_ner``: a word's label sits on its first sub-token, the later ones are ignored (with
+``--label-all-tokens`` they carry the I- form of the word's tag in training); the labels are the training
+file's tags, sorted.  Every figure is per word (its first sub-token's prediction).  A sentence longer than the
+model's window is split into windows that overlap by half; each word is predicted by the window where it has
+the most context on both sides (SQuAD's rule), so every word is predicted once.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+from dataclasses import dataclass
+
+import torch
+from tokenizers import Tokenizer
+
+from ..batching import pad_batch
+from ..config import BertConfig, FinetuneConfig, NerConfig
+from ..errors import UserError, shown
+from ..evaluation import by_length
+from ..files import json_lines, read_text
+from ..loading import check_max_seq_length, load_for_inference, model_dir
+from ..model import BertForTokenClassification
+from ..tokenizer import special_ids
+from .base import FinetuneTask, use_labels
+
+log = logging.getLogger("bertforge")
+
+PREFIXES = ("B", "I", "E", "S")
+
+
+@dataclass
+class Sentence:
+    tokens: list[str]
+    tags: list[str]
+
+
+# ------------------------------------------------------------------------------------------------ reading
+def _conll(path: str, text: str, settings: NerConfig) -> list[Sentence]:
+    sentences, tokens, tags = [], [], []
+    for n, line in enumerate(text.splitlines(), 1):
+        fields = line.split("\t") if "\t" in line else line.split()
+        if not fields:
+            if tokens:
+                sentences.append(Sentence(tokens, tags))
+            tokens, tags = [], []
+            continue
+        if fields[0] == "-DOCSTART-":
+            continue
+        if len(fields) < 2:
+            raise UserError(f"{path}:{n}: {shown(line)} has no tag (a line is a token and its tag, tab- or "
+                            "space-separated; a blank line ends a sentence)")
+        try:
+            tokens.append(fields[settings.token_column])
+            tags.append(fields[settings.tag_column])
+        except IndexError:
+            raise UserError(f"{path}:{n}: {len(fields)} columns; --token-column {settings.token_column} and "
+                            f"--tag-column {settings.tag_column} ask for others") from None
+    if tokens:
+        sentences.append(Sentence(tokens, tags))
+    return sentences
+
+
+def _jsonl(path: str, text: str, settings: NerConfig) -> list[Sentence]:
+    names = None
+    if settings.labels_file:
+        names = [x.strip() for x in read_text(settings.labels_file, "labels file").splitlines() if x.strip()]
+    sentences = []
+    for n, obj in json_lines(io.StringIO(text), path):
+        tokens = obj.get("tokens")
+        tags = obj.get("tags", obj.get("ner_tags"))
+        if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+            raise UserError(f"{path}:{n}: 'tokens' must be a list of strings, not {shown(tokens)}")
+        if not isinstance(tags, list) or len(tags) != len(tokens):
+            raise UserError(f"{path}:{n}: 'tags' (or 'ner_tags') must be a list of one tag per token, not "
+                            f"{shown(tags)}")
+        if any(isinstance(t, int) and not isinstance(t, bool) for t in tags):
+            if names is None:
+                raise UserError(f"{path}:{n}: integer ner_tags need their names: give --labels FILE (one per line, "
+                                "in id order)")
+            if not all(isinstance(t, int) and 0 <= t < len(names) for t in tags):
+                raise UserError(f"{path}:{n}: ner_tags {shown(tags)} are not ids of the {len(names)} labels of "
+                                f"{settings.labels_file}")
+            tags = [names[t] for t in tags]
+        if not all(isinstance(t, str) for t in tags):
+            raise UserError(f"{path}:{n}: tags must be strings (or integer ner_tags with --labels)")
+        if tokens:
+            sentences.append(Sentence(tokens, tags))
+    return sentences
+
+
+def read_ner(path: str, settings: NerConfig) -> list[Sentence]:
+    """The sentences of a CoNLL-style file (a token and its tag per line, a blank line between sentences) or a
+    JSONL file of ``{"tokens", "tags"}`` (or ``ner_tags``); each tag checked, the scheme found."""
+    text = read_text(path, "NER file")
+    low = path.lower()
+    sentences = (_jsonl if low.endswith((".jsonl", ".json")) else _conll)(path, text, settings)
+    if not sentences:
+        raise UserError(f"{path} holds no sentences")
+    for s in sentences:
+        for t in s.tags:
+            if t != "O" and (len(t) < 3 or t[0] not in PREFIXES or t[1] not in "-_"):
+                raise UserError(f"{path}: tag {shown(t)} is neither O nor B-, I-, E- or S- and a type")
+    scheme_of(sentences, path)
+    return sentences
+
+
+def scheme_of(sentences: list[Sentence], path: str) -> str:
+    """BIO (IOB2), IOB1 (I- opens an entity, B- only between two of one type) or BIOES; mixed is an error."""
+    bioes = any(t[0] in "ES" for s in sentences for t in s.tags if t != "O")
+    opens_with_i = False
+    for s in sentences:
+        prev = "O"
+        for t in s.tags:
+            if t.startswith("I") and (prev == "O" or prev[2:] != t[2:]):
+                opens_with_i = True
+            prev = t
+    if bioes and opens_with_i:
+        raise UserError(f"{path}: the tags mix schemes (E-/S- of BIOES, and I- opening entities as IOB1 does)")
+    return "BIOES" if bioes else "IOB1" if opens_with_i else "BIO"
+
+
+# ------------------------------------------------------------------------------------------------ windows
+def windows(tok: Tokenizer, sentences: list[Sentence], max_len: int) -> tuple[list[dict], list[list[int]], int]:
+    """(features, each sentence's first-sub-token piece index per word (-1: the word has no piece), the number of
+    sentences split): each feature is [CLS] + a window of pieces + [SEP], with ``sentence``, ``start`` (its first
+    piece) and ``words`` (the word of each of its pieces)."""
+    sp = special_ids(tok)
+    tok = Tokenizer.from_str(tok.to_str())  # a copy without the folder's truncation or padding: windows instead
+    tok.no_truncation()
+    tok.no_padding()
+    encs = tok.encode_batch([s.tokens for s in sentences], is_pretokenized=True, add_special_tokens=False)
+    width = max_len - 2
+    feats, firsts, split = [], [], 0
+    for i, e in enumerate(encs):
+        words = [w if w is not None else -1 for w in e.word_ids]
+        first = [-1] * len(sentences[i].tokens)
+        for p, w in enumerate(words):
+            if w >= 0 and first[w] < 0:
+                first[w] = p
+        firsts.append(first)
+        starts = [0] if len(words) <= width else list(range(0, len(words) - width // 2, width // 2))
+        split += len(starts) > 1
+        for s in starts:
+            ids = e.ids[s : s + width]
+            feats.append({"input_ids": [sp.cls, *ids, sp.sep], "token_type_ids": [0] * (len(ids) + 2),
+                          "sentence": i, "start": s, "words": words[s : s + width]})
+    return feats, firsts, split
+
+
+def best_windows(feats: list[dict], firsts: list[list[int]]) -> list[list[tuple[int, int]]]:
+    """Per sentence, per word: (feature index, position in it) of the window where the word's first piece has
+    the most context on both sides; (-1, -1) for a word without pieces."""
+    best: list[list[tuple[float, int, int]]] = [[(-1.0, -1, -1)] * len(f) for f in firsts]
+    for k, f in enumerate(feats):
+        n = len(f["words"])
+        for w, p in enumerate(firsts[f["sentence"]]):
+            q = p - f["start"]
+            if p >= 0 and 0 <= q < n:
+                score = min(q, n - 1 - q) + 0.01 * n
+                if score > best[f["sentence"]][w][0]:
+                    best[f["sentence"]][w] = (score, k, q + 1)  # (+1: [CLS])
+    return [[(k, q) for _, k, q in row] for row in best]
+
+
+def _inside(tag: str) -> str:
+    return "I" + tag[1:] if tag[0] in "BS" else tag
+
+
+def training_features(tok: Tokenizer, sentences: list[Sentence], label2id: dict[str, int], max_len: int,
+                      all_tokens: bool) -> tuple[list[dict], int]:
+    feats, firsts, split = windows(tok, sentences, max_len)
+    for f in feats:
+        tags, first = sentences[f["sentence"]].tags, firsts[f["sentence"]]
+        labels = [-100]
+        for q, w in enumerate(f["words"]):
+            if w < 0:
+                labels.append(-100)
+            elif first[w] == f["start"] + q:
+                labels.append(label2id[tags[w]])
+            else:
+                labels.append(label2id.get(_inside(tags[w]), label2id[tags[w]]) if all_tokens else -100)
+        f["labels"] = labels + [-100]
+    return feats, split
+
+
+def collate(fs: list[dict], pad: int) -> dict:
+    b = pad_batch(fs, pad)
+    labels = torch.full(b["input_ids"].shape, -100, dtype=torch.long)
+    for i, f in enumerate(fs):
+        labels[i, : len(f["labels"])] = torch.tensor(f["labels"])
+    b["labels"] = labels
+    return b
+
+
+# ------------------------------------------------------------------------------------------------ model use
+def predict_tags(model, tok: Tokenizer, sentences: list[Sentence], id2label: dict[int, str], max_len: int, device,
+                 batch_size: int = 64) -> list[list[str]]:
+    """Each word's predicted tag (its first sub-token's, from its best window; O for a word without pieces)."""
+    feats, firsts, _ = windows(tok, sentences, max_len)
+    ids = by_length(model, feats, special_ids(tok).pad, device, batch_size,
+                    lambda out, b: list(out.logits.argmax(-1).cpu().numpy()))
+    return [[id2label[int(ids[k][q])] if k >= 0 else "O" for k, q in row] for row in best_windows(feats, firsts)]
+
+
+def ner_metrics(true: list[list[str]], pred: list[list[str]], strict_scheme: str | None = None) -> dict:
+    """Entity-level precision, recall and F1 (overall, micro-averaged, and per type) and token accuracy, by
+    seqeval (its default mode, or ``mode="strict"`` with ``strict_scheme``)."""
+    metrics, scheme = _seqeval()
+    kw = {}
+    if strict_scheme:
+        kw = {"mode": "strict", "scheme": {"BIO": scheme.IOB2, "IOB1": scheme.IOB1, "BIOES": scheme.IOBES}[strict_scheme]}
+    report = metrics.classification_report(true, pred, output_dict=True, zero_division=0, **kw)
+    per_type = {t: {"precision": float(r["precision"]), "recall": float(r["recall"]), "f1": float(r["f1-score"]),
+                    "number": int(r["support"])} for t, r in report.items() if not t.endswith(" avg")}
+    return {"precision": float(metrics.precision_score(true, pred, zero_division=0, **kw)),
+            "recall": float(metrics.recall_score(true, pred, zero_division=0, **kw)),
+            "f1": float(metrics.f1_score(true, pred, zero_division=0, **kw)),
+            "accuracy": float(metrics.accuracy_score(true, pred)), "per_type": per_type}
+
+
+def _seqeval():
+    try:
+        from seqeval import metrics, scheme
+    except ImportError:
+        raise UserError("NER figures need the seqeval library: pip install 'bertforge[ner]'") from None
+    return metrics, scheme
+
+
+# ------------------------------------------------------------------------------------------------ fine-tuning
+class NerTask(FinetuneTask):
+    """Token classification: the training file's tags, entity F1 (seqeval) picks the best epoch."""
+
+    name = "ner"
+    model_class = BertForTokenClassification
+    settings_class = NerConfig
+    select = "f1"
+    plotted = [("f1", "entity F1"), ("precision", "precision"), ("recall", "recall")]
+    pipeline_tag = "token-classification"
+    defaults = {"max_seq_length": 128}
+
+    def read(self, cfg: FinetuneConfig) -> None:
+        train = read_ner(cfg.data.train_file, self.settings)
+        self.train, self.val = self.split_validation(train, cfg, lambda p: read_ner(p, self.settings))
+        self.labels = sorted({t for s in self.train for t in s.tags})  # as run_ner sorts them: of the whole file
+        if cfg.data.max_train_examples:
+            self.train = self.train[: cfg.data.max_train_examples]
+        if len(self.labels) < 2:
+            raise UserError(f"{cfg.data.train_file}: only one tag ({self.labels[0]!r}); NER needs entities to learn")
+        unseen = sorted({t for s in self.val for t in s.tags} - set(self.labels))
+        if unseen:
+            raise UserError(f"{cfg.data.validation_file or cfg.data.train_file}: tag(s) {', '.join(unseen)} never seen in "
+                            "training")
+        self.scheme = scheme_of(self.train, cfg.data.train_file)
+        _seqeval()  # (missing: said before any training)
+
+    def configure(self, config: BertConfig) -> bool:
+        return use_labels(config, self.labels)
+
+    def encode(self, tok: Tokenizer, cfg: FinetuneConfig):
+        n, self.tok = cfg.data.max_seq_length, tok
+        self.max_len, self.eval_batch_size, self.pad = n, cfg.data.eval_batch_size, special_ids(tok).pad
+        label2id = {lab: i for i, lab in enumerate(self.labels)}
+        feats, split = training_features(tok, self.train, label2id, n, self.settings.label_all_tokens)
+        if split:
+            log.warning("%d training sentence(s) longer than %d tokens: split into overlapping windows", split, n)
+        log.info("fine-tuning %s for NER on %d sentences (%d windows; %s tags: %s), validating on %d", cfg.model,
+                 len(self.train), len(feats), self.scheme, ", ".join(self.labels), len(self.val))
+        return feats, lambda fs: collate(fs, self.pad)
+
+    def evaluate(self, model, device):
+        id2label = dict(enumerate(self.labels))
+        pred = predict_tags(model, self.tok, self.val, id2label, self.max_len, device, self.eval_batch_size)
+        res = ner_metrics([s.tags for s in self.val], pred, self.scheme if self.settings.strict else None)
+        return res, pred
+
+    def eval_size(self) -> int:
+        return len(self.val)
+
+    def write_outputs(self, folder: str, preds) -> dict:
+        with open(os.path.join(folder, "predictions.jsonl"), "w", encoding="utf-8") as f:
+            for s, p in zip(self.val, preds):
+                f.write(json.dumps({"tokens": s.tokens, "tags": s.tags, "predicted": p}, ensure_ascii=False) + "\n")
+        return {"validation_sentences": len(self.val)}
+
+    def train_figures(self) -> dict:
+        return {"train_sentences": len(self.train), "scheme": self.scheme}
+
+
+def evaluate_ner_model(path: str, data: str, settings: NerConfig, max_seq_length: int | None = None,
+                       batch_size: int = 64, device: str = "auto") -> dict:
+    """``bertforge evaluate ner``: entity-level precision, recall, F1 (overall and per type) and token accuracy
+    of a fine-tuned token classifier on a tagged file; a tag the model lacks is warned about and counted as
+    missed."""
+    config = BertConfig.load(model_dir(path))
+    if not config.id2label:
+        raise UserError(f"{path} is not a token classifier (its config.json has no id2label)")
+    max_len = check_max_seq_length(config, max_seq_length, path, default=128)
+    sentences = read_ner(data, settings)
+    unknown = sorted({t for s in sentences for t in s.tags} - set(config.id2label.values()))
+    if unknown:
+        log.warning("%s: tag(s) %s are not among the model's labels: their entities count as missed", data,
+                    ", ".join(unknown))
+    m = load_for_inference(path, BertForTokenClassification, device, config,
+                           head=("classifier.weight", f"{path} has no trained token-classification head"))
+    pred = predict_tags(m.model, m.tokenizer, sentences, config.id2label, max_len, m.device, batch_size)
+    scheme = scheme_of(sentences, data) if settings.strict else None
+    return ner_metrics([s.tags for s in sentences], pred, scheme)
+
+
+__all__ = ["NerTask", "Sentence", "evaluate_ner_model", "ner_metrics", "read_ner"]
