@@ -2,6 +2,7 @@
 equal seqeval's on its own predictions, a folder that transformers loads, and the errors of bad input."""
 
 import json
+import os
 
 import pytest
 import torch
@@ -12,6 +13,8 @@ from bertforge.config import NerConfig
 from bertforge.errors import UserError
 from bertforge.tasks.ner import Sentence, best_windows, read_ner, scheme_of, training_features, windows
 from bertforge.tokenizer import train_vocabulary
+
+from .conftest import data_path
 
 PEOPLE, PLACES = ["anna", "boris", "carla", "dmitri", "elena"], ["paris", "oslo", "lima", "rome"]
 
@@ -36,7 +39,7 @@ def setup(tmp_path_factory):
     words = [" ".join(r[0]) for r in rows]
     tok = train_vocabulary(words, 100, kind="wordpiece", min_frequency=1)
     torch.manual_seed(0)
-    cfg = BertConfig.preset("tiny", vocab_size=tok.get_vocab_size(), max_position_embeddings=64)
+    cfg = BertConfig.preset("tiny", vocab_size=tok.get_vocab_size(), max_position_embeddings=512)
     BertForPreTraining(cfg).save_pretrained(str(d / "model"), tokenizer=tok)
     return d
 
@@ -148,3 +151,28 @@ def test_a_validation_tag_unseen_in_training_is_refused(setup, tmp_path, capsys)
     (tmp_path / "v.conll").write_text("anna\tB-org\n")
     assert main(_args(setup, tmp_path / "out", "--validation", str(tmp_path / "v.conll"))) == 2
     assert "B-org never seen in training" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["none", "simple", "first", "average", "max"])
+def test_predict_ner_equals_transformers_pipeline(setup, tmp_path_factory, capsys, strategy):
+    """predict ner --json gives transformers' token-classification pipeline's entities on the same folder, for
+    every aggregation strategy (raw text: words as the pipeline forms them from pieces, character offsets)."""
+    transformers = pytest.importorskip("transformers")
+    out = setup / "trained"
+    if not out.exists():
+        assert main(_args(setup, out, "--epochs", "3", "--batch-size", "4")) == 0
+    texts = ["Anna Smith went to Paris today!", "we met boris in lima , then annasmithson in Oslo.", "nothing here"]
+    if os.environ.get("BERTFORGE_DATA"):  # and WNUT-16's dev tweets as raw text (unknown pieces, URLs, emoji)
+        tweets = data_path("wnut16", "dev.conll").read_text(encoding="utf-8").split("\n\n")[:40]
+        texts += [" ".join(line.split("\t")[0] for line in t.splitlines() if line.strip()) for t in tweets]
+    capsys.readouterr()
+    assert main(["predict", "ner", "--model", str(out), "--json", "--aggregation", strategy, *texts]) == 0
+    ours = json.loads(capsys.readouterr().out)
+    theirs = transformers.pipeline("token-classification", model=str(out), aggregation_strategy=strategy,
+                                   device="cpu")(texts)
+    assert any(ours), "the model finds entities"
+    for a, b in zip(ours, theirs):
+        assert [{k: v for k, v in x.items() if k != "score"} for x in a] == \
+               [{k: (int(v) if k in ("index", "start", "end") else v) for k, v in x.items() if k != "score"} for x in b]
+        assert [x["score"] for x in a] == pytest.approx([float(x["score"]) for x in b], abs=1e-5)

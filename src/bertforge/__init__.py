@@ -2,7 +2,8 @@
 
 The Python API mirrors the commands (:mod:`bertforge.api`): :func:`train_tokenizer`, :func:`prepare`,
 :func:`run_pretraining`, :func:`run_finetuning`, :func:`evaluate_classifier`, :func:`evaluate_squad`,
-:func:`evaluate_retrieval`, :func:`embed` and :func:`pipeline`; the model classes load and save Hugging Face BERT directories (``from_pretrained`` /
+:func:`evaluate_retrieval`, :func:`evaluate_ner`, :func:`embed` and :func:`pipeline`;
+the model classes load and save Hugging Face BERT directories (``from_pretrained`` /
 ``save_pretrained``).
 """
 
@@ -10,6 +11,7 @@ from .api import (
     embed,
     evaluate_classifier,
     evaluate_mlm,
+    evaluate_ner,
     evaluate_retrieval,
     evaluate_squad,
     pipeline,
@@ -44,6 +46,7 @@ __all__ = [
     "pipeline",
     "embed",
     "evaluate_retrieval",
+    "evaluate_ner",
     "train_tokenizer",
     "prepare",
     "run_pretraining",

@@ -172,6 +172,20 @@ def evaluate_mlm(model: str | os.PathLike, data: list[str | os.PathLike] | str |
 
 
 @checked(batch_size=1)
+def evaluate_ner(model: str | os.PathLike, data: str | os.PathLike, max_seq_length: int | None = None,
+                 batch_size: int = 64, device: str = "auto", **settings: Any) -> dict:
+    """``bertforge evaluate ner``: entity precision, recall and F1 (overall and ``per_type``, by seqeval) and token
+    accuracy of a fine-tuned token classifier on ``data``; ``settings``: ``token_column``, ``tag_column``,
+    ``labels_file``, ``strict``."""
+    from .config import NerConfig, dataclass_from_dict, validate_fields
+    from .tasks.ner import evaluate_ner_model
+
+    cfg = dataclass_from_dict(NerConfig(), settings, "evaluate_ner's settings")
+    validate_fields(cfg)
+    return evaluate_ner_model(os.fspath(model), os.fspath(data), cfg, max_seq_length, batch_size, device)
+
+
+@checked(batch_size=1)
 def embed(model: str | os.PathLike, texts: str | list[str], batch_size: int = 32, device: str = "auto",
           pooling: str | None = None, max_seq_length: int | None = None):
     """``bertforge predict embed``: a text's vector (C,), or (N, C) float32 for a list, as
@@ -202,7 +216,7 @@ def evaluate_retrieval(model: str | os.PathLike, data: str | os.PathLike, batch_
     return evaluate(read_retrieval_set(data), embed_texts)
 
 
-__all__ = ["embed", "evaluate_classifier", "evaluate_mlm", "evaluate_retrieval", "evaluate_squad", "pipeline",
+__all__ = ["embed", "evaluate_classifier", "evaluate_mlm", "evaluate_ner", "evaluate_retrieval", "evaluate_squad", "pipeline",
            "prepare", "run_finetuning", "run_pretraining", "train_tokenizer"]
 
 

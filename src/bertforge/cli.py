@@ -275,7 +275,8 @@ def cmd_pretrain(a: argparse.Namespace) -> int:
 
 
 FINETUNE_PRINTED = {"classify": ("accuracy", "macro_f1", "loss"), "squad": ("exact_match", "f1", "precision", "recall"),
-                    "embed": ("mrr@10", "recall@1", "recall@10", "ndcg@10"), "ner": ("f1", "precision", "recall", "accuracy")}
+                    "embed": ("mrr@10", "recall@1", "recall@10", "ndcg@10"),
+                    "ner": ("f1", "precision", "recall", "accuracy")}
 
 
 def cmd_finetune(a: argparse.Namespace) -> int:
@@ -346,11 +347,11 @@ def cmd_evaluate_classify(a: argparse.Namespace) -> int:
 
 
 def cmd_evaluate_ner(a: argparse.Namespace) -> int:
+    from .api import evaluate_ner
     from .config import NerConfig
-    from .tasks.ner import evaluate_ner_model
 
-    _print_json(evaluate_ner_model(a.model, a.data, _task_settings(a, NerConfig), a.max_seq_length, a.batch_size,
-                                   a.device))
+    _print_json(evaluate_ner(a.model, a.data, a.max_seq_length, a.batch_size, a.device,
+                             **dataclasses.asdict(_task_settings(a, NerConfig))))
     return 0
 
 
@@ -419,8 +420,9 @@ def _add_evaluate_parsers(sub) -> None:
     add_setting_flags(n, NerConfig(), only=("token_column", "tag_column", "labels_file", "strict"))
     n.set_defaults(func=cmd_evaluate_ner)
     r = evs.add_parser("retrieval", help="MRR@10, recall@1/10 and nDCG@10 of a model's embeddings (or BM25)")
-    r.add_argument("--model", required=True, help="a BERT or sentence-transformers directory, or bm25 (BM25 through the "
-                                                  "bm25s library: k1 1.5, b 0.75, Lucene's idf, English stop words)")
+    r.add_argument("--model", required=True, help="a BERT or sentence-transformers directory, or bm25 (BM25 through "
+                                                  "the bm25s library: k1 1.5, b 0.75, Lucene's idf, English stop "
+                                                  "words)")
     r.add_argument("--data", required=True, help="a SQuAD JSON file (each question against every paragraph), a BEIR "
                                                  "folder (corpus.jsonl, queries.jsonl, qrels/test.tsv) or a JSONL "
                                                  "file of {query, positive} (against the distinct positives)")
@@ -500,6 +502,25 @@ def cmd_predict_embed(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_predict_ner(a: argparse.Namespace) -> int:
+    from .predict import NerPipeline
+
+    texts = _texts(a)
+    p = NerPipeline(a.model, device=a.device, batch_size=a.batch_size, progress=progress_shown(None),
+                    max_seq_length=a.max_seq_length)
+    res = p(texts, aggregation_strategy=a.aggregation)
+
+    def table(rows):
+        for t, found in zip(texts, rows):
+            yield _line(t)
+            for x in found:
+                label = x.get("entity_group", x.get("entity"))
+                yield f"  {label:<14} {x['score']:.3f}  {x['word']}  ({x['start']}-{x['end']})"
+
+    _emit(a, res[0] if len(texts) == 1 and a.json else res, table)
+    return 0
+
+
 def cmd_predict(a: argparse.Namespace) -> int:
     from .predict import pipeline
 
@@ -554,7 +575,7 @@ def cmd_predict(a: argparse.Namespace) -> int:
 def _add_predict_parsers(sub) -> None:
     from .config import SquadConfig
 
-    pr = sub.add_parser("predict", help="use a trained model: fill-mask, next-sentence, classify, qa, embed")
+    pr = sub.add_parser("predict", help="use a trained model: fill-mask, next-sentence, classify, qa, ner, embed")
     prs = pr.add_subparsers(dest="task", metavar="TASK", parser_class=_Parser)
     prs.required = True
 
@@ -590,6 +611,16 @@ def _add_predict_parsers(sub) -> None:
     q.add_argument("--max-seq-length", type=positive_int, default=384)
     q.add_argument("--top-k", type=positive_int, default=1, help="the k best answers to the question")
     add_setting_flags(q, SquadConfig())
+    n = prs.add_parser("ner", help="named entities (as transformers' token-classification pipeline finds them)")
+    common(n)
+    n.add_argument("--input", help="a .txt file (one text per line) or a .tsv/.csv/.jsonl file")
+    n.add_argument("--text-column")
+    n.add_argument("--aggregation", choices=("none", "simple", "first", "average", "max"), default="simple",
+                   help="how sub-tokens become entities, as transformers' aggregation_strategy")
+    n.add_argument("--max-seq-length", type=positive_int, help="tokens read of a text (default: 512, or the model's "
+                                                                "positions if fewer)")
+    n.add_argument("text", nargs="*")
+    n.set_defaults(func=cmd_predict_ner)
     e = prs.add_parser("embed", help="sentence vectors (as SentenceTransformer.encode gives them)")
     common(e)
     e.add_argument("--input", help="a .txt file (one text per line) or a .tsv/.csv/.jsonl file")

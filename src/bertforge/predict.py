@@ -2,17 +2,19 @@
 
 Tasks: ``fill-mask`` (each [MASK] filled, top-k tokens with probabilities), ``next-sentence`` (IsNext
 probability of a sentence pair), ``classify`` (label probabilities), ``qa`` (extractive answer, widened to
-whole words, scored by its probability), ``embed`` (sentence vectors, as ``SentenceTransformer.encode`` gives
-them for a sentence-transformers folder; :mod:`bertforge.embeddings`).  They work on any BERT directory, ours or a transformers checkpoint,
-and refuse clearly when the directory lacks the head a task needs (all-MiniLM-L6-v2 has no MLM head) instead of
-predicting from random weights.  Calls take and shape what transformers' pipelines do (one text in, one result
-out; a list in, a list out; fill-mask's candidates a flat list for a text with one [MASK]; question answering
-from ``question=``/``context=`` or ``{"question", "context"}`` dicts), and every argument is checked
+whole words, scored by its probability), ``ner`` (entities as transformers' token-classification pipeline
+gives them, for each of its aggregation strategies), ``embed`` (sentence vectors, as
+``SentenceTransformer.encode`` gives them for a sentence-transformers folder; :mod:`bertforge.embeddings`).
+They work on any BERT directory, ours or a transformers checkpoint, and refuse clearly when the directory
+lacks the head a task needs (all-MiniLM-L6-v2 has no MLM head) instead of predicting from random weights.
+Calls take and shape what transformers' pipelines do (one text in, one result out; a list in, a list out;
+fill-mask's candidates a flat list for a text with one [MASK]; question answering from ``question=``/``context=``
+or ``{"question", "context"}`` dicts), and every argument is checked
 (:func:`bertforge.errors.checked`): a wrong type or an empty text is one message naming it.
 
 Inference runs in eval mode under ``torch.inference_mode()``, in batches sorted by length, on the GPU when
 one is present.  Input longer than the model's maximum length is truncated with a warning (classify,
-next-sentence); fill-mask refuses a [MASK] that truncation would cut off; qa splits long contexts into
+next-sentence, ner); fill-mask refuses a [MASK] that truncation would cut off; qa splits long contexts into
 windows as fine-tuning does.
 """
 
@@ -30,7 +32,8 @@ from .config import BertConfig, SquadConfig
 from .errors import UserError, checked, require_type, shown
 from .evaluation import by_length
 from .loading import check_max_seq_length, load_for_inference, masked_lm, model_dir
-from .model import BertForPreTraining, BertForQuestionAnswering, BertForSequenceClassification, BertModel
+from .model import (BertForPreTraining, BertForQuestionAnswering, BertForSequenceClassification,
+                    BertForTokenClassification, BertModel)
 from .tokenizer import special_ids
 
 log = logging.getLogger("bertforge")
@@ -45,6 +48,7 @@ _HEADS = {
                  "fine-tune it with bertforge finetune classify"),
     "qa": ("qa_outputs.weight", "question-answering head (qa_outputs)", "fine-tune it with bertforge finetune squad"),
     "embed": ("embeddings.word_embeddings.weight", "encoder weights", "give a BERT directory"),
+    "ner": ("classifier.weight", "token-classification head (classifier)", "fine-tune it with bertforge finetune ner"),
 }
 TASKS = tuple(_HEADS)
 
@@ -248,6 +252,113 @@ class QAPipeline(Pipeline):
         return found
 
 
+AGGREGATIONS = ("none", "simple", "first", "average", "max")
+
+
+class NerPipeline(Pipeline):
+    """Entities as transformers' token-classification pipeline finds them: each sub-token's label
+    probabilities, then by ``aggregation_strategy``: ``none`` (every sub-token not labelled O), ``simple``
+    (adjacent sub-tokens of one type grouped), or ``first`` / ``average`` / ``max`` (a word's label from its
+    first sub-token, the mean of its sub-tokens' probabilities, or its most confident sub-token; then grouped).
+    Words are re-formed from the word pieces, offsets are characters of the given text."""
+
+    task = "ner"
+    model_class = BertForTokenClassification
+
+    def _check(self, config: BertConfig) -> None:
+        if not config.id2label:
+            raise UserError(f"{self.dir} has no labels (id2label) in its config.json")
+
+    @checked
+    def __call__(self, texts: str | list[str], aggregation_strategy: str = "none") -> list:
+        """For a text, a list of ``{"entity", "score", "index", "word", "start", "end"}`` (``none``) or of
+        ``{"entity_group", "score", "word", "start", "end"}``; for a list of texts, a list of those."""
+        if aggregation_strategy not in AGGREGATIONS:
+            raise UserError(f"aggregation_strategy must be one of {', '.join(AGGREGATIONS)}, not "
+                            f"{shown(aggregation_strategy)}")
+        single = isinstance(texts, str)
+        texts = [texts] if single else list(texts)
+        encs = self._truncating.encode_batch(texts)
+        if any(e.overflowing for e in encs):
+            log.warning("input(s) longer than %d tokens were truncated", self.max_length)
+        feats = [{"input_ids": e.ids, "token_type_ids": e.type_ids} for e in encs]
+        logits = self._run(feats, lambda out, b: [row[: int(m.sum())].float().cpu().numpy()
+                                                  for row, m in zip(out.logits, b["attention_mask"])])
+        res = [self._entities(t, e, x, aggregation_strategy) for t, e, x in zip(texts, encs, logits)]
+        return res[0] if single else res
+
+    def _entities(self, text: str, enc, logits: np.ndarray, strategy: str) -> list[dict]:
+        scores = np.exp(logits - logits.max(-1, keepdims=True))
+        scores /= scores.sum(-1, keepdims=True)  # (T, labels)
+        word_aware = getattr(self.tok.model, "continuing_subword_prefix", None)
+        pieces = []
+        for i, (tid, (a, b), special) in enumerate(zip(enc.ids, enc.offsets, enc.special_tokens_mask)):
+            if special:
+                continue
+            piece, ref = self.tok.id_to_token(tid), text[a:b]
+            inside = len(piece) != len(ref) if word_aware else a > 0 and " " not in text[a - 1 : a + 1]
+            if tid == self.sp.unk:
+                piece, inside = ref, False
+            pieces.append({"word": piece, "scores": scores[i], "start": a, "end": b, "index": i, "inside": inside})
+        labels = self.config.id2label
+        if strategy in ("none", "simple"):
+            found = [{"entity": labels[int(p["scores"].argmax())], "score": float(p["scores"].max()),
+                      "index": p["index"], "word": p["word"], "start": p["start"], "end": p["end"]} for p in pieces]
+        else:
+            found = [self._word(group, strategy) for group in _words(pieces)]
+        if strategy != "none":
+            found = [self._group(g) for g in _groups(found)]
+        return [x for x in found if x.get("entity", x.get("entity_group")) != "O"]
+
+    def _text(self, pieces: list[str]) -> str:
+        """Word pieces as text, as the tokenizer's decoder joins them (transformers' convert_tokens_to_string)."""
+        return self.tok.decoder.decode(pieces) if self.tok.decoder is not None else " ".join(pieces)
+
+    def _word(self, pieces: list[dict], strategy: str) -> dict:
+        if strategy == "average":
+            scores = np.nanmean(np.stack([p["scores"] for p in pieces]), axis=0)
+        elif strategy == "first":
+            scores = pieces[0]["scores"]
+        else:  # the most confident piece's
+            scores = max(pieces, key=lambda p: p["scores"].max())["scores"]
+        k = int(scores.argmax())
+        return {"entity": self.config.id2label[k], "score": float(scores[k]),
+                "word": self._text([p["word"] for p in pieces]), "start": pieces[0]["start"], "end": pieces[-1]["end"]}
+
+    def _group(self, items: list[dict]) -> dict:
+        return {"entity_group": items[0]["entity"].split("-", 1)[-1],
+                "score": float(np.nanmean([x["score"] for x in items])),
+                "word": self._text([x["word"] for x in items]), "start": items[0]["start"], "end": items[-1]["end"]}
+
+
+def _words(pieces: list[dict]) -> list[list[dict]]:
+    """Pieces in runs of one word: a piece inside a word joins the run before it."""
+    runs: list[list[dict]] = []
+    for p in pieces:
+        if runs and p["inside"]:
+            runs[-1].append(p)
+        else:
+            runs.append([p])
+    return runs
+
+
+def _bio(label: str) -> tuple[str, str]:
+    """(B or I, type) of a label; one without a B-/I- prefix (O) continues as I."""
+    return (label[0], label[2:]) if label[:2] in ("B-", "I-") else ("I", label)
+
+
+def _groups(items: list[dict]) -> list[list[dict]]:
+    """Adjacent items of one type, a B- starting a new group."""
+    groups: list[list[dict]] = []
+    for x in items:
+        bi, kind = _bio(x["entity"])
+        if groups and bi != "B" and _bio(groups[-1][-1]["entity"])[1] == kind:
+            groups[-1].append(x)
+        else:
+            groups.append([x])
+    return groups
+
+
 class EmbedPipeline(Pipeline):
     task = "embed"
     model_class = BertModel
@@ -338,10 +449,10 @@ def whole_words(context: str, start: int, end: int) -> tuple[int, int]:
 
 
 _PIPELINES = {"fill-mask": FillMaskPipeline, "next-sentence": NextSentencePipeline, "classify": ClassifyPipeline,
-              "qa": QAPipeline, "embed": EmbedPipeline}
+              "qa": QAPipeline, "embed": EmbedPipeline, "ner": NerPipeline}
 # transformers' names
 ALIASES = {"text-classification": "classify", "sentiment-analysis": "classify", "question-answering": "qa",
-           "feature-extraction": "embed", "sentence-similarity": "embed"}
+           "feature-extraction": "embed", "sentence-similarity": "embed", "token-classification": "ner"}
 
 
 @checked(batch_size=1)

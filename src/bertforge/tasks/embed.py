@@ -34,9 +34,9 @@ class EmbedTask(FinetuneTask):
 
     def read(self, cfg: FinetuneConfig) -> None:
         if cfg.train.grad_accum > 1:
-            raise UserError("finetune embed takes no --grad-accum: accumulated micro-batches would not see each other's "
-                            "passages as negatives (gradient caching is not built); lower --batch-size, or spread "
-                            "the batch over more processes (torchrun), which gathers every passage")
+            raise UserError("finetune embed takes no --grad-accum: accumulated micro-batches would not see each "
+                            "other's passages as negatives (gradient caching is not built); lower --batch-size, or "
+                            "spread the batch over more processes (torchrun), which gathers every passage")
         dc = cfg.data
         pairs, _ = read_pairs(dc.train_file)
         val: RetrievalSet | None = None

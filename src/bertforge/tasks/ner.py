@@ -214,7 +214,8 @@ def ner_metrics(true: list[list[str]], pred: list[list[str]], strict_scheme: str
     metrics, scheme = _seqeval()
     kw = {}
     if strict_scheme:
-        kw = {"mode": "strict", "scheme": {"BIO": scheme.IOB2, "IOB1": scheme.IOB1, "BIOES": scheme.IOBES}[strict_scheme]}
+        schemes = {"BIO": scheme.IOB2, "IOB1": scheme.IOB1, "BIOES": scheme.IOBES}
+        kw = {"mode": "strict", "scheme": schemes[strict_scheme]}
     report = metrics.classification_report(true, pred, output_dict=True, zero_division=0, **kw)
     per_type = {t: {"precision": float(r["precision"]), "recall": float(r["recall"]), "f1": float(r["f1-score"]),
                     "number": int(r["support"])} for t, r in report.items() if not t.endswith(" avg")}
@@ -254,8 +255,8 @@ class NerTask(FinetuneTask):
             raise UserError(f"{cfg.data.train_file}: only one tag ({self.labels[0]!r}); NER needs entities to learn")
         unseen = sorted({t for s in self.val for t in s.tags} - set(self.labels))
         if unseen:
-            raise UserError(f"{cfg.data.validation_file or cfg.data.train_file}: tag(s) {', '.join(unseen)} never seen in "
-                            "training")
+            where = cfg.data.validation_file or cfg.data.train_file
+            raise UserError(f"{where}: tag(s) {', '.join(unseen)} never seen in training")
         self.scheme = scheme_of(self.train, cfg.data.train_file)
         _seqeval()  # (missing: said before any training)
 
