@@ -15,6 +15,7 @@ from bertforge.tasks.ner import Sentence, best_windows, read_ner, scheme_of, tra
 from bertforge.tokenizer import train_vocabulary
 
 from .conftest import data_path
+from .helpers import killed_and_resumed, same_run
 
 PEOPLE, PLACES = ["anna", "boris", "carla", "dmitri", "elena"], ["paris", "oslo", "lima", "rome"]
 
@@ -176,3 +177,13 @@ def test_predict_ner_equals_transformers_pipeline(setup, tmp_path_factory, capsy
         assert [{k: v for k, v in x.items() if k != "score"} for x in a] == \
                [{k: (int(v) if k in ("index", "start", "end") else v) for k, v in x.items() if k != "score"} for x in b]
         assert [x["score"] for x in a] == pytest.approx([float(x["score"]) for x in b], abs=1e-5)
+
+
+@pytest.mark.slow
+def test_killed_and_resumed_ends_as_the_uninterrupted_run(setup, tmp_path, capsys):
+    args = ["--batch-size", "4", "--epochs", "2", "--save-every", "3", "--log-every", "1", "--validation",
+            str(setup / "train.conll")]
+    straight, killed = killed_and_resumed(lambda out: _args(setup, out, *args), tmp_path)
+    same_run(straight, killed)
+    assert (straight / "predictions.jsonl").read_text() == (killed / "predictions.jsonl").read_text()
+    capsys.readouterr()
