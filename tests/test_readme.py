@@ -28,6 +28,7 @@ EXTRA = {
     "squad": ["--epochs", "1", "--batch-size", "8", "--max-seq-length", "64", "--doc-stride", "16",
               "--max-query-length", "16", "--no-progress"],
     "embed": ["--epochs", "1", "--batch-size", "8", "--max-seq-length", "64", "--no-progress"],
+    "ner": ["--epochs", "1", "--batch-size", "8", "--max-seq-length", "64", "--no-progress"],
 }
 
 
@@ -79,13 +80,19 @@ def _data(root: pathlib.Path) -> None:
     (root / "squad").mkdir()
     for name in ("train-v1.1.json", "dev-v1.1.json"):
         _squad(root / "squad" / name, texts)
+    (root / "wnut16").mkdir()  # each story's first sentence, its second word an entity
+    tagged = ["\n".join(f"{w}\t{'B-person' if i == 1 else 'O'}" for i, w in enumerate(t.split(".")[0].split()))
+              for t in texts[:30]]
+    for split in ("train", "dev"):
+        (root / "wnut16" / f"{split}.conll").write_text("\n\n".join(tagged) + "\n")
 
 
 @pytest.mark.slow
 def test_every_command_of_the_readme_runs_as_shown(tmp_path, monkeypatch, capsys):
     blocks = _blocks()
-    assert [b[0].split()[1] for b in blocks] == ["tokenizer", "pretrain", "finetune", "finetune", "predict"], blocks
-    assert sum(map(len, blocks)) >= 17  # (the parse keeps every command of those blocks)
+    kinds = ["tokenizer", "pretrain", "finetune", "finetune", "finetune", "predict"]
+    assert [b[0].split()[1] for b in blocks] == kinds, blocks
+    assert sum(map(len, blocks)) >= 21  # (the parse keeps every command of those blocks)
     for folder, run in (("quick-start", blocks[:1]), ("guide", blocks[1:])):
         (tmp_path / folder).mkdir()
         _data(tmp_path / folder)
