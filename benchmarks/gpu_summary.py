@@ -204,13 +204,6 @@ def pretrain_figures(out: str, s: dict) -> dict:
 OFFICIAL_DEV_QUESTIONS = 10_570  # SQuAD v1.1's dev set
 
 
-def _squad_questions(path: str | None) -> int | None:
-    data = _read_json(path) if path and not path.endswith(".gz") else None
-    if not isinstance(data, dict):
-        return None
-    return sum(len(p.get("qas", [])) for a in data.get("data", []) for p in a.get("paragraphs", []))
-
-
 def squad_figures(out: str, s: dict | None = None) -> dict:
     d = os.path.join(out, "squad")
     m = _read_json(os.path.join(d, "metrics.json"))
@@ -226,11 +219,16 @@ def squad_figures(out: str, s: dict | None = None) -> dict:
         fig["steps"] = math.ceil(fig["train_windows"] / train["batch_size"]) * (train.get("epochs") or 1)
     if s and s.get("script") == "gpu_seed001":
         fig.update(timing(out, "squad"))
-        n = _squad_questions(ft.get("data", {}).get("validation_file"))
-        if n:
-            fig["dev_questions"] = n
-            fig["dev_note"] = (f"{n:,} of the official dev set's {OFFICIAL_DEV_QUESTIONS:,} questions"
-                               if n < OFFICIAL_DEV_QUESTIONS else "the official dev set")
+    return fig
+
+
+def dev_figures(out: str) -> dict:
+    """``evaluate squad``'s JSON line, and how much of the official dev set it scored."""
+    fig = _last_json_line(os.path.join(out, "logs", "squad_dev.log")) or {}
+    n = fig.get("questions")
+    if isinstance(n, int) and n:
+        fig["dev_note"] = (f"{n:,} of the official dev set's {OFFICIAL_DEV_QUESTIONS:,} questions"
+                           if n < OFFICIAL_DEV_QUESTIONS else "the official dev set")
     return fig
 
 
@@ -240,7 +238,9 @@ def figures(out: str, stage: str, s: dict) -> tuple[dict, str | None]:
         return _read_json(os.path.join(out, "env.json")) or {}, None
     if stage == "tests":
         return tests_figures(out)
-    if stage.startswith("bench") or stage in ("matmul", "mlm", "squad_dev"):  # a JSON line at the end of the log
+    if stage == "squad_dev":
+        return dev_figures(out), None
+    if stage.startswith("bench") or stage in ("matmul", "mlm"):  # a JSON line at the end of the log
         return _last_json_line(os.path.join(out, "logs", f"{stage}.log")) or {}, None
     if stage == "pretrain":
         return pretrain_figures(out, s), None
