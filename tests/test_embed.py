@@ -15,8 +15,8 @@ from bertforge import BertConfig, BertForPreTraining, embed
 from bertforge.cli import main
 from bertforge.embeddings import EmbeddingSettings, read_settings, write_settings
 from bertforge.errors import UserError
-from bertforge.objectives.contrastive import _picking
-from bertforge.retrieval import metrics, pairs_set, read_pairs, read_retrieval_set, search
+from bertforge.objectives.contrastive import _picking, _same
+from bertforge.retrieval import evaluate, metrics, pairs_set, read_pairs, read_retrieval_set, search
 from bertforge.tokenizer import train_vocabulary
 
 from .helpers import killed_and_resumed, same_run, torchrun
@@ -79,7 +79,8 @@ def test_loss_leaves_equal_passages_out_of_the_softmax():
     for i in range(3):  # by hand: the passages of other rows with this row's key take no part
         cols = [j for j in range(5) if j == i or keys_b[j] != keys_a[i]]
         expected.append(-(s[i, i] - torch.logsumexp(s[i, cols], 0)))
-    assert float(_picking(a, b, keys_a, keys_b, 20.0)) == pytest.approx(float(torch.stack(expected).mean()), rel=1e-6)
+    taken = _same(keys_a, keys_b)
+    assert float(_picking(a, b, taken, 20.0)) == pytest.approx(float(torch.stack(expected).mean()), rel=1e-6)
 
 
 # ------------------------------------------------------------------------------------------------ reading
@@ -99,6 +100,24 @@ def test_pairs_from_jsonl_tsv_and_squad(tmp_path):
     assert rs.relevant == [{0: 1}, {2: 1}]
 
 
+def test_a_query_on_several_rows_is_one_query_with_each_positive_relevant(tmp_path):
+    rows = [("q1", "p1"), ("q2", "p2"), ("q1", "p3")]
+    (tmp_path / "p.jsonl").write_text("".join(json.dumps({"query": q, "positive": p}) + "\n" for q, p in rows))
+    rs = read_retrieval_set(str(tmp_path / "p.jsonl"))
+    assert rs.queries == ["q1", "q2"] and rs.corpus == ["p1", "p2", "p3"] and rs.relevant == [{0: 1, 2: 1}, {1: 1}]
+
+
+def test_twin_queries_leave_each_others_positives_out_of_the_softmax():
+    torch.manual_seed(1)
+    a, b = torch.randn(3, 4), torch.randn(3, 4)  # rows 0 and 2 ask the same question of other passages
+    q_keys, p_keys = torch.tensor([0, 1, 0]), torch.tensor([0, 1, 2])
+    s = 20 * torch.nn.functional.normalize(a, dim=-1) @ torch.nn.functional.normalize(b, dim=-1).T
+    expected = [-(s[0, 0] - torch.logsumexp(s[0, [0, 1]], 0)), -(s[1, 1] - torch.logsumexp(s[1], 0)),
+                -(s[2, 2] - torch.logsumexp(s[2, [1, 2]], 0))]
+    taken = _same(p_keys, p_keys) | _same(q_keys, q_keys)
+    assert float(_picking(a, b, taken, 20.0)) == pytest.approx(float(torch.stack(expected).mean()), rel=1e-6)
+
+
 def test_beir_folder(tmp_path):
     (tmp_path / "qrels").mkdir()
     (tmp_path / "corpus.jsonl").write_text('{"_id": "d1", "title": "T", "text": "one"}\n{"_id": "d2", "text": "two"}\n')
@@ -106,6 +125,14 @@ def test_beir_folder(tmp_path):
     (tmp_path / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td2\t2\nq1\td1\t0\n")
     rs = read_retrieval_set(str(tmp_path))
     assert rs.queries == ["first"] and rs.corpus == ["T one", "two"] and rs.relevant == [{1: 2}]
+    # a passage with the query's own id is never retrieved for it (BEIR's ignore_identical_ids)
+    (tmp_path / "corpus.jsonl").write_text('{"_id": "q1", "text": "first"}\n{"_id": "d1", "text": "one"}\n'
+                                           '{"_id": "d2", "text": "two"}\n')
+    rs = read_retrieval_set(str(tmp_path))
+    assert rs.itself == [0]
+    vectors = {"first": [1.0, 0.0], "one": [0.0, 1.0], "two": [0.6, 0.8]}
+    res = evaluate(rs, lambda texts: np.array([vectors[t] for t in texts], dtype=np.float32))
+    assert res["recall@1"] == 1.0
 
 
 @pytest.mark.parametrize("name,text,message", [
@@ -126,9 +153,7 @@ def test_bad_pairs_are_one_error_line_and_nothing_written(setup, tmp_path, capsy
     assert not (tmp_path / "out").exists()
 
 
-def test_grad_accum_and_mixed_negatives_are_refused(setup, tmp_path, capsys):
-    assert main(_args(setup, tmp_path / "o", "--grad-accum", "2", "--batch-size", "4")) == 2
-    assert "no --grad-accum" in capsys.readouterr().err
+def test_mixed_negatives_are_refused(setup, tmp_path, capsys):
     (tmp_path / "m.jsonl").write_text('{"query": "a", "positive": "b", "negative": "c"}\n{"query": "d", "positive": "e"}\n')
     args = _args(setup, tmp_path / "o")
     args[args.index("--train") + 1] = str(tmp_path / "m.jsonl")
@@ -149,6 +174,10 @@ def test_sentence_transformers_settings_classic_and_6x(tmp_path):
     (tmp_path / "sentence_bert_config.json").write_text('{"transformer_task": "feature-extraction"}')
     (tmp_path / "tokenizer_config.json").write_text('{"model_max_length": 99}')
     assert read_settings(str(tmp_path)) == EmbeddingSettings("mean", False, 99, False)
+    (tmp_path / "1_Pooling" / "config.json").write_text('{"pooling_mode": ["cls"]}')
+    assert read_settings(str(tmp_path)).pooling == "cls"
+    (tmp_path / "1_Pooling" / "config.json").write_text('{"pooling_mode_mean_tokens": false}')  # none set: mean
+    assert read_settings(str(tmp_path)).pooling == "mean"
     (tmp_path / "1_Pooling" / "config.json").write_text('{"pooling_mode_max_tokens": true}')
     with pytest.raises(UserError, match="bertforge embeds by the mean or the"):
         read_settings(str(tmp_path))
@@ -209,21 +238,41 @@ def test_sentence_transformers_loads_the_folder_with_the_same_vectors(setup, tmp
     assert np.abs(embed(str(tmp_path / "saved"), texts, device="cpu") - theirs).max() < 1e-5
 
 
+def test_accumulation_caches_gradients_and_makes_the_whole_batchs_update(setup, tmp_path, capsys):
+    """--grad-accum runs as GradCache: the loss over the whole batch, in micro-batches (dropout on)."""
+    args = ["--batch-size", "6", "--epochs", "2", "--log-every", "1", "--validation", str(setup / "pairs.jsonl")]
+    one, accum, small = tmp_path / "one", tmp_path / "accum", tmp_path / "small"
+    assert main(_args(setup, one, *args)) == 0
+    assert main(_args(setup, accum, *args, "--grad-accum", "3")) == 0
+    assert main(_args(setup, small, *args[2:], "--batch-size", "2")) == 0  # what accumulation must not be
+    a, b, c = (load_file(o / "model.safetensors") for o in (one, accum, small))
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-5
+    assert max(float((a[k] - c[k]).abs().max()) for k in a) > 1e-3
+    rows = [[json.loads(x)["loss"] for x in (o / "metrics.jsonl").read_text().splitlines() if '"train"' in x]
+            for o in (one, accum)]
+    assert len(rows[0]) == 6 and max(abs(x - y) for x, y in zip(*rows)) < 1e-5
+    capsys.readouterr()
+
+
 @pytest.mark.slow
 def test_torchrun_matches_one_process(setup, tmp_path, capsys):
-    """Every process gathers the others' vectors: two processes train as one (batches of 6 from 13 pairs, with
-    repeated passages; the last batch of each epoch holds one pair, so the second process has none there)."""
+    """Every process gathers the others' vectors: two processes train as one, and so with accumulation in each
+    (batches of 6 from 13 pairs, with repeated passages; the last batch of each epoch holds one pair, so the
+    second process has none there)."""
     args = ["--batch-size", "6", "--epochs", "2", "--log-every", "1", "--symmetric"]
-    one, two = tmp_path / "one", tmp_path / "two"
+    one, two, two_accum = tmp_path / "one", tmp_path / "two", tmp_path / "two-accum"
     assert main(_args(setup, one, *args)) == 0
-    r = subprocess.run([*torchrun(2), "-m", "bertforge", *_args(setup, two, *args)], capture_output=True, text=True,
-                       timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    a, b = load_file(one / "model.safetensors"), load_file(two / "model.safetensors")
-    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-5
-    rows = [[json.loads(x)["loss"] for x in (o / "metrics.jsonl").read_text().splitlines() if '"train"' in x]
-            for o in (one, two)]
-    assert len(rows[0]) == 6 and max(abs(x - y) for x, y in zip(*rows)) < 1e-5
+    for out, extra in ((two, []), (two_accum, ["--grad-accum", "2"])):
+        r = subprocess.run([*torchrun(2), "-m", "bertforge", *_args(setup, out, *args, *extra)], capture_output=True,
+                           text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+    a = load_file(one / "model.safetensors")
+    for other in (two, two_accum):
+        b = load_file(other / "model.safetensors")
+        assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-5, other
+        rows = [[json.loads(x)["loss"] for x in (o / "metrics.jsonl").read_text().splitlines() if '"train"' in x]
+                for o in (one, other)]
+        assert len(rows[0]) == 6 and max(abs(x - y) for x, y in zip(*rows)) < 1e-5
     capsys.readouterr()
 
 

@@ -187,3 +187,37 @@ def test_killed_and_resumed_ends_as_the_uninterrupted_run(setup, tmp_path, capsy
     same_run(straight, killed)
     assert (straight / "predictions.jsonl").read_text() == (killed / "predictions.jsonl").read_text()
     capsys.readouterr()
+
+
+def test_a_sentence_classifier_is_not_read_as_a_token_classifier(setup, tmp_path, capsys):
+    out = tmp_path / "o"
+    assert main(_args(setup, out, "--epochs", "1", "--batch-size", "8")) == 0
+    config = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**config, "architectures": ["BertForSequenceClassification"]}))
+    capsys.readouterr()
+    assert main(["predict", "ner", "--model", str(out), "anna went to paris"]) == 2
+    assert "not a token classifier" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_torchrun_and_accumulation_match_one_process(setup, tmp_path, capsys):
+    """The loss is the mean over the global batch's labelled tokens: two processes, or two accumulated
+    micro-batches, train as one process (batches of 6 from 22 sentences of different lengths)."""
+    import subprocess
+
+    from .helpers import torchrun
+
+    args = ["--batch-size", "6", "--epochs", "2", "--log-every", "1", "--max-train-examples", "22"]
+    one, accum, two = tmp_path / "one", tmp_path / "accum", tmp_path / "two"
+    assert main(_args(setup, one, *args)) == 0
+    assert main(_args(setup, accum, *args, "--grad-accum", "2")) == 0
+    r = subprocess.run([*torchrun(2), "-m", "bertforge", *_args(setup, two, *args)], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    from safetensors.torch import load_file
+
+    a = load_file(one / "model.safetensors")
+    for other in (accum, two):
+        b = load_file(other / "model.safetensors")
+        assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-5, other
+    capsys.readouterr()

@@ -216,8 +216,8 @@ def evaluate_retrieval(model: str | os.PathLike, data: str | os.PathLike, batch_
     return evaluate(read_retrieval_set(data), embed_texts)
 
 
-__all__ = ["embed", "evaluate_classifier", "evaluate_mlm", "evaluate_ner", "evaluate_retrieval", "evaluate_squad", "pipeline",
-           "prepare", "run_finetuning", "run_pretraining", "train_tokenizer"]
+__all__ = ["embed", "evaluate_classifier", "evaluate_mlm", "evaluate_ner", "evaluate_retrieval", "evaluate_squad",
+           "pipeline", "prepare", "run_finetuning", "run_pretraining", "train_tokenizer"]
 
 
 def _paths(value: Any, listed: bool = False) -> Any:

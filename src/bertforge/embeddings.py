@@ -56,12 +56,14 @@ def read_settings(path: str) -> EmbeddingSettings | None:
     settings = EmbeddingSettings(normalize="Normalize" in types)
     pooling_path = modules[1].get("path") or ""
     pool = read_json(os.path.join(path, pooling_path, "config.json"), "pooling configuration")
-    mode = pool.get("pooling_mode") if isinstance(pool, dict) else None  # 6.x writes one string
+    mode = pool.get("pooling_mode") if isinstance(pool, dict) else None  # 6.x writes one string (or a list)
+    if isinstance(mode, list) and len(mode) == 1:
+        mode = mode[0]
     if mode is None and isinstance(pool, dict):
         modes = [k for k in ("cls", "mean", "max", "mean_sqrt_len", "weightedmean", "lasttoken")
                  if pool.get(f"pooling_mode_{k}_token" if k == "cls" else f"pooling_mode_{k}_tokens")
                  or (k == "lasttoken" and pool.get("pooling_mode_lasttoken"))]
-        mode = modes[0] if len(modes) == 1 else None
+        mode = modes[0] if len(modes) == 1 else "mean" if not modes else None  # none set: mean, as ST reads it
     if mode not in POOLINGS:
         raise UserError(f"{path}: pooling {shown(mode)} in {pooling_path or '.'}/config.json; bertforge embeds by the "
                         "mean or the [CLS] token")

@@ -292,6 +292,10 @@ class Engine:
             for k, v in self.objective.counts(b).items():
                 local[k] = local.get(k, 0.0) + v
         totals = dict(zip(local, self.dist.all_sum(list(local.values()), self.device)))
+        prepare = getattr(self.objective, "prepare", None)  # an objective whose loss spans the micro-batches
+        if prepare is not None:
+            with self.autocast:
+                prepare(batches, self.state.step)
         sums: dict[str, float] = {}
         for i, b in enumerate(batches):
             # gradients are all-reduced once per step, after the last micro-batch

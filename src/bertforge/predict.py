@@ -177,6 +177,7 @@ class ClassifyPipeline(Pipeline):
     def _check(self, config: BertConfig) -> None:
         if not config.id2label:
             raise UserError(f"{self.dir} has no labels (id2label) in its config.json")
+        _same_head(self.dir, config, "ForSequenceClassification")
 
     @checked(top_k=1)
     def __call__(self, texts: str | list[str], pairs: str | list[str] | None = None, top_k: int | None = 1) -> Any:
@@ -268,6 +269,7 @@ class NerPipeline(Pipeline):
     def _check(self, config: BertConfig) -> None:
         if not config.id2label:
             raise UserError(f"{self.dir} has no labels (id2label) in its config.json")
+        _same_head(self.dir, config, "ForTokenClassification")
 
     @checked
     def __call__(self, texts: str | list[str], aggregation_strategy: str = "none") -> list:
@@ -383,6 +385,15 @@ class EmbedPipeline(Pipeline):
         vecs = encode(self.model, tokenize(self.tok, texts, self.settings, self.max_length), self.sp.pad, self.device,
                       self.settings, self.batch_size, self.task if self.progress else None)
         return vecs[0] if single else vecs
+
+
+def _same_head(path: str, config: BertConfig, kind: str) -> None:
+    """Refuse a folder whose config.json names another head of the same shape (a sentence classifier's
+    ``classifier`` read as a token classifier's, or the reverse)."""
+    named = config.extra.get("architectures") or []
+    if named and not any(str(a).endswith(kind) for a in named):
+        wanted = "a token classifier" if kind == "ForTokenClassification" else "a sentence classifier"
+        raise UserError(f"{path} holds a {named[0]} (its config.json says), not {wanted}")
 
 
 def _qa_inputs(inputs: tuple, question, context) -> tuple[list[tuple[str, str]], bool]:

@@ -39,6 +39,7 @@ class RetrievalSet:
     queries: list[str]
     corpus: list[str]
     relevant: list[dict[int, int]]  # per query: {passage index: relevance grade > 0}
+    itself: list[int] | None = None  # per query: the passage that is the query itself (BEIR leaves it out), or -1
 
 
 # ------------------------------------------------------------------------------------------------ reading
@@ -95,10 +96,18 @@ def read_pairs(path: str) -> tuple[list[Pair], list[str] | None]:
 
 
 def pairs_set(pairs: list[Pair], corpus: list[str] | None) -> RetrievalSet:
-    """Each pair's query against ``corpus`` (default: the distinct positives), its positive relevant."""
+    """Each pair's query against ``corpus``, its positive relevant.  Without a corpus (a file of pairs) the corpus
+    is the distinct positives and a query on several rows is one query with each of its positives relevant; with
+    one (a SQuAD file) every question is its own query, as its id makes it."""
+    grouped = corpus is None
     corpus = corpus if corpus is not None else list(dict.fromkeys(p.positive for p in pairs))
     where = {text: i for i, text in enumerate(corpus)}
-    return RetrievalSet([p.query for p in pairs], corpus, [{where[p.positive]: 1} for p in pairs])
+    if not grouped:
+        return RetrievalSet([p.query for p in pairs], corpus, [{where[p.positive]: 1} for p in pairs])
+    relevant: dict[str, dict[int, int]] = {}
+    for p in pairs:
+        relevant.setdefault(p.query, {})[where[p.positive]] = 1
+    return RetrievalSet(list(relevant), corpus, list(relevant.values()))
 
 
 def _beir(folder: str) -> RetrievalSet:
@@ -139,7 +148,9 @@ def _beir(folder: str) -> RetrievalSet:
     queries = [r for r in query_rows if r["_id"] in qrels]  # BEIR scores the queries its qrels judge
     if not queries:
         raise UserError(f"{qrels_path}: no query of queries.jsonl has a relevant passage")
-    return RetrievalSet([r["text"] for r in queries], corpus, [qrels[r["_id"]] for r in queries])
+    # as BEIR's evaluation (ignore_identical_ids): a passage with the query's own id is not retrieved for it
+    itself = [doc_at.get(r["_id"], -1) for r in queries]
+    return RetrievalSet([r["text"] for r in queries], corpus, [qrels[r["_id"]] for r in queries], itself)
 
 
 def read_retrieval_set(path: str) -> RetrievalSet:
@@ -167,12 +178,21 @@ def metrics(ranked: np.ndarray, relevant: list[dict[int, int]]) -> dict[str, flo
     return {"mrr@10": mrr / n, "recall@1": r1 / n, "recall@10": r10 / n, "ndcg@10": ndcg / n}
 
 
-def search(queries: np.ndarray, corpus: np.ndarray, k: int = TOP_K, chunk: int = 1024) -> np.ndarray:
-    """(Q, min(k, N)) passage indices of each query, by cosine similarity, best first (exact)."""
+def search(queries: np.ndarray, corpus: np.ndarray, k: int = TOP_K, chunk: int = 1024,
+           itself: list[int] | None = None) -> np.ndarray:
+    """(Q, min(k, N)) passage indices of each query, by cosine similarity, best first (exact); ``itself[i]``, a
+    passage never to return for query i (-1: none)."""
     q = torch.nn.functional.normalize(torch.from_numpy(queries), dim=-1)
     d = torch.nn.functional.normalize(torch.from_numpy(corpus), dim=-1)
     k = min(k, d.shape[0])
-    out = [torch.topk(q[i : i + chunk] @ d.T, k, dim=-1).indices for i in range(0, q.shape[0], chunk)]
+    out = []
+    for i in range(0, q.shape[0], chunk):
+        sims = q[i : i + chunk] @ d.T  # (chunk, N)
+        if itself is not None:
+            rows = [(r, j) for r, j in enumerate(itself[i : i + chunk]) if j >= 0]
+            if rows:
+                sims[[r for r, _ in rows], [j for _, j in rows]] = float("-inf")
+        out.append(torch.topk(sims, k, dim=-1).indices)
     return torch.cat(out).numpy()
 
 
@@ -185,10 +205,12 @@ def bm25_ranked(rs: RetrievalSet, k: int = TOP_K) -> np.ndarray:
     index = bm25s.BM25(k1=BM25_SETTINGS["k1"], b=BM25_SETTINGS["b"], method=BM25_SETTINGS["method"])
     stop = BM25_SETTINGS["stopwords"]
     index.index(bm25s.tokenize(rs.corpus, stopwords=stop, show_progress=False), show_progress=False)
-    k = min(k, len(rs.corpus))
+    k = min(k + (rs.itself is not None), len(rs.corpus))  # (one more, for the query's own passage)
     docs, _ = index.retrieve(bm25s.tokenize(rs.queries, stopwords=stop, show_progress=False), k=k,
                              show_progress=False)
-    return np.asarray(docs)
+    if rs.itself is None:
+        return np.asarray(docs)
+    return np.asarray([[d for d in row if d != own][: k - 1] for row, own in zip(np.asarray(docs), rs.itself)])
 
 
 BM25_SETTINGS = {"k1": 1.5, "b": 0.75, "method": "lucene", "stopwords": "en"}
@@ -197,6 +219,6 @@ BM25_SETTINGS = {"k1": 1.5, "b": 0.75, "method": "lucene", "stopwords": "en"}
 def evaluate(rs: RetrievalSet, embed) -> dict:
     """The figures of ``embed`` (texts -> (N, C) vectors; the string ``"bm25"`` for BM25) on ``rs``."""
     t0 = time.perf_counter()
-    ranked = bm25_ranked(rs) if embed == "bm25" else search(embed(rs.queries), embed(rs.corpus))
+    ranked = bm25_ranked(rs) if embed == "bm25" else search(embed(rs.queries), embed(rs.corpus), itself=rs.itself)
     return {**metrics(ranked, rs.relevant), "queries": len(rs.queries), "corpus": len(rs.corpus),
             "seconds": round(time.perf_counter() - t0, 3)}

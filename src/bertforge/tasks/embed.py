@@ -33,11 +33,9 @@ class EmbedTask(FinetuneTask):
     defaults = {}
 
     def read(self, cfg: FinetuneConfig) -> None:
-        if cfg.train.grad_accum > 1:
-            raise UserError("finetune embed takes no --grad-accum: accumulated micro-batches would not see each "
-                            "other's passages as negatives (gradient caching is not built); lower --batch-size, or "
-                            "spread the batch over more processes (torchrun), which gathers every passage")
         dc = cfg.data
+        if dc.max_seq_length < 3:
+            raise UserError(f"--max-seq-length {dc.max_seq_length}: a text needs [CLS], a token and [SEP]")
         pairs, _ = read_pairs(dc.train_file)
         val: RetrievalSet | None = None
         if dc.validation_file:
@@ -66,7 +64,9 @@ class EmbedTask(FinetuneTask):
         n = cfg.data.max_seq_length
         self.tok, self.max_length, self.eval_batch_size = tok, n, cfg.data.eval_batch_size
         self.pad = special_ids(tok).pad
-        texts: dict[str, int] = {}  # each distinct passage's number: equal texts are no negatives of each other
+        # each distinct text's number: equal passages (or the passages of equal queries) are no negatives
+        texts: dict[str, int] = {}
+        queries: dict[str, int] = {}
         sides = {"input_ids": [p.query for p in self.pairs], "positive": [p.positive for p in self.pairs]}
         if self.pairs[0].negative is not None:
             sides["negative"] = [p.negative for p in self.pairs]
@@ -77,14 +77,15 @@ class EmbedTask(FinetuneTask):
                 if side != "input_ids":
                     f[side + "_key"] = texts.setdefault(text, len(texts))
                 else:
-                    f["token_type_ids"] = ids["token_type_ids"]
+                    f["token_type_ids"], f["query_key"] = ids["token_type_ids"], queries.setdefault(text, len(queries))
         log.info("fine-tuning %s for embeddings on %d pairs%s (%d distinct passages), %s pooling, validating on %d "
                  "queries", cfg.model, len(features), " with hard negatives" if "negative" in sides else "",
                  len(texts), self.embedding.pooling, len(self.val.queries) if self.val else 0)
         return features, self._collate
 
     def _collate(self, fs: list[dict]) -> dict:
-        b = pad_batch(fs, self.pad)  # the queries
+        b = pad_batch(fs, self.pad, ("query_key",))  # the queries
+        b["query_keys"] = b.pop("query_key")
         for side in ("positive", "negative"):
             if side in fs[0]:
                 s = pad_batch([{"input_ids": f[side], "token_type_ids": [0] * len(f[side])} for f in fs], self.pad)

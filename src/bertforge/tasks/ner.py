@@ -44,7 +44,7 @@ class Sentence:
 def _conll(path: str, text: str, settings: NerConfig) -> list[Sentence]:
     sentences, tokens, tags = [], [], []
     for n, line in enumerate(text.splitlines(), 1):
-        fields = line.split("\t") if "\t" in line else line.split()
+        fields = [f.strip() for f in line.split("\t")] if "\t" in line else line.split()
         if not fields:
             if tokens:
                 sentences.append(Sentence(tokens, tags))
@@ -144,7 +144,8 @@ def windows(tok: Tokenizer, sentences: list[Sentence], max_len: int) -> tuple[li
             if w >= 0 and first[w] < 0:
                 first[w] = p
         firsts.append(first)
-        starts = [0] if len(words) <= width else list(range(0, len(words) - width // 2, width // 2))
+        step = max(1, width // 2)
+        starts = [0] if len(words) <= width else list(range(0, len(words) - step, step))
         split += len(starts) > 1
         for s in starts:
             ids = e.ids[s : s + width]
@@ -169,7 +170,8 @@ def best_windows(feats: list[dict], firsts: list[list[int]]) -> list[list[tuple[
 
 
 def _inside(tag: str) -> str:
-    return "I" + tag[1:] if tag[0] in "BS" else tag
+    """run_ner's label of a word's later sub-tokens: B-X becomes I-X (when I-X is a label); the others stay."""
+    return "I" + tag[1:] if tag[0] == "B" else tag
 
 
 def training_features(tok: Tokenizer, sentences: list[Sentence], label2id: dict[str, int], max_len: int,
@@ -248,7 +250,7 @@ class NerTask(FinetuneTask):
     def read(self, cfg: FinetuneConfig) -> None:
         train = read_ner(cfg.data.train_file, self.settings)
         self.train, self.val = self.split_validation(train, cfg, lambda p: read_ner(p, self.settings))
-        self.labels = sorted({t for s in self.train for t in s.tags})  # as run_ner sorts them: of the whole file
+        self.labels = sorted({t for s in self.train for t in s.tags})  # as run_ner: before --max-train-examples
         if cfg.data.max_train_examples:
             self.train = self.train[: cfg.data.max_train_examples]
         if len(self.labels) < 2:
@@ -263,8 +265,15 @@ class NerTask(FinetuneTask):
     def configure(self, config: BertConfig) -> bool:
         return use_labels(config, self.labels)
 
+    def objective(self, model, seed: int | None, world: int):
+        from ..objectives.task import TokenLoss
+
+        return TokenLoss(model, seed)
+
     def encode(self, tok: Tokenizer, cfg: FinetuneConfig):
         n, self.tok = cfg.data.max_seq_length, tok
+        if n < 3:
+            raise UserError(f"--max-seq-length {n}: a window holds [CLS], at least one token and [SEP]")
         self.max_len, self.eval_batch_size, self.pad = n, cfg.data.eval_batch_size, special_ids(tok).pad
         label2id = {lab: i for i, lab in enumerate(self.labels)}
         feats, split = training_features(tok, self.train, label2id, n, self.settings.label_all_tokens)
