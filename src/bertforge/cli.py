@@ -380,7 +380,9 @@ def _task_settings(a: argparse.Namespace, kind: type):
 
 
 def _embedding_flags(p) -> None:
-    p.add_argument("--pooling", choices=("mean", "cls"), help="default: the folder's sentence-transformers pooling, "
+    from .embeddings import POOLINGS
+
+    p.add_argument("--pooling", choices=POOLINGS, help="default: the folder's sentence-transformers pooling, "
                                                              "else mean")
     p.add_argument("--max-seq-length", type=positive_int, help="tokens read of a text (default: the folder's "
                                                                 "max_seq_length, else 512)")
@@ -574,6 +576,7 @@ def cmd_predict(a: argparse.Namespace) -> int:
 
 def _add_predict_parsers(sub) -> None:
     from .config import SquadConfig
+    from .predict import AGGREGATIONS
 
     pr = sub.add_parser("predict", help="use a trained model: fill-mask, next-sentence, classify, qa, ner, embed")
     prs = pr.add_subparsers(dest="task", metavar="TASK", parser_class=_Parser)
@@ -615,7 +618,7 @@ def _add_predict_parsers(sub) -> None:
     common(n)
     n.add_argument("--input", help="a .txt file (one text per line) or a .tsv/.csv/.jsonl file")
     n.add_argument("--text-column")
-    n.add_argument("--aggregation", choices=("none", "simple", "first", "average", "max"), default="simple",
+    n.add_argument("--aggregation", choices=AGGREGATIONS, default="simple",
                    help="how sub-tokens become entities, as transformers' aggregation_strategy")
     n.add_argument("--max-seq-length", type=positive_int, help="tokens read of a text (default: 512, or the model's "
                                                                 "positions if fewer)")

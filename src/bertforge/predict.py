@@ -175,9 +175,7 @@ class ClassifyPipeline(Pipeline):
     default_length = 128  # as fine-tuning and evaluate classify cut a text: the same review, the same label
 
     def _check(self, config: BertConfig) -> None:
-        if not config.id2label:
-            raise UserError(f"{self.dir} has no labels (id2label) in its config.json")
-        _same_head(self.dir, config, "ForSequenceClassification")
+        _labelled_head(self.dir, config, "ForSequenceClassification")
 
     @checked(top_k=1)
     def __call__(self, texts: str | list[str], pairs: str | list[str] | None = None, top_k: int | None = 1) -> Any:
@@ -267,9 +265,7 @@ class NerPipeline(Pipeline):
     model_class = BertForTokenClassification
 
     def _check(self, config: BertConfig) -> None:
-        if not config.id2label:
-            raise UserError(f"{self.dir} has no labels (id2label) in its config.json")
-        _same_head(self.dir, config, "ForTokenClassification")
+        _labelled_head(self.dir, config, "ForTokenClassification")
 
     @checked
     def __call__(self, texts: str | list[str], aggregation_strategy: str = "none") -> list:
@@ -387,9 +383,11 @@ class EmbedPipeline(Pipeline):
         return vecs[0] if single else vecs
 
 
-def _same_head(path: str, config: BertConfig, kind: str) -> None:
-    """Refuse a folder whose config.json names another head of the same shape (a sentence classifier's
-    ``classifier`` read as a token classifier's, or the reverse)."""
+def _labelled_head(path: str, config: BertConfig, kind: str) -> None:
+    """Refuse a folder without labels, or whose config.json names another head of the same shape (a sentence
+    classifier's ``classifier`` read as a token classifier's, or the reverse)."""
+    if not config.id2label:
+        raise UserError(f"{path} has no labels (id2label) in its config.json")
     named = config.extra.get("architectures") or []
     if named and not any(str(a).endswith(kind) for a in named):
         wanted = "a token classifier" if kind == "ForTokenClassification" else "a sentence classifier"

@@ -16,7 +16,7 @@ from ..errors import UserError
 from ..model import BertModel
 from ..retrieval import Pair, RetrievalSet, evaluate, pairs_set, read_pairs
 from ..tokenizer import special_ids
-from .base import FinetuneTask, held_out
+from .base import FinetuneTask
 
 log = logging.getLogger("bertforge")
 
@@ -36,14 +36,15 @@ class EmbedTask(FinetuneTask):
         dc = cfg.data
         if dc.max_seq_length < 3:
             raise UserError(f"--max-seq-length {dc.max_seq_length}: a text needs [CLS], a token and [SEP]")
-        pairs, _ = read_pairs(dc.train_file)
-        val: RetrievalSet | None = None
-        if dc.validation_file:
-            val_pairs, corpus = read_pairs(dc.validation_file)
-            val = pairs_set(val_pairs[: dc.max_eval_examples] if dc.max_eval_examples else val_pairs, corpus)
-        elif dc.validation_split:
-            pairs, val_pairs = held_out(pairs, dc.validation_split, cfg.train.seed, key=lambda p: p.positive)
-            val = pairs_set(val_pairs[: dc.max_eval_examples] if dc.max_eval_examples else val_pairs, None)
+        corpus: list[list[str] | None] = [None]  # a validation file's own corpus (a SQuAD file's paragraphs)
+
+        def read_validation(path: str) -> list:
+            found, corpus[0] = read_pairs(path)
+            return found
+
+        pairs, val_pairs = self.split_validation(read_pairs(dc.train_file)[0], cfg, read_validation,
+                                                 key=lambda p: p.positive)
+        val: RetrievalSet | None = pairs_set(val_pairs, corpus[0]) if val_pairs else None
         if dc.max_train_examples:
             pairs = pairs[: dc.max_train_examples]
         negatives = sum(p.negative is not None for p in pairs)
