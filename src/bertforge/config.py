@@ -34,8 +34,52 @@ OBJECTIVES = ("mlm", "electra")
 DOC_SEPARATORS = ("file", "blank-line", "line")
 
 
+class ModelConfigJson:
+    """A model family's config.json: each family writes its own keys (``to_dict``/``from_dict``); the fields,
+    saving and loading are shared."""
+
+    extra: dict[str, Any]
+
+    def fields_dict(self, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+        """The unread keys, then every field but ``extra`` and ``skip`` (the label maps when set, id2label's
+        keys as strings, as JSON holds them)."""
+        d: dict[str, Any] = dict(self.extra)
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            v = getattr(self, f.name)
+            if f.name == "extra" or f.name in skip or (f.name in ("id2label", "label2id") and v is None):
+                continue
+            d[f.name] = {str(k): lab for k, lab in v.items()} if f.name == "id2label" else v
+        return d
+
+    def to_dict(self, architectures: list[str] | None = None) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def save(self, path: str, architectures: list[str] | None = None) -> None:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(self.to_dict(architectures), f, indent=2, sort_keys=True)
+            f.write("\n")
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Any:
+        raise NotImplementedError
+
+    @classmethod
+    def load(cls, path: str) -> Any:
+        if os.path.isdir(path):
+            path = os.path.join(path, "config.json")
+        if not os.path.isfile(path):
+            raise UserError(f"no config.json at {path}")
+        from .files import read_json_object
+
+        d = read_json_object(path, "config.json")
+        try:
+            return cls.from_dict(d)
+        except UserError as e:  # the file is what a user needs to know
+            raise UserError(f"{path}: {e}") from None
+
+
 @dataclass
-class BertConfig:
+class BertConfig(ModelConfigJson):
     """The BERT architecture.  Field names are transformers' so that ``config.json`` interchanges."""
 
     vocab_size: int = 30522
@@ -109,16 +153,7 @@ class BertConfig:
 
     # ----------------------------------------------------------------------------------------- json
     def to_dict(self, architectures: list[str] | None = None) -> dict[str, Any]:
-        d: dict[str, Any] = dict(self.extra)
-        for f in dataclasses.fields(self):
-            if f.name == "extra":
-                continue
-            v = getattr(self, f.name)
-            if f.name in ("id2label", "label2id") and v is None:
-                continue
-            if f.name == "id2label":
-                v = {str(k): lab for k, lab in v.items()}
-            d[f.name] = v
+        d = self.fields_dict()
         d["model_type"] = "bert"
         d["position_embedding_type"] = "absolute"
         if architectures:
@@ -145,25 +180,6 @@ class BertConfig:
             return cls(**kw, extra=d)
         except TypeError as e:  # a field of the wrong type
             raise UserError(f"invalid BERT config: {e}") from None
-
-    def save(self, path: str, architectures: list[str] | None = None) -> None:
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(self.to_dict(architectures), f, indent=2, sort_keys=True)
-            f.write("\n")
-
-    @classmethod
-    def load(cls, path: str) -> BertConfig:
-        if os.path.isdir(path):
-            path = os.path.join(path, "config.json")
-        if not os.path.isfile(path):
-            raise UserError(f"no config.json at {path}")
-        from .files import read_json_object
-
-        d = read_json_object(path, "config.json")
-        try:
-            return cls.from_dict(d)
-        except UserError as e:  # the file is what a user needs to know
-            raise UserError(f"{path}: {e}") from None
 
 
 def dataclass_from_dict(base: Any, d: dict[str, Any], where: str = "config") -> Any:

@@ -1,0 +1,516 @@
+"""ModernBERT, a second encoder family, written to be read top to bottom against transformers'
+``models/modernbert/modeling_modernbert.py`` (and ``configuration_modernbert.py``).
+
+Architecture as in Warner et al. (2024), "Smarter, Better, Faster, Longer" (ModernBERT): token embeddings
+only (no positions, no token types) + LayerNorm + dropout; pre-LayerNorm encoder layers without biases
+(the first layer's ``attn_norm`` an identity, since the embeddings end in a norm); rotary position
+embeddings on Q and K, with one theta for global layers and another for local ones; global attention every
+``global_attn_every_n_layers`` layers (layer i is global when ``i % n == 0``), sliding-window attention
+elsewhere, a token seeing the keys within ``local_attention // 2`` positions either side (both ends
+included); a GeGLU feed-forward block (``Wi`` projects to twice the intermediate width, split into input and
+gate, ``act(input) * gate``, ``Wo`` back); a final LayerNorm.  The heads run a prediction head (dense ->
+activation -> norm) before their output layer; the masked-LM decoder is tied to the token embeddings and has
+its own bias.  Module and parameter names are transformers', so that state dicts interchange without a
+mapping table (the rotary frequencies are no parameters and no buffers: they are recomputed).
+
+Departures from transformers (5.x; the maths is meant to be the same):
+
+* Attention is plain PyTorch: ``F.scaled_dot_product_attention`` over the padded (B, T) batch with an
+  additive mask (0 where a key is seen, the dtype's lowest value where not); no unpadding, no flash or
+  flex kernels, no fused rotary kernel.  A query whose window holds only padding (a pad token far from the
+  real ones) attends uniformly to masked keys instead of producing NaN; its output is meaningless, as
+  every pad position's output is (transformers' too).
+* ``last_hidden_state`` and the token heads' logits at pad positions are computed values, as transformers'
+  (bertforge's BERT writes zeros there).
+* Position ids default to ``0..T-1`` whatever the padding, as transformers': right padding is assumed;
+  with left padding the real tokens' positions are shifted in both implementations alike.
+* The rotary cos/sin are computed from the theta in float32 at every forward, not cached in buffers, so
+  that casting the model to half precision does not round the frequencies.
+* Sequence classification: one label -> mean squared error, more -> cross-entropy (transformers also
+  infers a multi-label ``problem_type`` from float labels; not supported here).  ``classifier_pooling``
+  "cls" takes position 0, as transformers' sequence classification does (its multiple-choice head takes
+  the first real token instead).
+* ``ModernBertConfig`` reads both config.json dialects, transformers 4.x (``global_attn_every_n_layers``,
+  ``global_rope_theta``, ``local_rope_theta``) and 5.x (``layer_types``, ``rope_parameters``, and
+  ``sliding_window`` = half of ``local_attention`` when present), and writes the 5.x one.  Only the
+  "default" rotary type is supported (no ``rope_scaling``).
+* Not here yet: question answering and multiple choice heads, ``inputs_embeds``, hidden states or
+  attentions as outputs, gradient checkpointing, the trainer's dropout keys and unpadded layout
+  (:mod:`bertforge.ops`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .config import ModelConfigJson
+from .errors import UserError, shown
+from .model import BaseModelOutput, MaskedLMOutput, SequenceClassifierOutput, TokenClassifierOutput
+
+ACT2FN = {
+    "gelu": F.gelu,  # exact erf GELU: transformers' "gelu", ModernBERT's hidden and classifier activation
+    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "relu": F.relu,
+    "silu": F.silu,
+}
+
+GLOBAL, LOCAL = "full_attention", "sliding_attention"  # transformers 5.x's layer types
+
+
+# ------------------------------------------------------------------------------------------------ config
+@dataclass
+class ModernBertConfig(ModelConfigJson):
+    """The ModernBERT architecture; defaults are ModernBERT-base's.  Field names are transformers'.
+
+    ``layer_types`` is the truth about which layer is global; when absent (a 4.x config.json, or a config
+    built in code) it is derived from ``global_attn_every_n_layers``.  ``local_attention`` is the whole
+    window (128: 64 tokens either side)."""
+
+    vocab_size: int = 50368
+    hidden_size: int = 768
+    intermediate_size: int = 1152
+    num_hidden_layers: int = 22
+    num_attention_heads: int = 12
+    hidden_activation: str = "gelu"
+    max_position_embeddings: int = 8192
+    initializer_range: float = 0.02
+    initializer_cutoff_factor: float = 2.0
+    norm_eps: float = 1e-5
+    norm_bias: bool = False
+    pad_token_id: int = 50283
+    eos_token_id: int = 50282
+    bos_token_id: int = 50281
+    cls_token_id: int = 50281
+    sep_token_id: int = 50282
+    attention_bias: bool = False
+    attention_dropout: float = 0.0
+    global_attn_every_n_layers: int = 3  # 4.x's name; 5.x writes layer_types only
+    global_rope_theta: float = 160_000.0  # 4.x's name; 5.x: rope_parameters["full_attention"]["rope_theta"]
+    local_rope_theta: float = 10_000.0  # 4.x's name; 5.x: rope_parameters["sliding_attention"]["rope_theta"]
+    local_attention: int = 128
+    layer_types: list[str] | None = None
+    embedding_dropout: float = 0.0
+    mlp_bias: bool = False
+    mlp_dropout: float = 0.0
+    decoder_bias: bool = True
+    classifier_pooling: str = "cls"
+    classifier_dropout: float = 0.0
+    classifier_bias: bool = False
+    classifier_activation: str = "gelu"
+    sparse_prediction: bool = False
+    sparse_pred_ignore_index: int = -100
+    tie_word_embeddings: bool = True
+    id2label: dict[int, str] | None = None
+    label2id: dict[str, int] | None = None
+    # keys of a config.json we do not interpret (transformers_version, dtype, ...), written back unchanged
+    extra: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.hidden_size % self.num_attention_heads:
+            raise UserError(f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads "
+                            f"{self.num_attention_heads}")
+        if (self.hidden_size // self.num_attention_heads) % 2:
+            raise UserError("rotary embeddings need an even head size (hidden_size / num_attention_heads)")
+        if self.global_attn_every_n_layers < 1:
+            raise UserError(f"global_attn_every_n_layers must be at least 1, not {self.global_attn_every_n_layers}")
+        if self.layer_types is None:
+            n = self.global_attn_every_n_layers
+            self.layer_types = [GLOBAL if i % n == 0 else LOCAL for i in range(self.num_hidden_layers)]
+        self.layer_types = list(self.layer_types)
+        if len(self.layer_types) != self.num_hidden_layers or not set(self.layer_types) <= {GLOBAL, LOCAL}:
+            raise UserError(f"layer_types must list {GLOBAL!r} or {LOCAL!r} for each of the "
+                            f"{self.num_hidden_layers} layers, not {shown(self.layer_types)}")
+        if self.local_attention < 2:  # 4.x and 5.x both halve it, rounding down: 129 reads as 128
+            raise UserError(f"local_attention (the whole window) must be at least 2, not {shown(self.local_attention)}")
+        if self.classifier_pooling not in ("cls", "mean"):
+            raise UserError(f"classifier_pooling must be 'cls' or 'mean', not {shown(self.classifier_pooling)}")
+        for name in ("hidden_activation", "classifier_activation"):
+            if getattr(self, name) not in ACT2FN:
+                raise UserError(f"unsupported {name} {shown(getattr(self, name))}; expected one of {tuple(ACT2FN)}")
+        if self.id2label is not None:
+            self.id2label = {int(k): str(v) for k, v in self.id2label.items()}
+            if self.label2id is None:
+                self.label2id = {v: k for k, v in self.id2label.items()}
+        if self.label2id is not None:
+            self.label2id = {str(k): int(v) for k, v in self.label2id.items()}
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def sliding_window(self) -> int:
+        """Half the window: a local layer's token sees keys at distance <= this (5.x's name)."""
+        return self.local_attention // 2
+
+    @property
+    def num_labels(self) -> int:
+        return len(self.id2label) if self.id2label else 2
+
+    def rope_theta(self, layer_type: str) -> float:
+        return self.global_rope_theta if layer_type == GLOBAL else self.local_rope_theta
+
+    # ----------------------------------------------------------------------------------------- json
+    def to_dict(self, architectures: list[str] | None = None) -> dict[str, Any]:
+        """transformers 5.x's dialect: ``layer_types`` and ``rope_parameters``, none of the 4.x names."""
+        d = self.fields_dict(skip=("global_attn_every_n_layers", "global_rope_theta", "local_rope_theta"))
+        d["rope_parameters"] = {
+            GLOBAL: {"rope_theta": self.global_rope_theta, "rope_type": "default"},
+            LOCAL: {"rope_theta": self.local_rope_theta, "rope_type": "default"},
+        }
+        d["model_type"] = "modernbert"
+        if architectures:
+            d["architectures"] = list(architectures)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ModernBertConfig:
+        """Either dialect.  Where a 5.x file has both, ``rope_parameters`` wins over the 4.x thetas and
+        ``sliding_window`` over ``local_attention`` (as transformers 5.x reads them, we believe)."""
+        d = dict(d)
+        model_type = d.pop("model_type", "modernbert")
+        if model_type != "modernbert":
+            raise UserError(f"config model_type is {shown(model_type)}, not 'modernbert'")
+        if d.pop("rope_scaling", None):
+            raise UserError("rope_scaling is not supported (only the default rotary embeddings)")
+        names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+        kw = {k: d.pop(k) for k in list(d) if k in names}
+        # 4.x: a local_rope_theta of null meant "the global theta" for local layers too
+        if "local_rope_theta" in kw and kw["local_rope_theta"] is None:
+            kw["local_rope_theta"] = kw.get("global_rope_theta", cls.global_rope_theta)
+        rope = d.pop("rope_parameters", None)
+        if rope is not None:
+            for layer_type, name in ((GLOBAL, "global_rope_theta"), (LOCAL, "local_rope_theta")):
+                params = rope.get(layer_type) or {}
+                if params.get("rope_type", params.get("type", "default")) != "default":
+                    raise UserError(f"rope_type {shown(params.get('rope_type'))} of {layer_type} is not "
+                                    "supported (only 'default')")
+                if params.get("rope_theta") is not None:
+                    kw[name] = float(params["rope_theta"])
+        window = d.pop("sliding_window", None)
+        if window is not None:
+            kw["local_attention"] = 2 * int(window)
+        for name in ("pad_token_id", "eos_token_id", "bos_token_id", "cls_token_id", "sep_token_id"):
+            if name in kw and kw[name] is None:
+                kw.pop(name)
+        d.pop("num_labels", None)  # implied by id2label
+        try:
+            return cls(**kw, extra=d)
+        except TypeError as e:
+            raise UserError(f"invalid ModernBERT config: {e}") from None
+
+
+# ------------------------------------------------------------------------------------------------ encoder
+def LayerNorm(config: ModernBertConfig) -> nn.LayerNorm:  # noqa: N802 - a factory read as a module
+    return nn.LayerNorm(config.hidden_size, eps=config.norm_eps, bias=config.norm_bias)
+
+
+class ModernBertEmbeddings(nn.Module):
+    def __init__(self, config: ModernBertConfig):
+        super().__init__()
+        self.tok_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
+        self.norm = LayerNorm(config)
+        self.drop = nn.Dropout(config.embedding_dropout)
+
+    def forward(self, input_ids):  # (B, T) -> (B, T, C)
+        return self.drop(self.norm(self.tok_embeddings(input_ids)))
+
+
+def rotary_cos_sin(position_ids: torch.Tensor, head_dim: int, theta: float):
+    """cos and sin (B or 1, T, hs) of the rotation angles position * theta^(-2i/hs), each frequency twice
+    (the two halves of a head are the pairs rotated together)."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=position_ids.device)
+                               / head_dim)  # (hs/2,)
+    angles = position_ids[..., None].float() * inv_freq  # (B, T, hs/2)
+    angles = torch.cat((angles, angles), dim=-1)  # (B, T, hs)
+    return angles.cos(), angles.sin()
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate (B, H, T, hs) queries or keys by the angles of ``cos``/``sin`` (B, T, hs), in float32."""
+    cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, hs)
+    xf = x.float()
+    x1, x2 = xf.chunk(2, dim=-1)
+    rotated = torch.cat((-x2, x1), dim=-1)  # the second half moved first, negated
+    return (xf * cos + rotated * sin).to(x.dtype)
+
+
+class ModernBertAttention(nn.Module):
+    def __init__(self, config: ModernBertConfig, layer_idx: int):
+        super().__init__()
+        C = config.hidden_size
+        self.n_head = config.num_attention_heads
+        self.head_dim = config.head_dim
+        self.Wqkv = nn.Linear(C, 3 * C, bias=config.attention_bias)  # rows: Q (all heads), K, V
+        self.Wo = nn.Linear(C, C, bias=config.attention_bias)
+        self.dropout_p = config.attention_dropout
+        self.out_drop = nn.Dropout(config.attention_dropout)  # transformers: Identity when 0 (no parameters)
+
+    def forward(self, x, cos, sin, mask):
+        """softmax(Q K^T / sqrt(hs) + mask) V with rotated Q and K, heads concatenated, then Wo: (B, T, C)."""
+        B, T, C = x.shape
+        qkv = self.Wqkv(x).view(B, T, 3, self.n_head, self.head_dim)  # (B, T, 3, H, hs)
+        q, k, v = (t.transpose(1, 2) for t in qkv.unbind(dim=2))  # 3 x (B, H, T, hs)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        p = self.dropout_p if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)  # (B, H, T, hs)
+        y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C)
+        return self.out_drop(self.Wo(y))
+
+
+class ModernBertMLP(nn.Module):
+    """GeGLU: Wo(drop(act(input) * gate)), input and gate the two halves of Wi's output."""
+
+    def __init__(self, config: ModernBertConfig):
+        super().__init__()
+        C, I = config.hidden_size, config.intermediate_size  # noqa: E741
+        self.Wi = nn.Linear(C, 2 * I, bias=config.mlp_bias)
+        self.act = ACT2FN[config.hidden_activation]
+        self.drop = nn.Dropout(config.mlp_dropout)
+        self.Wo = nn.Linear(I, C, bias=config.mlp_bias)
+
+    def forward(self, x):  # (B, T, C)
+        inp, gate = self.Wi(x).chunk(2, dim=-1)  # 2 x (B, T, I)
+        return self.Wo(self.drop(self.act(inp) * gate))  # (B, T, C)
+
+
+class ModernBertEncoderLayer(nn.Module):
+    def __init__(self, config: ModernBertConfig, layer_idx: int):
+        super().__init__()
+        # the embeddings end in a norm, so the first layer does not norm again
+        self.attn_norm = nn.Identity() if layer_idx == 0 else LayerNorm(config)
+        self.attn = ModernBertAttention(config, layer_idx)
+        self.mlp_norm = LayerNorm(config)
+        self.mlp = ModernBertMLP(config)
+        self.attention_type = config.layer_types[layer_idx]
+
+    def forward(self, x, cos, sin, mask):  # pre-LN: x + f(norm(x)), twice
+        x = x + self.attn(self.attn_norm(x), cos, sin, mask)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+def attention_masks(attention_mask: torch.Tensor | None, T: int, window: int, dtype, device):
+    """The additive masks of the two layer types: {GLOBAL: (B, 1, 1, T) or None, LOCAL: (B or 1, 1, T, T)}.
+    A key is seen when it is a real token, and by a local layer only within ``window`` positions of the query
+    (both ends included)."""
+    seen = torch.zeros((), dtype=dtype, device=device)
+    unseen = torch.tensor(torch.finfo(dtype).min, dtype=dtype, device=device)  # not -inf: no NaN rows
+    pos = torch.arange(T, device=device)
+    near = ((pos[:, None] - pos[None, :]).abs() <= window)[None, None]  # (1, 1, T, T), query x key
+    if attention_mask is None:
+        return {GLOBAL: None, LOCAL: torch.where(near, seen, unseen)}  # (1, 1, T, T)
+    real = attention_mask.to(device=device, dtype=torch.bool)[:, None, None, :]  # (B, 1, 1, T), keys
+    return {GLOBAL: torch.where(real, seen, unseen),  # (B, 1, 1, T)
+            LOCAL: torch.where(real & near, seen, unseen)}  # (B, 1, T, T)
+
+
+# ------------------------------------------------------------------------------------------------ base
+class ModernBertPreTrainedModel(nn.Module):
+    """Weight initialisation (transformers' truncated normals), tying, and loading a state dict."""
+
+    config: ModernBertConfig
+    base_model_prefix = "model"  # the encoder's attribute in task models, and its prefix in their checkpoints
+
+    def __init__(self, config: ModernBertConfig):
+        super().__init__()
+        self.config = config
+
+    def _init_weights(self, module: nn.Module) -> None:
+        cfg = self.config
+        cutoff = cfg.initializer_cutoff_factor if cfg.initializer_cutoff_factor is not None else 3.0
+        stds = {
+            "in": cfg.initializer_range,
+            "out": cfg.initializer_range / math.sqrt(2.0 * cfg.num_hidden_layers),
+            "embedding": cfg.initializer_range,
+            "final_out": cfg.hidden_size ** -0.5,
+        }
+
+        def init(m: nn.Module, std: float) -> None:
+            nn.init.trunc_normal_(m.weight, mean=0.0, std=std, a=-cutoff * std, b=cutoff * std)
+            if isinstance(m, nn.Linear) and m.bias is not None:
+                nn.init.zeros_(m.bias)
+
+        if isinstance(module, nn.LayerNorm):
+            nn.init.ones_(module.weight)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, ModernBertEmbeddings):
+            init(module.tok_embeddings, stds["embedding"])
+        elif isinstance(module, ModernBertMLP):
+            init(module.Wi, stds["in"])
+            init(module.Wo, stds["out"])
+        elif isinstance(module, ModernBertAttention):
+            init(module.Wqkv, stds["in"])
+            init(module.Wo, stds["out"])
+        elif isinstance(module, ModernBertPredictionHead):
+            init(module.dense, stds["out"])
+        elif isinstance(module, ModernBertForMaskedLM):
+            # with tying this re-draws the shared token embeddings too (transformers' order; unverified)
+            init(module.decoder, stds["out"])
+        elif isinstance(module, _ModernBertClassifier):
+            init(module.classifier, stds["final_out"])
+
+    def init_weights(self) -> None:
+        self.tie_weights()
+        self.apply(self._init_weights)  # children before parents, as transformers'
+
+    def tie_weights(self) -> None:
+        """Tie the MLM decoder to the token embeddings (no-op for models without one, or untied configs)."""
+        decoder = getattr(self, "decoder", None)
+        if decoder is not None and self.config.tie_word_embeddings:
+            decoder.weight = self.base_model.embeddings.tok_embeddings.weight
+
+    @property
+    def base_model(self) -> ModernBertModel:
+        return getattr(self, self.base_model_prefix, self)
+
+    def hf_state_dict(self) -> dict[str, torch.Tensor]:
+        """The state dict as transformers saves it: without the tied ``decoder.weight`` (safetensors refuses
+        shared tensors), contiguous."""
+        sd = self.state_dict()
+        if getattr(self, "decoder", None) is not None and self.config.tie_word_embeddings:
+            sd.pop("decoder.weight", None)
+        return {k: v.contiguous() for k, v in sd.items()}
+
+    def load_hf_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
+        """Load transformers' (or our) state dict: a bare encoder's keys with or without the ``model.``
+        prefix; the tied decoder's weight may be absent.  Any other missing or unexpected key is an error."""
+        prefix = self.base_model_prefix + "."
+        if self.base_model is self:
+            sd = {k.removeprefix(prefix): v for k, v in sd.items()}
+        elif not any(k.startswith(prefix) for k in sd):
+            sd = {prefix + k: v for k, v in sd.items()}
+        missing, unexpected = self.load_state_dict(sd, strict=False)
+        tied = {"decoder.weight"} if self.config.tie_word_embeddings else set()
+        missing = [k for k in missing if k not in tied]
+        if missing or unexpected:
+            raise UserError(f"state dict does not fit {type(self).__name__}: missing {missing}, "
+                            f"unexpected {unexpected}")
+        self.tie_weights()
+
+
+class ModernBertModel(ModernBertPreTrainedModel):
+    """The bare encoder: ``forward(input_ids, attention_mask)`` gives ``last_hidden_state`` (B, T, C)."""
+
+    def __init__(self, config: ModernBertConfig):
+        super().__init__(config)
+        self.embeddings = ModernBertEmbeddings(config)
+        self.layers = nn.ModuleList(ModernBertEncoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.final_norm = LayerNorm(config)
+        self.init_weights()
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None) -> BaseModelOutput:
+        B, T = input_ids.shape
+        if position_ids is None:
+            position_ids = torch.arange(T, device=input_ids.device)[None]  # (1, T), whatever the padding
+        x = self.embeddings(input_ids)  # (B, T, C)
+        masks = attention_masks(attention_mask, T, self.config.sliding_window, x.dtype, x.device)
+        rotary = {t: tuple(c.to(x.dtype) for c in rotary_cos_sin(position_ids, self.config.head_dim,
+                                                               self.config.rope_theta(t)))
+                  for t in set(self.config.layer_types)}  # type -> cos, sin (B or 1, T, hs)
+        for layer in self.layers:
+            cos, sin = rotary[layer.attention_type]
+            x = layer(x, cos, sin, masks[layer.attention_type])  # (B, T, C)
+        return BaseModelOutput(last_hidden_state=self.final_norm(x))
+
+
+# ------------------------------------------------------------------------------------------------ heads
+class ModernBertPredictionHead(nn.Module):
+    """dense -> activation -> norm, before the decoder or a classifier (``classifier_bias`` is this dense's)."""
+
+    def __init__(self, config: ModernBertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size, bias=config.classifier_bias)
+        self.act = ACT2FN[config.classifier_activation]
+        self.norm = LayerNorm(config)
+
+    def forward(self, x):  # (..., C) -> (..., C)
+        return self.norm(self.act(self.dense(x)))
+
+
+class ModernBertForMaskedLM(ModernBertPreTrainedModel):
+    """The encoder with the masked-LM head: ``logits`` (B, T, V); a loss when ``labels`` are given.  With
+    ``config.sparse_prediction`` and labels, the logits are only the labelled positions' (N, V), in
+    row-major order, as transformers'."""
+
+    def __init__(self, config: ModernBertConfig):
+        super().__init__(config)
+        self.model = ModernBertModel(config)
+        self.head = ModernBertPredictionHead(config)
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=config.decoder_bias)  # tied, own bias
+        self.init_weights()
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, labels=None) -> MaskedLMOutput:
+        x = self.model(input_ids, attention_mask, position_ids).last_hidden_state  # (B, T, C)
+        if labels is not None and self.config.sparse_prediction:
+            labels = labels.reshape(-1)
+            keep = labels != self.config.sparse_pred_ignore_index  # (B*T,)
+            x, labels = x.reshape(-1, x.shape[-1])[keep], labels[keep]  # (N, C), (N,)
+        logits = self.decoder(self.head(x))  # (B, T, V) or (N, V)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1),
+                                   ignore_index=-100)
+        return MaskedLMOutput(loss, logits)
+
+
+class _ModernBertClassifier(ModernBertPreTrainedModel):
+    """The encoder, then head -> dropout -> classifier (with a bias, whatever ``classifier_bias``)."""
+
+    def __init__(self, config: ModernBertConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.model = ModernBertModel(config)
+        self.head = ModernBertPredictionHead(config)
+        self.drop = nn.Dropout(config.classifier_dropout)
+        self.classifier = nn.Linear(config.hidden_size, self.num_labels)
+        self.init_weights()
+
+
+class ModernBertForSequenceClassification(_ModernBertClassifier):
+    """Pooling (``classifier_pooling``: the state at position 0, or the mean over real tokens), then head ->
+    dropout -> classifier: ``logits`` (B, num_labels); cross-entropy with ``labels`` (mean squared error
+    with one label)."""
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, labels=None) -> SequenceClassifierOutput:
+        x = self.model(input_ids, attention_mask, position_ids).last_hidden_state  # (B, T, C)
+        if self.config.classifier_pooling == "cls":
+            pooled = x[:, 0]  # (B, C)
+        else:
+            if attention_mask is None:
+                attention_mask = torch.ones(x.shape[:2], dtype=x.dtype, device=x.device)
+            m = attention_mask.to(x.dtype)[..., None]  # (B, T, 1)
+            pooled = (x * m).sum(dim=1) / m.sum(dim=1)  # (B, C)
+        logits = self.classifier(self.drop(self.head(pooled)))  # (B, labels)
+        loss = None
+        if labels is not None:
+            if self.num_labels == 1:
+                loss = F.mse_loss(logits.squeeze(-1), labels.float().reshape(-1))
+            else:
+                loss = F.cross_entropy(logits, labels.reshape(-1))
+        return SequenceClassifierOutput(loss, logits)
+
+
+class ModernBertForTokenClassification(_ModernBertClassifier):
+    """head -> dropout -> classifier over every token: ``logits`` (B, T, num_labels); cross-entropy over
+    the tokens whose ``labels`` are not -100."""
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, labels=None) -> TokenClassifierOutput:
+        x = self.model(input_ids, attention_mask, position_ids).last_hidden_state  # (B, T, C)
+        logits = self.classifier(self.drop(self.head(x)))  # (B, T, labels)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.reshape(-1, self.num_labels), labels.reshape(-1), ignore_index=-100)
+        return TokenClassifierOutput(loss, logits)
+
+
+__all__ = ["ModernBertConfig", "ModernBertModel", "ModernBertForMaskedLM", "ModernBertForSequenceClassification",
+           "ModernBertForTokenClassification"]

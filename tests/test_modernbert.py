@@ -1,0 +1,281 @@
+"""ModernBERT (bertforge.modernbert): parity with transformers both ways, config dialects, heads.
+
+Both of transformers' attention paths (eager and sdpa) are compared.
+"""
+
+import json
+import os
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from bertforge.modernbert import (
+    GLOBAL,
+    LOCAL,
+    ModernBertConfig,
+    ModernBertForMaskedLM,
+    ModernBertForSequenceClassification,
+    ModernBertForTokenClassification,
+    ModernBertModel,
+)
+
+transformers = pytest.importorskip("transformers")
+
+ATOL = 1e-4
+
+
+def tiny(**overrides) -> ModernBertConfig:
+    """3 layers (0 global, 1 and 2 local), a window of 8 (4 either side), so that 20 tokens cross it."""
+    kw = dict(vocab_size=100, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+              max_position_embeddings=64, local_attention=8, global_attn_every_n_layers=3,
+              pad_token_id=0, bos_token_id=1, cls_token_id=1, eos_token_id=2, sep_token_id=2)
+    kw.update(overrides)
+    return ModernBertConfig(**kw)
+
+
+def batch(lengths=(20, 13, 3), T=20, vocab=100, seed=0):
+    """[CLS] tokens [SEP], right-padded with 0.  The 3-token sequence leaves pad queries whose whole local
+    window is padding (fully masked rows): a NaN there must not reach the real tokens."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.zeros(len(lengths), T, dtype=torch.long)
+    mask = torch.zeros(len(lengths), T, dtype=torch.long)
+    for i, n in enumerate(lengths):
+        ids[i, :n] = torch.randint(3, vocab, (n,), generator=g)
+        ids[i, 0], ids[i, n - 1] = 1, 2
+        mask[i, :n] = 1
+    return ids, mask
+
+
+def perturb(model: torch.nn.Module, seed=1) -> None:
+    """Move every parameter off its start value (norms at 1, biases at 0 would hide a swapped name)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():  # a tied weight is one parameter, visited once
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
+
+
+def save_ours(model, folder, architecture: str) -> None:
+    os.makedirs(folder, exist_ok=True)
+    save_file(model.hf_state_dict(), os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
+    model.config.save(os.path.join(folder, "config.json"), architectures=[architecture])
+
+
+def load_ours(cls, folder):
+    model = cls(ModernBertConfig.load(str(folder)))
+    model.load_hf_state_dict(load_file(os.path.join(folder, "model.safetensors")))
+    return model.eval()
+
+
+def theirs_from(folder, name: str, attn: str):
+    return getattr(transformers, name).from_pretrained(str(folder), attn_implementation=attn,
+                                                       dtype=torch.float32).eval()
+
+
+# ------------------------------------------------------------------------------------------------ config
+def test_defaults_are_modernbert_base():
+    c = ModernBertConfig()
+    t = transformers.ModernBertConfig()
+    for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                 "pad_token_id", "cls_token_id", "sep_token_id", "bos_token_id", "eos_token_id", "local_attention",
+                 "norm_eps", "norm_bias", "attention_bias", "mlp_bias", "decoder_bias", "classifier_bias",
+                 "classifier_pooling", "hidden_activation", "classifier_activation", "max_position_embeddings"):
+        assert getattr(c, name) == getattr(t, name), name
+    assert c.layer_types == t.layer_types
+    assert c.layer_types[:4] == [GLOBAL, LOCAL, LOCAL, GLOBAL]
+    assert c.sliding_window == t.sliding_window == 64
+    assert t.rope_parameters[GLOBAL]["rope_theta"] == c.global_rope_theta == 160_000.0
+    assert t.rope_parameters[LOCAL]["rope_theta"] == c.local_rope_theta == 10_000.0
+
+
+def test_config_reads_both_dialects_and_writes_what_transformers_reads():
+    v4 = {"model_type": "modernbert", "num_hidden_layers": 4, "global_attn_every_n_layers": 2,
+          "global_rope_theta": 80_000.0, "local_rope_theta": 5_000.0, "local_attention": 16,
+          "reference_compile": None, "transformers_version": "4.48.0"}
+    v5 = {"model_type": "modernbert", "num_hidden_layers": 4, "layer_types": [GLOBAL, LOCAL, GLOBAL, LOCAL],
+          "rope_parameters": {GLOBAL: {"rope_type": "default", "rope_theta": 80_000.0},
+                              LOCAL: {"rope_type": "default", "rope_theta": 5_000.0}},
+          "local_attention": 16}
+    a, b = ModernBertConfig.from_dict(v4), ModernBertConfig.from_dict(v5)
+    for c in (a, b):
+        assert c.layer_types == [GLOBAL, LOCAL, GLOBAL, LOCAL]
+        assert (c.global_rope_theta, c.local_rope_theta, c.local_attention, c.sliding_window) == (
+            80_000.0, 5_000.0, 16, 8)
+    # 5.x's sliding_window is half the window
+    assert ModernBertConfig.from_dict({"sliding_window": 32}).local_attention == 64
+    # what we write, transformers reads to the same model; what transformers writes, we read
+    for ours in (a, b, tiny()):
+        t = transformers.ModernBertConfig.from_dict(ours.to_dict())
+        assert t.layer_types == ours.layer_types
+        assert t.sliding_window == ours.sliding_window
+        assert t.rope_parameters[GLOBAL]["rope_theta"] == ours.global_rope_theta
+        assert t.rope_parameters[LOCAL]["rope_theta"] == ours.local_rope_theta
+        back = ModernBertConfig.from_dict(t.to_dict())
+        assert back.layer_types == ours.layer_types
+        assert (back.global_rope_theta, back.local_rope_theta, back.local_attention) == (
+            ours.global_rope_theta, ours.local_rope_theta, ours.local_attention)
+    # transformers 4.x's config read by transformers 5.x: the same as by us (its BC path)
+    t4 = transformers.ModernBertConfig.from_dict(v4)
+    assert t4.layer_types == a.layer_types and t4.sliding_window == a.sliding_window
+    assert t4.rope_parameters[LOCAL]["rope_theta"] == a.local_rope_theta
+
+
+def test_written_config_has_the_5x_names_only(tmp_path):
+    tiny().save(str(tmp_path / "config.json"))
+    d = json.loads((tmp_path / "config.json").read_text())
+    assert "layer_types" in d and "rope_parameters" in d
+    assert not {"global_attn_every_n_layers", "global_rope_theta", "local_rope_theta", "extra"} & set(d)
+    t = transformers.ModernBertConfig.from_dict(d).to_dict()
+    assert {k: d[k] for k in d if k in t} == {k: t[k] for k in d if k in t}  # every key we write, as they read it
+
+
+# ------------------------------------------------------------------------------------------------ names
+@pytest.mark.parametrize("ours_cls,theirs_name", [
+    (ModernBertModel, "ModernBertModel"),
+    (ModernBertForMaskedLM, "ModernBertForMaskedLM"),
+    (ModernBertForSequenceClassification, "ModernBertForSequenceClassification"),
+    (ModernBertForTokenClassification, "ModernBertForTokenClassification"),
+])
+def test_parameter_names_are_transformers_names(ours_cls, theirs_name):
+    ours = ours_cls(tiny())
+    theirs = getattr(transformers, theirs_name)(transformers.ModernBertConfig.from_dict(tiny().to_dict()))
+    a, b = ours.state_dict(), theirs.state_dict()
+    assert set(a) == set(b)  # (rotary frequencies are no state)
+    for k in a:
+        assert a[k].shape == b[k].shape, k
+    assert not any(k.endswith("layers.0.attn_norm.weight") for k in a)  # the first layer's is an Identity
+    assert not any(k.endswith("norm.bias") for k in a)  # norm_bias False
+
+
+# ------------------------------------------------------------------------------------------------ parity
+def _real(x, mask):
+    return x[mask.bool()]  # (N, ...) the real tokens' rows
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_masked_lm_we_save_transformers_loads(tmp_path, attn):
+    torch.manual_seed(0)
+    ours = ModernBertForMaskedLM(tiny())
+    perturb(ours)
+    ours.eval()
+    save_ours(ours, tmp_path / "m", "ModernBertForMaskedLM")
+    theirs = theirs_from(tmp_path / "m", "ModernBertForMaskedLM", attn)
+    assert theirs.decoder.weight.data_ptr() == theirs.model.embeddings.tok_embeddings.weight.data_ptr()
+    ids, mask = batch()
+    with torch.no_grad():
+        a = ours(ids, attention_mask=mask).logits  # (B, T, V)
+        b = theirs(input_ids=ids, attention_mask=mask).logits
+        a_full = ours(ids[:1]).logits  # no padding, no mask: the window alone
+        b_full = theirs(input_ids=ids[:1]).logits
+    assert torch.isfinite(_real(a, mask)).all()
+    torch.testing.assert_close(_real(a, mask), _real(b, mask), atol=ATOL, rtol=0)
+    torch.testing.assert_close(a_full, b_full, atol=ATOL, rtol=0)
+    # the window matters: a layer-wide global attention would differ (guards against a mask that is a no-op)
+    wide = ModernBertForMaskedLM(tiny(local_attention=64))
+    wide.load_hf_state_dict(ours.hf_state_dict())
+    with torch.no_grad():
+        assert (wide.eval()(ids[:1]).logits - a_full).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_masked_lm_transformers_saves_we_load(tmp_path, attn):
+    torch.manual_seed(0)
+    theirs = transformers.ModernBertForMaskedLM(transformers.ModernBertConfig.from_dict(tiny().to_dict()))
+    theirs.set_attn_implementation(attn)
+    perturb(theirs)
+    theirs.eval()
+    theirs.save_pretrained(tmp_path / "t")
+    ours = load_ours(ModernBertForMaskedLM, tmp_path / "t")
+    assert ours.decoder.weight is ours.model.embeddings.tok_embeddings.weight
+    ids, mask = batch()
+    with torch.no_grad():
+        a = ours(ids, attention_mask=mask).logits
+        b = theirs(input_ids=ids, attention_mask=mask).logits
+    torch.testing.assert_close(_real(a, mask), _real(b, mask), atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_sequence_classification_both_ways(tmp_path, pooling, attn):
+    cfg = tiny(classifier_pooling=pooling, id2label={0: "neg", 1: "neu", 2: "pos"})
+    torch.manual_seed(0)
+    ours = ModernBertForSequenceClassification(cfg)
+    perturb(ours)
+    ours.eval()
+    save_ours(ours, tmp_path / "m", "ModernBertForSequenceClassification")
+    theirs = theirs_from(tmp_path / "m", "ModernBertForSequenceClassification", attn)
+    assert theirs.config.num_labels == 3
+    ids, mask = batch()
+    with torch.no_grad():
+        a = ours(ids, attention_mask=mask).logits  # (B, 3)
+        b = theirs(input_ids=ids, attention_mask=mask).logits
+    torch.testing.assert_close(a, b, atol=ATOL, rtol=0)
+    # and back: transformers saves, we load
+    theirs.save_pretrained(tmp_path / "t")
+    again = load_ours(ModernBertForSequenceClassification, tmp_path / "t")
+    assert again.config.classifier_pooling == pooling and again.num_labels == 3
+    with torch.no_grad():
+        torch.testing.assert_close(again(ids, attention_mask=mask).logits, b, atol=ATOL, rtol=0)
+
+
+def test_token_classification_we_save_transformers_loads(tmp_path):
+    torch.manual_seed(0)
+    ours = ModernBertForTokenClassification(tiny(id2label={0: "O", 1: "B", 2: "I"}))
+    perturb(ours)
+    ours.eval()
+    save_ours(ours, tmp_path / "m", "ModernBertForTokenClassification")
+    theirs = theirs_from(tmp_path / "m", "ModernBertForTokenClassification", "eager")
+    ids, mask = batch()
+    with torch.no_grad():
+        a = ours(ids, attention_mask=mask).logits
+        b = theirs(input_ids=ids, attention_mask=mask).logits
+    torch.testing.assert_close(_real(a, mask), _real(b, mask), atol=ATOL, rtol=0)
+
+
+# ------------------------------------------------------------------------------------------------ heads
+def test_heads_return_a_loss_only_with_labels():
+    ids, mask = batch()
+    mlm = ModernBertForMaskedLM(tiny()).eval()
+    out = mlm(ids, attention_mask=mask)
+    assert out.loss is None and out.logits.shape == (3, 20, 100)
+    labels = torch.full_like(ids, -100)
+    labels[:, 1] = ids[:, 1]
+    assert mlm(ids, attention_mask=mask, labels=labels).loss.ndim == 0
+    sparse = ModernBertForMaskedLM(tiny(sparse_prediction=True)).eval()
+    sparse.load_hf_state_dict(mlm.hf_state_dict())
+    s = sparse(ids, attention_mask=mask, labels=labels)
+    assert s.logits.shape == (3, 100)
+    torch.testing.assert_close(s.logits, out.logits[:, 1])
+    seq = ModernBertForSequenceClassification(tiny()).eval()
+    assert seq(ids, attention_mask=mask).loss is None
+    assert seq(ids, attention_mask=mask, labels=torch.tensor([0, 1, 1])).loss.ndim == 0
+    tok = ModernBertForTokenClassification(tiny()).eval()
+    assert tok(ids, attention_mask=mask).logits.shape == (3, 20, 2)
+    assert tok(ids, attention_mask=mask, labels=torch.where(mask.bool(), 1, -100)).loss.ndim == 0
+
+
+def test_padding_does_not_change_the_real_tokens():
+    model = ModernBertForMaskedLM(tiny()).eval()
+    perturb(model)
+    ids, mask = batch()
+    with torch.no_grad():
+        padded = model(ids, attention_mask=mask).logits
+        for i, n in enumerate(mask.sum(1).tolist()):
+            alone = model(ids[i:i + 1, :n]).logits[0]  # (n, V)
+            torch.testing.assert_close(padded[i, :n], alone, atol=1e-5, rtol=0)
+
+
+def test_masked_lm_matches_transformers_at_2048_tokens(tmp_path):
+    """ModernBERT's own window (128) at the length it is used at: 2,048 tokens, one sequence padded after 1,500."""
+    cfg = tiny(max_position_embeddings=2048, local_attention=128)
+    torch.manual_seed(0)
+    ours = ModernBertForMaskedLM(cfg)
+    perturb(ours)
+    ours.eval()
+    save_ours(ours, tmp_path / "m", "ModernBertForMaskedLM")
+    theirs = theirs_from(tmp_path / "m", "ModernBertForMaskedLM", "sdpa")
+    ids, mask = batch(lengths=(2048, 1500), T=2048)
+    with torch.no_grad():
+        a = ours(ids, attention_mask=mask).logits
+        b = theirs(input_ids=ids, attention_mask=mask).logits
+    torch.testing.assert_close(_real(a, mask), _real(b, mask), atol=ATOL, rtol=0)
