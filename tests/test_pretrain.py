@@ -121,8 +121,10 @@ def straight_run(small_text_corpus, story_tok_dir, tmp_path_factory):
 # The second save (step 4), with the run's earlier writes counted: setup writes the model files (1 write, 2
 # renames) and pretrain_config.json (1 write, 1 rename); the step-2 save 5 writes and 3 renames.  Of the
 # step-4 save: checkpoint files 8-11, the model directory's files 12; the checkpoint folder's rename 7,
-# the model files' renames 8-9.
-FAULTS = [f"write:{n}" for n in range(8, 13)] + [f"rename:{n}" for n in range(7, 10)]
+# the model files' renames 8-9.  A kill at each checkpoint file is the run shell's, tested once for every
+# command on the toy run (test_lifecycle); here the instants that pretraining adds: the model directory's
+# file and rename, and the checkpoint renamed whole then damaged.
+FAULTS = ["write:12", "rename:7", "rename:8"]
 
 
 @pytest.mark.slow
@@ -322,7 +324,9 @@ def test_compiled_objective_equals_eager():
     from bertforge.objectives import MaskedLM
 
     torch.manual_seed(0)
-    cfg = BertConfig.preset("tiny", vocab_size=300, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    # one layer: the last layer is the one the CPU fast path treats apart; compile time grows with the layers
+    cfg = BertConfig.preset("tiny", vocab_size=300, num_hidden_layers=1, hidden_dropout_prob=0.0,
+                            attention_probs_dropout_prob=0.0)
     model = BertForPreTraining(cfg).train()
     objective = MaskedLM(model, PretrainConfig())
     batch = pretraining_batch(8, 32, 300)
