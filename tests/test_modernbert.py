@@ -4,11 +4,10 @@ Both of transformers' attention paths (eager and sdpa) are compared.
 """
 
 import json
-import os
+from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
 from bertforge.modernbert import (
     GLOBAL,
@@ -56,15 +55,12 @@ def perturb(model: torch.nn.Module, seed=1) -> None:
 
 
 def save_ours(model, folder, architecture: str) -> None:
-    os.makedirs(folder, exist_ok=True)
-    save_file(model.hf_state_dict(), os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
-    model.config.save(os.path.join(folder, "config.json"), architectures=[architecture])
+    model.save_pretrained(str(folder))
+    assert json.loads((folder / "config.json").read_text())["architectures"] == [architecture]
 
 
 def load_ours(cls, folder):
-    model = cls(ModernBertConfig.load(str(folder)))
-    model.load_hf_state_dict(load_file(os.path.join(folder, "model.safetensors")))
-    return model.eval()
+    return cls.from_pretrained(str(folder)).eval()
 
 
 def theirs_from(folder, name: str, attn: str):
@@ -172,7 +168,7 @@ def test_masked_lm_we_save_transformers_loads(tmp_path, attn):
     torch.testing.assert_close(a_full, b_full, atol=ATOL, rtol=0)
     # the window matters: a layer-wide global attention would differ (guards against a mask that is a no-op)
     wide = ModernBertForMaskedLM(tiny(local_attention=64))
-    wide.load_hf_state_dict(ours.hf_state_dict())
+    wide.load_state_dict(ours.state_dict())
     with torch.no_grad():
         assert (wide.eval()(ids[:1]).logits - a_full).abs().max() > 1e-3
 
@@ -242,7 +238,7 @@ def test_heads_return_a_loss_only_with_labels():
     labels[:, 1] = ids[:, 1]
     assert mlm(ids, attention_mask=mask, labels=labels).loss.ndim == 0
     sparse = ModernBertForMaskedLM(tiny(sparse_prediction=True)).eval()
-    sparse.load_hf_state_dict(mlm.hf_state_dict())
+    sparse.load_state_dict(mlm.state_dict())
     s = sparse(ids, attention_mask=mask, labels=labels)
     assert s.logits.shape == (3, 100)
     torch.testing.assert_close(s.logits, out.logits[:, 1])
@@ -279,3 +275,78 @@ def test_masked_lm_matches_transformers_at_2048_tokens(tmp_path):
         a = ours(ids, attention_mask=mask).logits
         b = theirs(input_ids=ids, attention_mask=mask).logits
     torch.testing.assert_close(_real(a, mask), _real(b, mask), atol=ATOL, rtol=0)
+
+
+# ------------------------------------------------------------------------------------------------ pipelines
+def _folder_with_tokenizer(model, folder, tokenizer_dir):
+    """A ModernBERT folder as transformers writes one, with a tokenizer (all-MiniLM-L6-v2's WordPiece)."""
+    import shutil
+
+    model.save_pretrained(str(folder))
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
+        if (tokenizer_dir / name).is_file():
+            shutil.copy(tokenizer_dir / name, folder / name)
+    return str(folder)
+
+
+def _vocab_config(**overrides) -> ModernBertConfig:
+    # bert-base-uncased's ids: [PAD] 0, [CLS] 101, [SEP] 102
+    return tiny(vocab_size=30522, pad_token_id=0, bos_token_id=101, cls_token_id=101, eos_token_id=102,
+                sep_token_id=102, **overrides)
+
+
+def test_fill_mask_and_classify_equal_transformers_pipelines(minilm_dir, tmp_path):
+    """bertforge's pipelines on a ModernBERT folder (found by config.json's model_type) give transformers'
+    scores; texts longer than the local window (8 tokens here) included."""
+    import bertforge
+
+    tok_dir = Path(minilm_dir)
+    torch.manual_seed(0)
+    mlm = ModernBertForMaskedLM(_vocab_config())
+    perturb(mlm)
+    folder = _folder_with_tokenizer(mlm, tmp_path / "mlm", tok_dir)
+    texts = ["Tom went to the [MASK] with his dog.", "At the bakery, she saw a red [MASK]. Then [MASK] smiled."]
+    ours = bertforge.pipeline("fill-mask", folder)(texts, top_k=5)
+    hf = transformers.pipeline("fill-mask", model=folder, device="cpu", top_k=5)
+    for mine, text in zip(ours, texts):
+        ref = hf(text)
+        mine = [mine] if isinstance(mine[0], dict) else mine  # one mask: a flat list
+        ref = [ref] if isinstance(ref[0], dict) else ref
+        assert len(mine) == len(ref)
+        for a, b in zip(mine, ref):
+            assert [c["token"] for c in a] == [c["token"] for c in b]
+            assert [c["token_str"] for c in a] == [c["token_str"] for c in b]
+            assert max(abs(c["score"] - t["score"]) for c, t in zip(a, b)) < 1e-4
+
+    cls = ModernBertForSequenceClassification(_vocab_config(id2label={0: "neg", 1: "pos"},
+                                                            label2id={"neg": 0, "pos": 1}))
+    perturb(cls)
+    folder = _folder_with_tokenizer(cls, tmp_path / "cls", tok_dir)
+    texts = ["a good film, long and slow but good in the end", "bad"]
+    ours = bertforge.pipeline("classify", folder)(texts)
+    theirs = transformers.pipeline("text-classification", model=folder, device="cpu", top_k=None)(texts)
+    for a, b in zip(ours, theirs):
+        assert max(abs(a["probabilities"][r["label"]] - r["score"]) for r in b) < 1e-4
+
+
+def test_a_bare_encoder_starts_a_classifier_and_a_ner_folder_is_no_classifier(minilm_dir, tmp_path):
+    from bertforge.errors import UserError
+
+    torch.manual_seed(0)
+    enc = ModernBertModel(tiny())
+    perturb(enc)
+    enc.save_pretrained(str(tmp_path / "enc"))
+    cls = ModernBertForSequenceClassification.from_pretrained(str(tmp_path / "enc"))
+    assert sorted(cls.loading_info["newly_initialized"]) == ["classifier.bias", "classifier.weight",
+                                                             "head.dense.weight", "head.norm.weight"]
+    ids, mask = batch()
+    with torch.no_grad():
+        torch.testing.assert_close(cls.model(ids, mask).last_hidden_state, enc.eval()(ids, mask).last_hidden_state)
+    import bertforge
+
+    folder = _folder_with_tokenizer(ModernBertForTokenClassification(_vocab_config(id2label={0: "O", 1: "B-X"})),
+                                    tmp_path / "ner", Path(minilm_dir))
+    with pytest.raises(UserError, match="not a sentence classifier"):
+        bertforge.pipeline("classify", folder)
+    with pytest.raises(UserError, match="does not use as a BertForQuestionAnswering"):
+        bertforge.pipeline("qa", folder)

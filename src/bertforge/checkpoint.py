@@ -10,8 +10,9 @@
   No code from a model directory is executed.
 * Every write goes through a temporary file or folder that is renamed into place (:mod:`bertforge.files`).
 
-This module knows models only through what every :class:`~bertforge.model.BertPreTrainedModel` has
-(``config``, ``state_dict``, ``base_model_prefix``, ``head_prefixes``): it imports nothing from the model.
+This module knows models only through what every model family's base class has (``config``,
+``config_class``, ``state_dict``, ``base_model_prefix``, ``encoder_prefixes``, ``head_prefixes``): it imports
+nothing from :mod:`bertforge.model` or :mod:`bertforge.modernbert`.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from safetensors.torch import load_file
 from safetensors.torch import save as safetensors_bytes
 
 from .atomic import atomic_dir, fault_point, follow_umask, fsync, write_file
-from .config import BertConfig
 from .errors import UserError, require_type
 
 log = logging.getLogger("bertforge")
@@ -134,19 +134,20 @@ def require_weights(path: str) -> None:
     raise UserError(f"no model.safetensors in {path}")
 
 
-def normalize_state_dict(sd: dict[str, torch.Tensor], has_bert_prefix: bool) -> dict[str, torch.Tensor]:
-    """Map a checkpoint's names onto ours: old ``gamma``/``beta`` LayerNorm names, buffers, tied decoder
-    weights, and the ``bert.`` prefix that a bare ``BertModel`` checkpoint (all-MiniLM-L6-v2) lacks."""
+def normalize_state_dict(sd: dict[str, torch.Tensor], cls, is_task_model: bool) -> dict[str, torch.Tensor]:
+    """Map a checkpoint's names onto those of model class ``cls``: old ``gamma``/``beta`` LayerNorm names,
+    buffers, tied decoder weights, and the encoder's prefix (``bert.``, ``model.``) that a bare encoder's
+    checkpoint (all-MiniLM-L6-v2) lacks and a task model's has."""
+    prefix = cls.base_model_prefix + "."
     out: dict[str, torch.Tensor] = {}
     for k, v in sd.items():
         k = k.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")
         if k.endswith(_BUFFER_SUFFIXES) or k == _TIED:
             continue
-        bare = k.startswith(("embeddings.", "encoder.", "pooler."))
-        if has_bert_prefix and bare:
-            k = "bert." + k
-        elif not has_bert_prefix and k.startswith("bert."):
-            k = k[len("bert.") :]
+        if is_task_model and k.startswith(cls.encoder_prefixes):
+            k = prefix + k
+        elif not is_task_model and k.startswith(prefix):
+            k = k[len(prefix) :]
         out[k] = v
     if "cls.predictions.decoder.bias" in out:
         bias = out.pop("cls.predictions.decoder.bias")
@@ -154,7 +155,7 @@ def normalize_state_dict(sd: dict[str, torch.Tensor], has_bert_prefix: bool) -> 
     return out
 
 
-def load_pretrained(cls, path, config: BertConfig | None = None, reinit_head: bool = False, map_location="cpu"):
+def load_pretrained(cls, path, config=None, reinit_head: bool = False, map_location="cpu"):
     """Build ``cls`` from a model directory.  See :meth:`BertPreTrainedModel.from_pretrained`.
 
     Weights the checkpoint lacks are allowed only for the task head (``cls.head_prefixes``), which is then
@@ -165,12 +166,13 @@ def load_pretrained(cls, path, config: BertConfig | None = None, reinit_head: bo
     path = os.fspath(require_type(path, (str, os.PathLike), "path"))
     if not os.path.isdir(path):
         raise UserError(f"model directory not found: {path}")
-    config = config or BertConfig.load(path)
+    config = config or cls.config_class.load(path)
     model = cls(config)
     is_task_model = hasattr(model, cls.base_model_prefix)  # BertForX wraps self.bert; a bare BertModel does not
-    sd = normalize_state_dict(read_state_dict(path), has_bert_prefix=is_task_model)
+    sd = normalize_state_dict(read_state_dict(path), cls, is_task_model)
     expected = model.state_dict()
-    expected.pop(_TIED, None)
+    for k in tied_keys(model):
+        expected.pop(k, None)
     heads = cls.head_prefixes
 
     def is_head(k: str) -> bool:
@@ -219,9 +221,10 @@ def checkpoint_keys(path: str) -> set[str]:
 
 
 def has_weight(path: str, name: str) -> bool:
-    """Whether a model directory stores ``name`` (with or without the ``bert.`` prefix), read without loading."""
+    """Whether a model directory stores ``name`` (with or without an encoder's ``bert.`` or ``model.``
+    prefix), read without loading."""
     keys = checkpoint_keys(path)
-    return name in keys or f"bert.{name}" in keys
+    return name in keys or f"bert.{name}" in keys or f"model.{name}" in keys
 
 
 # ------------------------------------------------------------------------------------------------ training

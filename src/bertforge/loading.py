@@ -30,6 +30,19 @@ def model_dir(path: str | os.PathLike) -> str:
     return path
 
 
+def in_family(path: str, bert_class: type) -> tuple[type, Any]:
+    """(the class of directory ``path``'s model family that does what ``bert_class`` does, its config): BERT's
+    own, or ModernBERT's when config.json says ``model_type: modernbert``."""
+    from .files import json_object_or_none
+
+    found = json_object_or_none(os.path.join(path, "config.json")) or {}
+    if found.get("model_type") != "modernbert":
+        return bert_class, BertConfig.load(path)
+    from .modernbert import ModernBertConfig, modern_class
+
+    return modern_class(bert_class, path), ModernBertConfig.load(path)
+
+
 class StoredMaskedLM(NamedTuple):
     """How a directory reads as a masked LM: the class, its architecture and the weight its head stores."""
 
@@ -49,7 +62,8 @@ def masked_lm(path: str) -> StoredMaskedLM:
         found = objective.masked_lm_of(path)
         if found is not None:
             return StoredMaskedLM(*found)
-    return StoredMaskedLM(BertForMaskedLM, BertConfig.load(path), "cls.predictions.transform.dense.weight")
+    cls, config = in_family(path, BertForMaskedLM)
+    return StoredMaskedLM(cls, config, cls.head_weight)
 
 
 def check_max_seq_length(config: BertConfig, max_seq_length: int | None, path: str, default: int = 512) -> int:

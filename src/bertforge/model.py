@@ -229,7 +229,9 @@ class BertPreTrainedModel(nn.Module):
     """Weight initialisation, tying, and loading/saving of Hugging Face model directories."""
 
     config: BertConfig
+    config_class = BertConfig
     base_model_prefix = "bert"  # the encoder's attribute in task models, and its prefix in their checkpoints
+    encoder_prefixes = ("embeddings.", "encoder.", "pooler.")  # a bare encoder's names, without the prefix
     # parameter-name prefixes of the task head: missing from a checkpoint, they are freshly initialised
     head_prefixes: tuple[str, ...] = ()
 
@@ -407,6 +409,7 @@ class BertForMaskedLM(BertPreTrainedModel):
     """The encoder with the masked-LM head only (``logits`` (B, T, V); a loss when ``labels`` are given)."""
 
     head_prefixes = ("cls.",)
+    head_weight = "cls.predictions.transform.dense.weight"  # what a folder that can fill masks stores
 
     def __init__(self, config: BertConfig):
         super().__init__(config)

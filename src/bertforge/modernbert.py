@@ -34,9 +34,14 @@ Departures from transformers (5.x; the maths is meant to be the same):
   ``global_rope_theta``, ``local_rope_theta``) and 5.x (``layer_types``, ``rope_parameters``, and
   ``sliding_window`` = half of ``local_attention`` when present), and writes the 5.x one.  Only the
   "default" rotary type is supported (no ``rope_scaling``).
+* ``token_type_ids`` is accepted and ignored, so that the callers of a BERT call either family alike.
 * Not here yet: question answering and multiple choice heads, ``inputs_embeds``, hidden states or
   attentions as outputs, gradient checkpointing, the trainer's dropout keys and unpadded layout
-  (:mod:`bertforge.ops`).
+  (:mod:`bertforge.ops`), and so training (``pretrain``, ``finetune``).
+
+Where it is used: a folder whose config.json says ``model_type: modernbert`` is read by
+:func:`bertforge.loading.in_family`, so that prediction (the pipelines and ``bertforge predict``: fill-mask,
+classify, ner, embed) takes it as it takes a BERT folder; ``evaluate`` does not yet.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from . import checkpoint
 from .config import ModelConfigJson
 from .errors import UserError, shown
 from .model import BaseModelOutput, MaskedLMOutput, SequenceClassifierOutput, TokenClassifierOutput
@@ -314,10 +320,13 @@ def attention_masks(attention_mask: torch.Tensor | None, T: int, window: int, dt
 
 # ------------------------------------------------------------------------------------------------ base
 class ModernBertPreTrainedModel(nn.Module):
-    """Weight initialisation (transformers' truncated normals), tying, and loading a state dict."""
+    """Weight initialisation (transformers' truncated normals), tying, loading and saving model directories."""
 
     config: ModernBertConfig
+    config_class = ModernBertConfig
     base_model_prefix = "model"  # the encoder's attribute in task models, and its prefix in their checkpoints
+    encoder_prefixes = ("embeddings.", "layers.", "final_norm.")  # a bare encoder's names, without the prefix
+    head_prefixes: tuple[str, ...] = ()  # weights a checkpoint may lack: the task head, freshly initialised
 
     def __init__(self, config: ModernBertConfig):
         super().__init__()
@@ -372,33 +381,26 @@ class ModernBertPreTrainedModel(nn.Module):
     def base_model(self) -> ModernBertModel:
         return getattr(self, self.base_model_prefix, self)
 
-    def hf_state_dict(self) -> dict[str, torch.Tensor]:
-        """The state dict as transformers saves it: without the tied ``decoder.weight`` (safetensors refuses
-        shared tensors), contiguous."""
-        sd = self.state_dict()
-        if getattr(self, "decoder", None) is not None and self.config.tie_word_embeddings:
-            sd.pop("decoder.weight", None)
-        return {k: v.contiguous() for k, v in sd.items()}
+    def tied_keys(self) -> set[str]:
+        """State-dict keys that are views of another parameter: left out when saving, as transformers does."""
+        return {"decoder.weight"} if getattr(self, "decoder", None) is not None and self.config.tie_word_embeddings \
+            else set()
 
-    def load_hf_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
-        """Load transformers' (or our) state dict: a bare encoder's keys with or without the ``model.``
-        prefix; the tied decoder's weight may be absent.  Any other missing or unexpected key is an error."""
-        prefix = self.base_model_prefix + "."
-        if self.base_model is self:
-            sd = {k.removeprefix(prefix): v for k, v in sd.items()}
-        elif not any(k.startswith(prefix) for k in sd):
-            sd = {prefix + k: v for k, v in sd.items()}
-        missing, unexpected = self.load_state_dict(sd, strict=False)
-        tied = {"decoder.weight"} if self.config.tie_word_embeddings else set()
-        missing = [k for k in missing if k not in tied]
-        if missing or unexpected:
-            raise UserError(f"state dict does not fit {type(self).__name__}: missing {missing}, "
-                            f"unexpected {unexpected}")
-        self.tie_weights()
+    @classmethod
+    def from_pretrained(cls, path, config: ModernBertConfig | None = None, reinit_head: bool = False, **kw):
+        """Load a model directory (ours or transformers', a task model's or a bare encoder's); a head the
+        directory lacks starts fresh and is reported (:func:`bertforge.checkpoint.load_pretrained`)."""
+        return checkpoint.load_pretrained(cls, path, config=config, reinit_head=reinit_head, **kw)
+
+    def save_pretrained(self, path, tokenizer=None) -> None:
+        """Write ``config.json`` + ``model.safetensors`` (and tokenizer files) atomically to ``path``."""
+        checkpoint.save_pretrained(self, path, tokenizer=tokenizer)
 
 
 class ModernBertModel(ModernBertPreTrainedModel):
     """The bare encoder: ``forward(input_ids, attention_mask)`` gives ``last_hidden_state`` (B, T, C)."""
+
+    head_weight = "embeddings.tok_embeddings.weight"
 
     def __init__(self, config: ModernBertConfig):
         super().__init__(config)
@@ -407,7 +409,9 @@ class ModernBertModel(ModernBertPreTrainedModel):
         self.final_norm = LayerNorm(config)
         self.init_weights()
 
-    def forward(self, input_ids, attention_mask=None, position_ids=None) -> BaseModelOutput:
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None) -> BaseModelOutput:
+        """``token_type_ids`` is taken and ignored (ModernBERT has none: pairs are told apart by [SEP]), so
+        that the callers of a BERT call either family alike."""
         B, T = input_ids.shape
         if position_ids is None:
             position_ids = torch.arange(T, device=input_ids.device)[None]  # (1, T), whatever the padding
@@ -441,6 +445,9 @@ class ModernBertForMaskedLM(ModernBertPreTrainedModel):
     ``config.sparse_prediction`` and labels, the logits are only the labelled positions' (N, V), in
     row-major order, as transformers'."""
 
+    head_prefixes = ("head.", "decoder.")
+    head_weight = "head.dense.weight"  # what a folder that can fill masks stores
+
     def __init__(self, config: ModernBertConfig):
         super().__init__(config)
         self.model = ModernBertModel(config)
@@ -448,8 +455,9 @@ class ModernBertForMaskedLM(ModernBertPreTrainedModel):
         self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=config.decoder_bias)  # tied, own bias
         self.init_weights()
 
-    def forward(self, input_ids, attention_mask=None, position_ids=None, labels=None) -> MaskedLMOutput:
-        x = self.model(input_ids, attention_mask, position_ids).last_hidden_state  # (B, T, C)
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None,
+                labels=None) -> MaskedLMOutput:
+        x = self.model(input_ids, attention_mask, position_ids=position_ids).last_hidden_state  # (B, T, C)
         if labels is not None and self.config.sparse_prediction:
             labels = labels.reshape(-1)
             keep = labels != self.config.sparse_pred_ignore_index  # (B*T,)
@@ -464,6 +472,9 @@ class ModernBertForMaskedLM(ModernBertPreTrainedModel):
 
 class _ModernBertClassifier(ModernBertPreTrainedModel):
     """The encoder, then head -> dropout -> classifier (with a bias, whatever ``classifier_bias``)."""
+
+    head_prefixes = ("head.", "classifier.")
+    head_weight = "classifier.weight"
 
     def __init__(self, config: ModernBertConfig):
         super().__init__(config)
@@ -480,8 +491,9 @@ class ModernBertForSequenceClassification(_ModernBertClassifier):
     dropout -> classifier: ``logits`` (B, num_labels); cross-entropy with ``labels`` (mean squared error
     with one label)."""
 
-    def forward(self, input_ids, attention_mask=None, position_ids=None, labels=None) -> SequenceClassifierOutput:
-        x = self.model(input_ids, attention_mask, position_ids).last_hidden_state  # (B, T, C)
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None,
+                labels=None) -> SequenceClassifierOutput:
+        x = self.model(input_ids, attention_mask, position_ids=position_ids).last_hidden_state  # (B, T, C)
         if self.config.classifier_pooling == "cls":
             pooled = x[:, 0]  # (B, C)
         else:
@@ -503,13 +515,25 @@ class ModernBertForTokenClassification(_ModernBertClassifier):
     """head -> dropout -> classifier over every token: ``logits`` (B, T, num_labels); cross-entropy over
     the tokens whose ``labels`` are not -100."""
 
-    def forward(self, input_ids, attention_mask=None, position_ids=None, labels=None) -> TokenClassifierOutput:
-        x = self.model(input_ids, attention_mask, position_ids).last_hidden_state  # (B, T, C)
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None,
+                labels=None) -> TokenClassifierOutput:
+        x = self.model(input_ids, attention_mask, position_ids=position_ids).last_hidden_state  # (B, T, C)
         logits = self.classifier(self.drop(self.head(x)))  # (B, T, labels)
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits.reshape(-1, self.num_labels), labels.reshape(-1), ignore_index=-100)
         return TokenClassifierOutput(loss, logits)
+
+
+def modern_class(bert_class: type, path: str) -> type:
+    """The ModernBERT class that does what BERT's ``bert_class`` does (a folder at ``path`` holds one)."""
+    found = {"BertForMaskedLM": ModernBertForMaskedLM, "BertForSequenceClassification":
+             ModernBertForSequenceClassification, "BertForTokenClassification": ModernBertForTokenClassification,
+             "BertModel": ModernBertModel}.get(bert_class.__name__)
+    if found is None:
+        raise UserError(f"{path} holds a ModernBERT, which bertforge does not use as a {bert_class.__name__} yet "
+                        "(ModernBERT folders: fill-mask, classify, ner, embed)")
+    return found
 
 
 __all__ = ["ModernBertConfig", "ModernBertModel", "ModernBertForMaskedLM", "ModernBertForSequenceClassification",

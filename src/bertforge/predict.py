@@ -31,7 +31,7 @@ from .checkpoint import has_weight
 from .config import BertConfig, SquadConfig
 from .errors import UserError, checked, require_type, shown
 from .evaluation import by_length
-from .loading import check_max_seq_length, load_for_inference, masked_lm, model_dir
+from .loading import check_max_seq_length, in_family, load_for_inference, masked_lm, model_dir
 from .model import (BertForPreTraining, BertForQuestionAnswering, BertForSequenceClassification,
                     BertForTokenClassification, BertModel)
 from .tokenizer import special_ids
@@ -80,8 +80,10 @@ class Pipeline:
         self._truncating.enable_truncation(self.max_length, strategy="longest_first")
 
     def _model_class(self, path: str) -> tuple[type, BertConfig, str]:
-        """(model class, config, the weight of the task's head) of directory ``path``."""
-        return self.model_class, BertConfig.load(path), _HEADS[self.task][0]
+        """(model class, config, the weight of the task's head) of directory ``path``: BERT's, or the same
+        task's in the folder's model family (ModernBERT)."""
+        cls, config = in_family(path, self.model_class)
+        return cls, config, _HEADS[self.task][0] if cls is self.model_class else cls.head_weight
 
     def _check(self, config: BertConfig) -> None:
         """Refuse a config the task cannot use."""
