@@ -1,12 +1,15 @@
 # Two commands on a fresh machine: `make demo` and `make test`.
-# torch is pinned here (and only here) so that pip never picks another multi-GB build.
+# torch is pinned here (and only here) so that pip never picks another multi-GB build.  --no-compile: pip
+# would byte-compile every file of every package (most of torch's never imported); Python compiles what a
+# run imports, once.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_PIN := torch==2.13.0
 # `make test` runs the tests in parallel (pytest-xdist), one worker per core up to 4; each worker and the
 # bertforge processes it starts share its part of the cores (BERTFORGE_THREADS, tests/conftest.py).
-# TEST_WORKERS=0 runs them in one process.
+# TEST_WORKERS=0 runs them in one process.  worksteal: a worker that runs out of tests takes some of the
+# other's, so that the long tests at the end do not leave one core idle.
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ "$$n" -gt 4 ] && n=4; echo $$n)
 
 .PHONY: demo test install clean
@@ -15,15 +18,15 @@ install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check $(TORCH_PIN)
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[test]' $(TORCH_PIN)
+	$(PY) -m pip install -q --disable-pip-version-check --no-compile $(TORCH_PIN)
+	$(PY) -m pip install -q --disable-pip-version-check --no-compile -e '.[test]' $(TORCH_PIN)
 	touch $@
 
 demo: install
 	$(VENV)/bin/bertforge demo
 
 test: install
-	$(PY) -m pytest -q -n $(TEST_WORKERS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache
