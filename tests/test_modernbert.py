@@ -350,3 +350,43 @@ def test_a_bare_encoder_starts_a_classifier_and_a_ner_folder_is_no_classifier(mi
         bertforge.pipeline("classify", folder)
     with pytest.raises(UserError, match="does not use as a BertForQuestionAnswering"):
         bertforge.pipeline("qa", folder)
+
+
+def test_fill_mask_with_a_byte_level_bpe_equals_transformers_pipeline(tmp_path):
+    """The released ModernBERTs use a byte-level BPE (no ``##``): the candidates, their text and the filled
+    sequences are transformers', one [MASK] or several."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    import bertforge
+
+    tok = Tokenizer(models.BPE(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    corpus = ["Tom went to the park with his dog.", "At the bakery, she saw a red cake. Then he smiled."] * 20
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=300, special_tokens=[
+        "[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    cls, sep, pad = (tok.token_to_id(t) for t in ("[CLS]", "[SEP]", "[PAD]"))
+    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]",
+                                                       special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+    folder = tmp_path / "bpe"
+    torch.manual_seed(0)
+    model = ModernBertForMaskedLM(tiny(vocab_size=tok.get_vocab_size(), pad_token_id=pad, bos_token_id=cls,
+                                       cls_token_id=cls, eos_token_id=sep, sep_token_id=sep))
+    perturb(model)
+    model.save_pretrained(str(folder))
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "cls_token": "[CLS]", "sep_token": "[SEP]",
+        "pad_token": "[PAD]", "mask_token": "[MASK]", "unk_token": "[UNK]",
+        "model_input_names": ["input_ids", "attention_mask"]}))
+    texts = ["Tom went to the [MASK] with his dog.", "At the bakery, she saw a red [MASK]. Then [MASK] smiled."]
+    ours = bertforge.pipeline("fill-mask", str(folder))(texts, top_k=8)
+    hf = transformers.pipeline("fill-mask", model=str(folder), device="cpu", top_k=8)
+    for mine, text in zip(ours, texts):
+        ref = hf(text)
+        mine = [mine] if isinstance(mine[0], dict) else mine
+        ref = [ref] if isinstance(ref[0], dict) else ref
+        for a, b in zip(mine, ref, strict=True):
+            assert [(c["token"], c["token_str"], c["sequence"]) for c in a] == [
+                (c["token"], c["token_str"], c["sequence"]) for c in b]
+            assert max(abs(c["score"] - t["score"]) for c, t in zip(a, b)) < 1e-4

@@ -143,8 +143,12 @@ class FillMaskPipeline(Pipeline):
                 per_mask = []
                 for p in where:
                     top = probs[i, p].topk(min(top_k, probs.shape[-1]))
-                    per_mask.append([{"score": float(s), "token": int(t), "token_str": self.tok.id_to_token(int(t)),
-                                      "sequence": self.tok.decode(ids[:p] + [int(t)] + ids[p + 1 :]),
+                    # as transformers' pipeline: the token decoded alone (a byte-level piece as text), and the
+                    # sequence without special tokens only when the text has one [MASK]
+                    per_mask.append([{"score": float(s), "token": int(t),
+                                      "token_str": self.tok.decode([int(t)], skip_special_tokens=False),
+                                      "sequence": self.tok.decode(ids[:p] + [int(t)] + ids[p + 1 :],
+                                                                  skip_special_tokens=len(where) == 1),
                                       "token_id": int(t)}
                                      for s, t in zip(top.values, top.indices)])
                 rows.append(per_mask)
