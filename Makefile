@@ -8,8 +8,7 @@ PY := $(VENV)/bin/python
 TORCH_PIN := torch==2.13.0
 # `make test` runs the tests in parallel (pytest-xdist), one worker per core up to 4; each worker and the
 # bertforge processes it starts share its part of the cores (BERTFORGE_THREADS, tests/conftest.py).
-# TEST_WORKERS=0 runs them in one process.  worksteal: a worker that runs out of tests takes some of the
-# other's, so that the long tests at the end do not leave one core idle.
+# TEST_WORKERS=0 runs them in one process.
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ "$$n" -gt 4 ] && n=4; echo $$n)
 
 .PHONY: demo test install clean
@@ -26,7 +25,7 @@ demo: install
 	$(VENV)/bin/bertforge demo
 
 test: install
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal
+	$(PY) -m pytest -q -n $(TEST_WORKERS)
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache

@@ -12,7 +12,6 @@ import shutil
 from .atomic import creating, lock_file, missing_folders, path_shown, remove_folders, unlock_file
 from .errors import UserError
 from .files import json_object_or_none
-from .runfolder import RunFolder
 
 # Every command that writes a folder writes this marker into it: it is how ``--overwrite`` recognises a folder
 # that bertforge wrote (and may replace) from anything else (which it never removes).
@@ -186,7 +185,7 @@ def recover_beside(path: str) -> None:
         return
     for entry in sorted(os.listdir(parent)):
         p = os.path.join(parent, entry)
-        if entry.startswith(f".{name}.replaced-") and os.path.isdir(p) and not RunFolder(path).went_on:
+        if entry.startswith(f".{name}.replaced-") and os.path.isdir(p) and not _went_on(path):
             shutil.rmtree(path, ignore_errors=True)  # a run killed before its first checkpoint: nothing to keep
             if os.path.lexists(path):  # (could not be cleared: the earlier output stays aside, untouched)
                 continue
@@ -198,3 +197,8 @@ def recover_beside(path: str) -> None:
         elif entry.startswith(f".{name}.tmp-") and os.path.isdir(p):
             shutil.rmtree(p, ignore_errors=True)
 
+
+def _went_on(run: str) -> bool:
+    """Whether the training run in ``run`` has a checkpoint or has finished (what a replaced output gives way to)."""
+    found = os.listdir(os.path.join(run, "checkpoints")) if os.path.isdir(os.path.join(run, "checkpoints")) else []
+    return os.path.isfile(os.path.join(run, "metrics.json")) or any(n.startswith("step-") for n in found)

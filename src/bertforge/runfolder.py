@@ -17,11 +17,11 @@ COMMAND = "command"  # and the command line that started it (its model card's, w
 
 
 class RunFolder:
-    """The output folder ``out`` of a run of ``kind`` (pretrain, finetune; any training run without one)."""
+    """The output folder ``out`` of a run of ``kind`` (pretrain, finetune)."""
 
-    def __init__(self, out: str, kind: str = ""):
-        self.out, self.kind = out, kind  # (without a kind: no question about its settings)
-        self.settings_file = os.path.join(out, SETTINGS_FILES[kind]) if out and kind else ""
+    def __init__(self, out: str, kind: str):
+        self.out, self.kind = out, kind
+        self.settings_file = os.path.join(out, SETTINGS_FILES[kind]) if out else ""
 
     def checkpoints(self) -> list[tuple[int, str]]:
         """(step, folder) of each whole checkpoint, oldest first."""
@@ -40,11 +40,6 @@ class RunFolder:
     def finished(self) -> bool:
         """Whether the run wrote its end files (its final metrics)."""
         return bool(self.out) and os.path.isfile(os.path.join(self.out, "metrics.json"))
-
-    @property
-    def went_on(self) -> bool:
-        """Whether the run got as far as a checkpoint or its end (what an output it replaced gives way to)."""
-        return self.finished or bool(self.checkpoints())
 
     @property
     def has_tokenizer(self) -> bool:
