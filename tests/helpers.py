@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import sys
 
 import torch
@@ -18,11 +19,17 @@ DOCUMENTS = ["the cat sat on the mat. it was warm there.", "a dog ran in the par
              "the bird sang a song. it sang all day long.", "a fish swam in the pond. the water was cold."] * 6
 
 
+def free_port() -> int:
+    """A TCP port free now on this machine (for torchrun's rendezvous: no two tests share a fixed one)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def torchrun(n: int = 2) -> list[str]:
-    """The command that starts ``n`` local processes of a module under torchrun; ``--standalone`` has its
-    rendezvous take a port the system gives it, so that tests running side by side never share one (a port
-    picked here and released could be taken before torchrun binds it)."""
-    return [os.path.join(os.path.dirname(sys.executable), "torchrun"), "--standalone", f"--nproc_per_node={n}"]
+    """The command that starts ``n`` local processes of a module under torchrun, on a free port."""
+    return [os.path.join(os.path.dirname(sys.executable), "torchrun"), f"--nproc_per_node={n}", "--master_port",
+            str(free_port())]
 
 
 def tiny_pretrain(data, out, *extra: str, tokenizer=None, length: int = 32, batch: int = 8, steps: int | None = 2,

@@ -526,9 +526,7 @@ def test_torchrun_says_things_once_and_ends_a_timed_run_on_every_process_togethe
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stderr.count("pretraining BertForPreTraining") == 1 and r.stderr.count("done: ") == 1
     m = json.loads((out / "metrics.json").read_text())
-    # the end reached together: a process left waiting would add seconds (a collective's wait), where a busy
-    # machine's start-up adds fractions of one
-    assert m["wall_seconds"] <= 4 * 1.5 and m["steps"] > 10
+    assert m["wall_seconds"] <= 4 * 1.25 and m["steps"] > 10  # (the end reached together: no process left waiting)
 
 
 def test_a_config_file_in_sections_with_its_out_and_a_runs_own_settings_repeat_it(small_text_corpus, story_tok_dir,
