@@ -1,7 +1,5 @@
 # Two commands on a fresh machine: `make demo` and `make test`.
-# torch is pinned here (and only here) so that pip never picks another multi-GB build.  --no-compile: pip
-# would byte-compile every file of every package (most of torch's never imported); Python compiles what a
-# run imports, once.
+# torch is pinned here (and only here) so that pip never picks another multi-GB build.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -17,8 +15,8 @@ install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check --no-compile $(TORCH_PIN)
-	$(PY) -m pip install -q --disable-pip-version-check --no-compile -e '.[test]' $(TORCH_PIN)
+	$(PY) -m pip install -q --disable-pip-version-check $(TORCH_PIN)
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[test]' $(TORCH_PIN)
 	touch $@
 
 demo: install
