@@ -364,3 +364,14 @@ def test_a_local_dataset_folder_is_cached_by_its_content(tmp_path, story_tokeniz
     pq.write_table(pa.table({"text": [r.replace("dog", "cat") for r in rows]}), ds / "train.parquet")
     second = build_corpus([f"hf:{ds}"], story_tokenizer, cache_dir=str(tmp_path / "cache"))
     assert second.folder != first.folder and not np.array_equal(first.tokens, second.tokens)
+
+
+def test_word_starts_for_whole_word_masking_in_wordpiece_bpe_and_word_level_vocabularies():
+    from bertforge.data import continuation_pieces
+
+    assert continuation_pieces(["[CLS]", "play", "##ing", "##s"]).tolist() == [False, False, True, True]
+    # byte-level BPE (ModernBERT's, RoBERTa's): a word starts at Ġ, the pieces after it continue it
+    bpe = ["[CLS]", "\u0120play", "ing", "\u0120the", "##"]  # ("##": a BPE token of its own, a hashtag's)
+    assert continuation_pieces(bpe).tolist() == [True, False, True, False, True]
+    assert continuation_pieces(["\u2581the", "re"]).tolist() == [False, True]  # SentencePiece's mark
+    assert continuation_pieces(["the", "cat"]).tolist() == [False, False]  # word level: every token a word

@@ -14,6 +14,7 @@ from bertforge.modernbert import (
     LOCAL,
     ModernBertConfig,
     ModernBertForMaskedLM,
+    ModernBertForQuestionAnswering,
     ModernBertForSequenceClassification,
     ModernBertForTokenClassification,
     ModernBertModel,
@@ -131,6 +132,7 @@ def test_written_config_has_the_5x_names_only(tmp_path):
     (ModernBertForMaskedLM, "ModernBertForMaskedLM"),
     (ModernBertForSequenceClassification, "ModernBertForSequenceClassification"),
     (ModernBertForTokenClassification, "ModernBertForTokenClassification"),
+    (ModernBertForQuestionAnswering, "ModernBertForQuestionAnswering"),
 ])
 def test_parameter_names_are_transformers_names(ours_cls, theirs_name):
     ours = ours_cls(tiny())
@@ -348,7 +350,7 @@ def test_a_bare_encoder_starts_a_classifier_and_a_ner_folder_is_no_classifier(mi
                                     tmp_path / "ner", Path(minilm_dir))
     with pytest.raises(UserError, match="not a sentence classifier"):
         bertforge.pipeline("classify", folder)
-    with pytest.raises(UserError, match="does not use as a BertForQuestionAnswering"):
+    with pytest.raises(UserError, match="holds a ModernBertForTokenClassification .* not a question-answering"):
         bertforge.pipeline("qa", folder)
 
 
@@ -390,3 +392,320 @@ def test_fill_mask_with_a_byte_level_bpe_equals_transformers_pipeline(tmp_path):
             assert [(c["token"], c["token_str"], c["sequence"]) for c in a] == [
                 (c["token"], c["token_str"], c["sequence"]) for c in b]
             assert max(abs(c["score"] - t["score"]) for c, t in zip(a, b)) < 1e-4
+
+
+# ------------------------------------------------------------------------------------------------ pretrain --arch
+def _modern_run(corpus, out, *extra, steps=20):
+    from .helpers import tiny_pretrain
+
+    return tiny_pretrain(corpus, out, "--arch", "modernbert", "--log-every", "5", "--max-eval-instances", "32",
+                         *extra, length=64, batch=16, steps=steps)
+
+
+def test_pretrain_arch_modernbert_writes_a_masked_lm_transformers_loads(small_text_corpus, tmp_path, capsys):
+    from bertforge.cli import main
+    from bertforge.tokenizer import load_tokenizer, special_ids
+
+    out = tmp_path / "modern"
+    assert main(["--quiet", *_modern_run(small_text_corpus, out, "--eval-every", "10", "--vocab-size", "400")]) == 0
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["model_type"] == "modernbert" and cfg["architectures"] == ["ModernBertForMaskedLM"]
+    assert (cfg["num_hidden_layers"], cfg["hidden_size"], cfg["intermediate_size"]) == (2, 128, 192)  # tiny
+    sp = special_ids(load_tokenizer(str(out)))  # its own vocabulary's ids, not the released tokenizer's
+    assert (cfg["pad_token_id"], cfg["cls_token_id"], cfg["sep_token_id"]) == (sp.pad, sp.cls, sp.sep)
+    saved = json.loads((out / "pretrain_config.json").read_text())
+    assert saved["model"]["arch"] == "modernbert" and saved["data"]["nsp"] is False
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    train = [r["mlm_loss"] for r in rows if r["type"] == "train"]
+    assert len(train) == 4 and train[-1] < train[0]  # it learns
+    m = json.loads((out / "metrics.json").read_text())
+    assert 0 <= m["mlm_accuracy"] <= 1 and m["steps"] == 20
+    assert "ModernBERT of 2 layers" in (out / "README.md").read_text()
+    capsys.readouterr()
+    # transformers reads the folder as its ModernBertForMaskedLM, with our logits
+    ours = ModernBertForMaskedLM.from_pretrained(str(out)).eval()
+    theirs = transformers.ModernBertForMaskedLM.from_pretrained(str(out)).eval()
+    ids, mask = batch(vocab=cfg["vocab_size"])
+    with torch.no_grad():
+        a, b = ours(ids, mask).logits, theirs(input_ids=ids, attention_mask=mask).logits
+    real = mask.bool()
+    assert (a[real] - b[real]).abs().max() < ATOL
+    # evaluate mlm and fill-mask take the folder as they take a BERT's
+    assert main(["evaluate", "mlm", "--model", str(out), "--data", str(small_text_corpus), "--max-seq-length", "64",
+                 "--max-blocks", "8"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["masked_tokens"] > 0 and 0 <= res["mlm_accuracy"] <= 1
+    assert main(["predict", "fill-mask", "--model", str(out), "--json", "the cat sat on the [MASK]."]) == 0
+    found = json.loads(capsys.readouterr().out)
+    assert len(found) == 1 and len(found[0]["masks"]) == 1 and len(found[0]["masks"][0]) == 5
+
+
+@pytest.mark.parametrize("extra,said", [
+    (["--nsp"], "pass --no-nsp"),
+    (["--objective", "electra"], "ModernBERT pretrains by masked LM"),
+    (["--dropout", "0.1"], "without dropout"),
+    (["--preset", "huge"], "unknown preset"),
+])
+def test_pretrain_arch_modernbert_refuses_what_it_does_not_train(small_text_corpus, tmp_path, capsys, extra, said):
+    from bertforge.cli import main
+
+    out = tmp_path / "no"
+    assert main(_modern_run(small_text_corpus, out, *extra)) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and said in err and len(err.splitlines()) == 1
+    assert not out.exists()
+
+
+def test_the_family_comes_from_init_and_another_arch_is_refused(small_text_corpus, tmp_path, capsys):
+    from bertforge.cli import main
+
+    first = tmp_path / "first"
+    assert main(["--quiet", *_modern_run(small_text_corpus, first, "--vocab-size", "400", "--eval-every", "0",
+                                         steps=2)]) == 0
+    cont = tmp_path / "cont"
+    args = ["pretrain", "--data", str(small_text_corpus), "--init", str(first), "--out", str(cont), "--max-steps", "2",
+            "--batch-size", "8", "--max-seq-length", "64", "--eval-every", "0", "--no-progress"]
+    assert main([*args, "--arch", "bert"]) == 2
+    assert "holds a modernbert model" in capsys.readouterr().err
+    assert main(["--quiet", *args]) == 0  # no --arch: the folder's family
+    saved = json.loads((cont / "pretrain_config.json").read_text())
+    assert saved["model"]["arch"] == "modernbert" and saved["recipe"] == "continue"
+    assert json.loads((cont / "config.json").read_text())["model_type"] == "modernbert"
+
+
+def test_the_modernbert_base_preset_names_its_family():
+    from bertforge.config import PretrainConfig
+    from bertforge.plan import resolve_arch
+
+    cfg = PretrainConfig()
+    cfg.model.preset = "modernbert-base"
+    resolve_arch(cfg, None)
+    assert cfg.model.arch == "modernbert"
+    c = ModernBertConfig.preset("modernbert-base", vocab_size=50368)
+    assert (c.num_hidden_layers, c.hidden_size, c.intermediate_size, c.num_attention_heads) == (22, 768, 1152, 12)
+    cfg = PretrainConfig()
+    resolve_arch(cfg, {"model": {}})  # a run saved before the choice existed is a BERT
+    assert cfg.model.arch == "bert"
+
+
+@pytest.fixture(scope="module")
+def story_tok(small_text_corpus, tmp_path_factory):
+    """One vocabulary for runs compared bit for bit (one trained in each run may break its ties another way)."""
+    from bertforge.cli import main
+
+    d = tmp_path_factory.mktemp("tok") / "tok"
+    assert main(["--quiet", "tokenizer", "train", "--input", str(small_text_corpus), "--vocab-size", "400", "--out",
+                 str(d)]) == 0
+    return str(d)
+
+
+@pytest.mark.slow
+def test_modernbert_resume_after_a_kill_reproduces_the_uninterrupted_run(small_text_corpus, story_tok, tmp_path):
+    from .helpers import killed_and_resumed
+
+    def args(out):
+        return ["--quiet", *_modern_run(small_text_corpus, out, "--tokenizer", story_tok, "--save-every", "2",
+                                        "--eval-every", "3", "--log-every", "1", steps=6)]
+
+    straight, killed = killed_and_resumed(args, tmp_path, fault="write:9")  # in the step-4 checkpoint
+    _same_pretraining(straight, killed)
+
+
+@pytest.mark.slow
+def test_modernbert_under_torchrun_computes_the_one_process_run(small_text_corpus, story_tok, tmp_path):
+    import subprocess
+
+    from bertforge.cli import main
+
+    from .helpers import torchrun
+
+    tok = story_tok
+    runs = {}
+    for name, n in (("one", 1), ("two", 2)):
+        runs[name] = tmp_path / name
+        argv = [*_modern_run(small_text_corpus, runs[name], "--tokenizer", str(tok), "--eval-every", "0",
+                             "--log-every", "1", steps=6)]
+        if n == 1:
+            assert main(["--quiet", *argv]) == 0
+        else:
+            r = subprocess.run([*torchrun(2), "-m", "bertforge", "--quiet", *argv], capture_output=True, text=True,
+                               timeout=300)
+            assert r.returncode == 0, r.stderr[-3000:]
+    _same_pretraining(runs["one"], runs["two"], atol=1e-5)
+
+
+def _same_pretraining(a, b, atol=0.0) -> None:
+    """Two pretraining folders end alike: weights bit for bit and every metrics row but the clocks; with
+    ``atol`` (another number of processes: sums in another order), weights and training losses within it."""
+    from safetensors.torch import load_file
+
+    wa, wb = load_file(str(a / "model.safetensors")), load_file(str(b / "model.safetensors"))
+    assert wa.keys() == wb.keys()
+    assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) <= atol
+    clocks = ("elapsed", "tokens_per_second")
+    rows = [[{k: v for k, v in json.loads(x).items() if k not in clocks} for x in (o / "metrics.jsonl").read_text()
+             .splitlines()] for o in (a, b)]
+    if not atol:
+        assert rows[0] == rows[1]
+        return
+    losses = [[r["mlm_loss"] for r in rs if r["type"] == "train"] for rs in rows]
+    assert len(losses[0]) == len(losses[1]) > 0
+    assert max(abs(x - y) for x, y in zip(*losses)) < atol
+
+
+# ------------------------------------------------------------------------------------------------ finetune
+@pytest.fixture(scope="module")
+def modern_dir(tmp_path_factory):
+    """A random tiny ModernBERT masked LM with a WordPiece vocabulary of the NER and classification rows."""
+    from bertforge.tokenizer import special_ids, train_vocabulary
+
+    from .helpers import SENTENCES
+
+    d = tmp_path_factory.mktemp("modern") / "model"
+    tok = train_vocabulary([*SENTENCES, *(" ".join(w) for w, _ in NER_ROWS)], 200, kind="wordpiece", min_frequency=1)
+    sp = special_ids(tok)
+    torch.manual_seed(0)
+    cfg = tiny(vocab_size=tok.get_vocab_size(), pad_token_id=sp.pad, cls_token_id=sp.cls, bos_token_id=sp.cls,
+               sep_token_id=sp.sep, eos_token_id=sp.sep)
+    ModernBertForMaskedLM(cfg).save_pretrained(str(d), tokenizer=tok)
+    return d
+
+
+NER_ROWS = [(["anna", "went", "to", "paris"], ["B-per", "O", "O", "B-loc"]),
+            (["we", "met", "boris", "in", "oslo"], ["O", "O", "B-per", "O", "B-loc"])] * 8
+
+
+def test_finetune_classify_and_ner_on_a_modernbert_write_what_transformers_loads(modern_dir, tmp_path, capsys):
+    from bertforge.cli import main
+
+    from .helpers import SENTENCES
+
+    rows = [(s, "pos" if i % 2 else "neg") for i, s in enumerate(SENTENCES)]
+    (tmp_path / "cls.tsv").write_text("sentence\tlabel\n" + "".join(f"{s}\t{y}\n" for s, y in rows))
+    (tmp_path / "ner.conll").write_text("\n\n".join("\n".join(f"{w}\t{t}" for w, t in zip(*r)) for r in NER_ROWS)
+                                        + "\n")
+    vocab = json.loads((modern_dir / "config.json").read_text())["vocab_size"]
+    ids, mask = batch(lengths=(9, 5), T=9, vocab=vocab)
+    for task, data, theirs_cls in (("classify", "cls.tsv", "ModernBertForSequenceClassification"),
+                                   ("ner", "ner.conll", "ModernBertForTokenClassification")):
+        out = tmp_path / task
+        assert main(["--quiet", "finetune", task, "--model", str(modern_dir), "--train", str(tmp_path / data),
+                     "--validation", str(tmp_path / data), "--out", str(out), "--epochs", "2", "--batch-size", "8",
+                     "--max-seq-length", "16", "--no-progress"]) == 0
+        assert json.loads((out / "config.json").read_text())["architectures"] == [theirs_cls]
+        assert f"{theirs_cls}.from_pretrained" in (out / "README.md").read_text()
+        ours_cls = ModernBertForSequenceClassification if task == "classify" else ModernBertForTokenClassification
+        ours = ours_cls.from_pretrained(str(out)).eval()
+        theirs = getattr(transformers, theirs_cls).from_pretrained(str(out)).eval()
+        with torch.no_grad():
+            a, b = ours(ids, mask).logits, theirs(input_ids=ids, attention_mask=mask).logits
+        if task == "ner":
+            a, b = a[mask.bool()], b[mask.bool()]
+        assert (a - b).abs().max() < ATOL
+        capsys.readouterr()
+        assert main(["evaluate", task, "--model", str(out), "--data", str(tmp_path / data)]) == 0
+        res = json.loads(capsys.readouterr().out)
+        assert 0 <= res["accuracy"] <= 1
+
+
+def test_finetune_squad_on_a_modernbert_writes_what_transformers_loads(modern_dir, tmp_path, capsys):
+    from bertforge.cli import main
+
+    qas = [{"id": str(i), "question": f"where did {w} go?", "answers": [{"text": p, "answer_start": len(w) + 9}]}
+           for i, (w, p) in enumerate([("anna", "paris"), ("boris", "oslo")] * 4)]
+    squad = {"data": [{"title": "t", "paragraphs": [{"context": f"{q['question'].split()[2]} went to "
+                                                                f"{q['answers'][0]['text']}.", "qas": [q]}
+                                                    for q in qas]}]}
+    (tmp_path / "s.json").write_text(json.dumps(squad))
+    out = tmp_path / "q"
+    assert main(["--quiet", "finetune", "squad", "--model", str(modern_dir), "--train", str(tmp_path / "s.json"),
+                 "--out", str(out), "--epochs", "2", "--batch-size", "4", "--max-seq-length", "32", "--doc-stride", "8",
+                 "--no-progress"]) == 0
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["ModernBertForQuestionAnswering"]
+    vocab = json.loads((out / "config.json").read_text())["vocab_size"]
+    ids, mask = batch(lengths=(9, 5), T=9, vocab=vocab)
+    ours = ModernBertForQuestionAnswering.from_pretrained(str(out)).eval()
+    theirs = transformers.ModernBertForQuestionAnswering.from_pretrained(str(out)).eval()
+    with torch.no_grad():
+        a, b = ours(ids, mask), theirs(input_ids=ids, attention_mask=mask)
+    real = mask.bool()
+    assert (a.start_logits - b.start_logits)[real].abs().max() < ATOL
+    assert (a.end_logits - b.end_logits)[real].abs().max() < ATOL
+    capsys.readouterr()
+    assert main(["evaluate", "squad", "--model", str(out), "--data", str(tmp_path / "s.json"), "--max-seq-length",
+                 "32", "--doc-stride", "8"]) == 0
+    assert 0 <= json.loads(capsys.readouterr().out)["f1"] <= 100
+
+
+@pytest.mark.parametrize("layers", [1, 3])
+def test_the_masked_rows_fast_path_gives_the_dense_loss_and_gradients(layers):
+    """The last layer (local with 3 layers: 2 % 3 != 0; global with 1) for the masked rows only, across the
+    window, with padding and a sequence without masked tokens."""
+    cfg = tiny(num_hidden_layers=layers)
+    torch.manual_seed(0)
+    fast = ModernBertForMaskedLM(cfg).train()
+    perturb(fast)
+    dense = ModernBertForMaskedLM(cfg).train()
+    dense.load_state_dict(fast.state_dict())
+    ids, mask = batch(lengths=(20, 13, 3, 9), T=20)
+    g = torch.Generator().manual_seed(2)
+    labels = torch.where((torch.rand(ids.shape, generator=g) < 0.3) & mask.bool(), ids, torch.full_like(ids, -100))
+    labels[3] = -100  # a sequence with nothing to score
+    labels[2, 1], labels[1, 12] = ids[2, 1], ids[1, 12]  # the others at least one each, one of them far along
+    a = fast.masked_lm_loss(ids, mask, labels)
+    keep = labels != -100
+    b = torch.nn.functional.cross_entropy(dense(ids, mask).logits[keep], labels[keep], reduction="sum")
+    assert abs(a.detach().item() - b.detach().item()) < 1e-4 * max(1.0, abs(b.detach().item()))
+    a.backward()
+    b.backward()
+    grads = dict(dense.named_parameters())
+    for name, p in fast.named_parameters():
+        assert torch.allclose(p.grad, grads[name].grad, atol=1e-5), name
+    none = torch.full_like(ids, -100)
+    assert fast.masked_lm_loss(ids, mask, none).detach().item() == 0.0
+
+
+@pytest.mark.parametrize("T,w", [(13, 4), (16, 4), (40, 5)])
+def test_banded_attention_equals_the_dense_masked_attention(T, w):
+    """Blocks of w queries over their 3w keys give what the dense (T, T) masked attention gives at every real
+    query, T a multiple of w or not, with padding."""
+    import torch.nn.functional as F
+
+    from bertforge.modernbert import Band, additive, banded_attention
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(3, 2, T, 8, generator=g) for _ in range(3))
+    real = torch.ones(3, T, dtype=torch.bool)
+    real[1, T - 5:] = False
+    real[2, 3:] = False
+    pos = torch.arange(T)
+    near = (pos[:, None] - pos[None, :]).abs() <= w
+    dense = F.scaled_dot_product_attention(q, k, v, attn_mask=additive(near & real[:, None, None, :], q.dtype))
+    for r in (real, None):
+        band = banded_attention(q, k, v, Band(r, w), 0.0)
+        ref = dense if r is not None else F.scaled_dot_product_attention(q, k, v, attn_mask=additive(near, q.dtype))
+        at = (r if r is not None else torch.ones(3, T, dtype=torch.bool))[:, None, :, None].expand_as(band)
+        assert band.shape == ref.shape and (band - ref)[at].abs().max() < 1e-5
+
+
+def test_finetune_embed_on_a_modernbert_writes_a_model_transformers_loads(modern_dir, tmp_path):
+    from bertforge.cli import main
+
+    from .helpers import SENTENCES
+
+    pairs = sorted(set(SENTENCES))
+    (tmp_path / "pairs.jsonl").write_text("".join(json.dumps({"query": s.split()[1], "positive": s}) + "\n"
+                                                  for s in pairs))
+    out = tmp_path / "embed"
+    assert main(["--quiet", "finetune", "embed", "--model", str(modern_dir), "--train", str(tmp_path / "pairs.jsonl"),
+                 "--out", str(out), "--epochs", "1", "--batch-size", "4", "--max-seq-length", "16", "--lr", "1e-3",
+                 "--no-progress"]) == 0
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["ModernBertModel"]
+    vocab = json.loads((out / "config.json").read_text())["vocab_size"]
+    ids, mask = batch(lengths=(9, 5), T=9, vocab=vocab)
+    ours = ModernBertModel.from_pretrained(str(out)).eval()
+    theirs = transformers.ModernBertModel.from_pretrained(str(out)).eval()
+    with torch.no_grad():
+        a = ours(ids, mask).last_hidden_state
+        b = theirs(input_ids=ids, attention_mask=mask).last_hidden_state
+    assert (a - b)[mask.bool()].abs().max() < ATOL

@@ -27,6 +27,10 @@ PRESETS: dict[str, tuple[int, int, int]] = {
     "medium": (8, 512, 8),
     "base": (12, 768, 12),
 }
+# the ModernBERT family (``--arch modernbert``) takes every size above (intermediate 1.5 x hidden, its GeGLU input
+# projection twice that), and ModernBERT-base's own shape
+MODERN_PRESETS: dict[str, tuple[int, int, int]] = {**PRESETS, "modernbert-base": (22, 768, 12)}
+ARCHS = ("bert", "modernbert")
 
 SUPPORTED_ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
 TOKENIZER_MODELS = ("wordpiece", "wordlevel")
@@ -243,14 +247,16 @@ def validate_fields(obj: Any) -> None:
         check, choices = f.metadata.get("check"), f.metadata.get("choices")
         if check and v is not None and not CHECKS[check][0](v):
             raise UserError(f"{flag} must be {CHECKS[check][1]}, not {shown(v)}")
-        if choices and v not in choices:
+        if choices and v is not None and v not in choices:  # (None: where the type allows it, the default)
             raise UserError(f"{flag} must be one of {', '.join(choices)}, not {shown(v)}")
 
 
-def check_preset(name: str) -> tuple[int, int, int]:
-    if name not in PRESETS:
-        raise UserError(f"unknown preset {shown(name)}; expected one of {', '.join(PRESETS)}")
-    return PRESETS[name]
+def check_preset(name: str, arch: str | None = "bert") -> tuple[int, int, int]:
+    presets = MODERN_PRESETS if arch == "modernbert" else PRESETS
+    if name not in presets:
+        hint = " (with --arch modernbert)" if name in MODERN_PRESETS else ""
+        raise UserError(f"unknown preset {shown(name)}{hint}; expected one of {', '.join(presets)}")
+    return presets[name]
 
 
 # ================================================================================================ shared
@@ -385,7 +391,8 @@ class PretrainDataConfig:
     max_seq_length: int = setting(128, "tokens per sequence", check="positive")
     mask_prob: float = setting(0.15, "fraction of tokens masked", check="open-fraction")
     short_seq_prob: float = setting(0.1, "probability of a shorter target length", check="probability")
-    whole_word_mask: bool = setting(False, "mask whole words (all WordPiece pieces of a word together)")
+    whole_word_mask: bool = setting(False, "mask whole words (all pieces of a word together: WordPiece's ## pieces "
+                                           "with the token before them, or a BPE token up to the next word start)")
     nsp: bool = setting(True, "next sentence prediction (--no-nsp: masked LM only)")
     max_eval_instances: int = setting(2048, "held-out sequences per evaluation", check="positive")
     cache_dir: str | None = setting(None, "where tokenized corpora are cached and each epoch's instance plan kept "
@@ -399,8 +406,13 @@ class PretrainDataConfig:
 class PretrainModelConfig:
     """Which model: a preset, a config.json, or a BERT directory to continue from (``init``)."""
 
-    preset: str | None = setting("mini", "model size: " + ", ".join(PRESETS) + " (a model from --init or "
-                                 "--model-config has its own; the run records none)")
+    preset: str | None = setting("mini", "model size: " + ", ".join(PRESETS) + ", and with --arch modernbert also "
+                                 "modernbert-base (a model from --init or --model-config has its own; the run records "
+                                 "none)")
+    arch: str | None = setting(None, "model family: bert (BERT's architecture) or modernbert (rotary positions, GeGLU, "
+                                     "pre-LayerNorm without biases, local and global attention; masked LM only) "
+                                     "(default: the family of --init or --model-config, else bert)",
+                               choices=ARCHS)
     model_config: str | None = setting(None, "a BERT config.json to build the model from")
     init: str | None = setting(None, "continue from a BERT directory (ours or a transformers checkpoint), by "
                                      "--recipe continue unless another is given")
@@ -427,8 +439,9 @@ class PretrainModelConfig:
     def validate(self) -> None:
         validate_fields(self)
         if self.preset is not None or not (self.init or self.model_config):
-            check_preset(self.preset)
-        if self.attention_init == "local" and self.position_init != "sinusoidal" and not self.init:
+            check_preset(self.preset, self.arch)
+        if self.attention_init == "local" and self.position_init != "sinusoidal" and not self.init \
+                and self.arch != "modernbert":  # (neither starting value applies to rotary positions)
             raise UserError("--attention-init local (the budget recipe's) reads the positions' sines and cosines: "
                             "with --position-init normal, pass --attention-init normal too")
         if self.add_vocab is not None and not self.init:

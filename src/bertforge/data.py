@@ -309,6 +309,18 @@ def _truncate_pair(a0: int, a1: int, b0: int, b1: int, max_num: int,
 
 
 # ------------------------------------------------------------------------------------------------ masking
+def continuation_pieces(vocab: list[str]) -> np.ndarray:
+    """Which tokens continue a word (``--whole-word-mask``): WordPiece's ``##`` pieces; in a vocabulary that marks
+    word starts instead (byte-level BPE's ``Ġ``, SentencePiece's ``▁``: ModernBERT's, RoBERTa's), every token
+    without the mark.  The marking most of the vocabulary uses decides (a BPE vocabulary holds a few ``##``
+    tokens of its own: hashtags, markdown)."""
+    starts = ("\u0120", "\u2581")  # Ġ, ▁
+    pieces = sum(t.startswith("##") for t in vocab)
+    if pieces >= sum(t.startswith(starts) for t in vocab):
+        return np.asarray([t.startswith("##") for t in vocab], dtype=bool)  # (none: a word-level vocabulary)
+    return np.asarray([bool(t) and not t.startswith(starts) for t in vocab], dtype=bool)
+
+
 class Masker:
     """Builds ``[CLS] A [SEP] B [SEP]`` and masks it: ``mask_prob`` of the tokens (rounded per sequence, as
     Google), never [CLS] or [SEP]; of those 80% [MASK], 10% a random non-special token, 10% unchanged."""
@@ -320,7 +332,7 @@ class Masker:
         self.vocab_size = len(vocab)
         specials = self.sp.as_set()
         self.replace_pool = np.asarray([i for i in range(len(vocab)) if i not in specials], dtype=np.int64)
-        self.is_continuation = np.asarray([t.startswith("##") for t in vocab], dtype=bool)
+        self.is_continuation = continuation_pieces(vocab)
         self.max_predictions = max(1, math.ceil(cfg.max_seq_length * cfg.mask_prob))
 
     def sequence(self, tokens: np.ndarray, inst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -108,9 +108,9 @@ class ElectraForMaskedLM(BertPreTrainedModel):
         return F.linear(self.generator_predictions(h), w, self.generator_lm_head.bias)
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, labels=None,
-                loss_reduction: str = "mean") -> MaskedLMOutput:
+                dense_logits=False, loss_reduction: str = "mean") -> MaskedLMOutput:
         seq = self.electra(input_ids, attention_mask, token_type_ids, position_ids).last_hidden_state  # (B, T, H)
-        logits, loss = _mlm_logits(self.logits, seq, labels, False, loss_reduction)
+        logits, loss = _mlm_logits(self.logits, seq, labels, dense_logits, loss_reduction)
         return MaskedLMOutput(loss, logits)
 
     # ---- a directory transformers loads as ElectraForMaskedLM

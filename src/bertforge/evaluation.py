@@ -67,7 +67,7 @@ def evaluate_pretraining(model, batches: list[dict], device, autocast=None, base
     with eval_mode(model):
         for b in batches:
             b = to_device(b, device)
-            kw = dict(labels=b["labels"], loss_reduction="sum")
+            kw = dict(labels=b["labels"], loss_reduction="sum", dense_logits=False)  # the labelled rows' logits
             if "next_sentence_label" in b:
                 kw["next_sentence_label"] = b["next_sentence_label"]
             with autocast or contextlib.nullcontext():
@@ -134,7 +134,7 @@ def masked_lm_accuracy(model, ids: torch.Tensor, labels: torch.Tensor, device, b
     with eval_mode(model):
         for i in range(0, len(ids), batch_size):
             x, y = ids[i : i + batch_size].to(device), labels[i : i + batch_size].to(device)
-            out = model(x, torch.ones_like(x), labels=y, loss_reduction="sum")
+            out = model(x, torch.ones_like(x), labels=y, loss_reduction="sum", dense_logits=False)
             logits, loss = mlm_output(out)  # (M, V) sparse
             target = y[y != -100]
             ok += int((logits.argmax(-1) == target).sum())

@@ -31,13 +31,13 @@ from . import checkpoint as ckpt
 from . import modelcard
 from .atomic import atomic_write_json
 from .batching import EpochBatches, plan_steps, to_device
-from .config import BertConfig, FinetuneConfig, dataclass_from_dict, validate_fields
+from .config import FinetuneConfig, dataclass_from_dict, validate_fields
 from .devices import Dist
 from .embeddings import ST_FILES
 from .engine import Engine, LinearSchedule
 from .errors import TrainingError, UserError, shown
 from .lifecycle import TrainingRun, finish, preflight, run_folder, start_run
-from .loading import warn_untrained_positions
+from .loading import in_family, warn_untrained_positions
 from .outputs import MODEL_FILES, register_output
 from .plots import plot_finetuning
 from .runfolder import COMMAND, CORPUS, SETTINGS_FILES, RunFolder
@@ -83,7 +83,7 @@ def finetune(task: FinetuneTask, cfg: FinetuneConfig, overwrite: bool = False, r
             raise UserError(f"--batch-size {cfg.train.batch_size} is smaller than processes x --grad-accum")
         task.read(cfg)
         tok = load_tokenizer(cfg.model)
-        config = BertConfig.load(cfg.model)
+        model_class, config = in_family(cfg.model, task.model_class)  # BERT's, or ModernBERT's
         check_vocab_fits(tok, config.vocab_size, cfg.model)
         if cfg.data.max_seq_length > config.max_position_embeddings:
             raise UserError(f"--max-seq-length {cfg.data.max_seq_length} exceeds the model's "
@@ -93,9 +93,9 @@ def finetune(task: FinetuneTask, cfg: FinetuneConfig, overwrite: bool = False, r
         warn_untrained_positions(cfg.model, max((len(f["input_ids"]) for f in features), default=0), d)
         torch.manual_seed(cfg.train.seed)
         if resume:  # every weight comes from the checkpoint: none read from the base model (nor reported new)
-            model = task.model_class(config).to(device)
+            model = model_class(config).to(device)
         else:
-            model = task.model_class.from_pretrained(cfg.model, config=config, reinit_head=reinit_head).to(device)
+            model = model_class.from_pretrained(cfg.model, config=config, reinit_head=reinit_head).to(device)
         torch.manual_seed(cfg.train.seed + d.rank)  # the same new head everywhere; dropout streams differ by rank
         checkpointed = resume or cfg.train.save_every != 0
         with run_folder(cfg.out, "finetune", d, replace, resume, in_place=checkpointed) as out:
@@ -163,7 +163,7 @@ def write_outputs(folder: str, task: FinetuneTask, cfg: FinetuneConfig, model, t
                    **task.train_figures()}
     atomic_write_json(os.path.join(folder, SETTINGS_FILE), record)
     plots = os.path.join(folder, "plots")
-    finish(folder, metrics, modelcard.finetuning_card(task, cfg, metrics),
+    finish(folder, metrics, modelcard.finetuning_card(task, cfg, metrics, type(model).__name__),
            lambda: plot_finetuning(os.path.join(folder, "metrics.jsonl"), plots, task.plotted))
     if checkpointed:  # the run is complete: its checkpoints have served (damaged ones stay, for inspection)
         for _, path in ckpt.list_checkpoints(folder):
@@ -188,7 +188,8 @@ class FineTuning(TrainingRun):
         if not features:
             raise TrainingError("no training examples")
         if cfg.freeze_embeddings:
-            model.base_model.embeddings.word_embeddings.weight.requires_grad_(False)
+            emb = model.base_model.embeddings  # BERT's word_embeddings, ModernBERT's tok_embeddings
+            (emb.word_embeddings if hasattr(emb, "word_embeddings") else emb.tok_embeddings).weight.requires_grad_(False)
         self.epochs, total = plan_steps(len(features), t)
         schedule = LinearSchedule(t.lr, total, t.max_time, t.warmup_steps, t.warmup_ratio)
         engine = Engine(task.objective(model, t.seed, d.world), t, cfg.impl, device, d, schedule=schedule)

@@ -15,16 +15,16 @@ import torch
 import torch.nn as nn
 
 from .model import BertEmbeddings, BertSelfAttention
-from .ops import Dropout
+from .modernbert import ModernBertAttention
 
 
 def set_dropout(model: nn.Module, p: float) -> None:
     """Use dropout ``p`` (hidden and attention) in ``model`` from now on, leaving its ``config`` (what is
     saved) as it is: pretraining without dropout still saves the model's own dropout for fine-tuning."""
     for m in model.modules():
-        if isinstance(m, Dropout):
+        if isinstance(m, nn.Dropout):  # bertforge's Dropout and torch's (a ModernBERT's)
             m.p = p
-        if isinstance(m, BertSelfAttention):
+        if isinstance(m, (BertSelfAttention, ModernBertAttention)):
             m.dropout_p = p
 
 

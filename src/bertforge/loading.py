@@ -17,6 +17,7 @@ from .checkpoint import has_weight
 from .config import BertConfig, ImplConfig
 from .devices import resolve_device
 from .errors import UserError, require_type
+from .files import json_object_or_none
 from .tokenizer import check_vocab_fits, load_tokenizer
 
 log = logging.getLogger("bertforge")
@@ -30,17 +31,37 @@ def model_dir(path: str | os.PathLike) -> str:
     return path
 
 
+def family_of(path: str) -> str:
+    """'modernbert' when the config.json at ``path`` (a model folder, or the file) says ``model_type:
+    modernbert``, else 'bert'."""
+    found = json_object_or_none(os.path.join(path, "config.json") if os.path.isdir(path) else path) or {}
+    return "modernbert" if found.get("model_type") == "modernbert" else "bert"
+
+
+def config_class(arch: str | None) -> type:
+    """The config class of model family ``arch`` (None: BERT)."""
+    if arch == "modernbert":
+        from .modernbert import ModernBertConfig
+
+        return ModernBertConfig
+    return BertConfig
+
+
+def model_config(path: str) -> Any:
+    """The config of directory ``path``'s model, of its family: ModernBERT's when config.json says ``model_type:
+    modernbert``, else BERT's."""
+    return config_class(family_of(path)).load(path)
+
+
 def in_family(path: str, bert_class: type) -> tuple[type, Any]:
     """(the class of directory ``path``'s model family that does what ``bert_class`` does, its config): BERT's
     own, or ModernBERT's when config.json says ``model_type: modernbert``."""
-    from .files import json_object_or_none
+    config = model_config(path)
+    if isinstance(config, BertConfig):
+        return bert_class, config
+    from .modernbert import modern_class
 
-    found = json_object_or_none(os.path.join(path, "config.json")) or {}
-    if found.get("model_type") != "modernbert":
-        return bert_class, BertConfig.load(path)
-    from .modernbert import ModernBertConfig, modern_class
-
-    return modern_class(bert_class, path), ModernBertConfig.load(path)
+    return modern_class(bert_class, path), config
 
 
 class StoredMaskedLM(NamedTuple):
@@ -113,7 +134,9 @@ def pretrained_length(model_dir: str) -> int | None:
 
     try:
         saved = RunFolder(model_dir, "pretrain").saved()
-        return None if saved["model"].get("init") else int(saved["data"]["max_seq_length"])
+        if saved["model"].get("init") or saved["model"].get("arch") == "modernbert":  # (rotary: no position table)
+            return None
+        return int(saved["data"]["max_seq_length"])
     except (UserError, ValueError, KeyError, TypeError, AttributeError):
         return None
 

@@ -158,26 +158,29 @@ def pretraining_card(cfg, objective, final: dict, command: list[str] | None) -> 
 
     c = objective.model.config
     what, load = objective.describe()
-    summary = (f"A BERT of {c.num_hidden_layers} layers, hidden size {c.hidden_size}, {c.num_attention_heads} heads "
-               f"({final['parameters'] / 1e6:.1f}M parameters with its training heads), pretrained "
+    family = "ModernBERT" if cfg.model.arch == "modernbert" else "BERT"
+    summary = (f"A {family} of {c.num_hidden_layers} layers, hidden size {c.hidden_size}, {c.num_attention_heads} "
+               f"heads ({final['parameters'] / 1e6:.1f}M parameters with its training heads), pretrained "
                f"{'from ' + cfg.model.init if cfg.model.init else 'from scratch'} by {what}: {final['steps']} "
                f"steps, {final['tokens_seen']:,} tokens, {duration(final['wall_seconds'])} on {final['device']} "
                f"({final['processes']} process(es)), the {cfg.recipe} recipe.")
     t, dc, mc = cfg.train, cfg.data, cfg.model
-    settings = {"recipe": cfg.recipe, "objective": mc.objective, "preset": mc.model_config or mc.preset,
+    settings = {"recipe": cfg.recipe, "objective": mc.objective, "arch": mc.arch,
+                "preset": mc.model_config or mc.preset,
                 "max_seq_length": dc.max_seq_length, "batch_size": t.batch_size, "lr": t.lr,
                 "max_steps": t.max_steps, "max_time (s)": t.max_time, "warmup_ratio": t.warmup_ratio,
                 "mask_prob": dc.mask_prob, "nsp": dc.nsp, "dropout in pretraining": mc.dropout,
                 "position_init": mc.position_init, "attention_init": mc.attention_init, "seed": t.seed}
     keys = ("mlm_accuracy", "mlm_accuracy_masked", "mlm_loss", "nsp_accuracy", "disc_accuracy",
             "disc_accuracy_replaced", "disc_accuracy_original", "tokens_per_second")
-    return render(f"bertforge BERT ({cfg.out.rstrip('/').split('/')[-1]})", summary, objective.pipeline_tag,
+    return render(f"bertforge {family} ({cfg.out.rstrip('/').split('/')[-1]})", summary, objective.pipeline_tag,
                   {k: final[k] for k in keys if k in final}, settings, list(dc.data), mc.init,
                   base_license(mc.init), load=load, command=command)
 
 
-def finetuning_card(task, cfg, metrics: dict) -> str:
-    """A fine-tuning run's card: ``cfg`` its FinetuneConfig, ``metrics`` its metrics.json."""
+def finetuning_card(task, cfg, metrics: dict, load: str | None = None) -> str:
+    """A fine-tuning run's card: ``cfg`` its FinetuneConfig, ``metrics`` its metrics.json, ``load`` the class
+    that loads the model (default: the task's BERT class)."""
     import dataclasses
 
     from .logs import duration
@@ -203,4 +206,4 @@ def finetuning_card(task, cfg, metrics: dict) -> str:
     return render(f"{task.name} model fine-tuned by bertforge", summary,
                   task.pipeline_tag, shown, settings,
                   [dc.train_file, dc.validation_file], cfg.model, base_license(cfg.model),
-                  load=task.model_class.__name__)
+                  load=load or task.model_class.__name__)

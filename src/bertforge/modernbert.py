@@ -17,9 +17,11 @@ Departures from transformers (5.x; the maths is meant to be the same):
 
 * Attention is plain PyTorch: ``F.scaled_dot_product_attention`` over the padded (B, T) batch with an
   additive mask (0 where a key is seen, the dtype's lowest value where not); no unpadding, no flash or
-  flex kernels, no fused rotary kernel.  A query whose window holds only padding (a pad token far from the
-  real ones) attends uniformly to masked keys instead of producing NaN; its output is meaningless, as
-  every pad position's output is (transformers' too).
+  flex kernels, no fused rotary kernel.  A local layer on a sequence longer than three half windows attends
+  by blocks (:func:`banded_attention`: each block of half-window queries sees the keys around it only), so
+  that the masked-out part of a long sequence is never computed nor held.  A query whose window holds only
+  padding (a pad token far from the real ones) attends uniformly to masked keys instead of producing NaN;
+  its output is meaningless, as every pad position's output is (transformers' too).
 * ``last_hidden_state`` and the token heads' logits at pad positions are computed values, as transformers'
   (bertforge's BERT writes zeros there).
 * Position ids default to ``0..T-1`` whatever the padding, as transformers': right padding is assumed;
@@ -34,14 +36,23 @@ Departures from transformers (5.x; the maths is meant to be the same):
   ``global_rope_theta``, ``local_rope_theta``) and 5.x (``layer_types``, ``rope_parameters``, and
   ``sliding_window`` = half of ``local_attention`` when present), and writes the 5.x one.  Only the
   "default" rotary type is supported (no ``rope_scaling``).
-* ``token_type_ids`` is accepted and ignored, so that the callers of a BERT call either family alike.
-* Not here yet: question answering and multiple choice heads, ``inputs_embeds``, hidden states or
-  attentions as outputs, gradient checkpointing, the trainer's dropout keys and unpadded layout
-  (:mod:`bertforge.ops`), and so training (``pretrain``, ``finetune``).
+* ``token_type_ids`` and ``dropout_keys`` are accepted and ignored, so that the callers of a BERT call either
+  family alike: its dropout (0 in every released config and in our presets) draws from torch's generator, so a
+  run with dropout depends on the number of processes, where BERT's does not.
+* Pretraining's loss (:meth:`ModernBertForMaskedLM.masked_lm_loss`) runs the last layer for the masked rows
+  only (they alone are queries; every token stays a key and a value), as bertforge's BERT does: the loss and
+  its gradients equal the dense computation's.
+* Presets (:meth:`ModernBertConfig.preset`): BERT's sizes with an intermediate width of 1.5 x hidden,
+  ModernBERT-base's ratio, for side-by-side comparison with BERT's presets, and ``modernbert-base``.
+* Question answering masks padding out of the span logits, as bertforge's BERT (transformers leaves them).
+* Not here yet: a multiple choice head, ``inputs_embeds``, hidden states or
+  attentions as outputs, gradient checkpointing, dropout keyed by sequence and the unpadded layout of
+  :mod:`bertforge.ops` (so pretraining runs without dropout, as ModernBERT's own recipe).
 
-Where it is used: a folder whose config.json says ``model_type: modernbert`` is read by
-:func:`bertforge.loading.in_family`, so that prediction (the pipelines and ``bertforge predict``: fill-mask,
-classify, ner, embed) takes it as it takes a BERT folder; ``evaluate`` does not yet.
+Where it is used: ``bertforge pretrain --arch modernbert`` (masked LM, :mod:`bertforge.objectives.mlm`), and
+a folder whose config.json says ``model_type: modernbert`` is read by :func:`bertforge.loading.in_family`, so
+that fine-tuning (classify, ner, squad, embed), ``evaluate`` (mlm, classify, ner, squad) and prediction (the
+pipelines and ``bertforge predict``: fill-mask, classify, ner, qa, embed) take it as they take a BERT folder.
 """
 
 from __future__ import annotations
@@ -56,9 +67,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from . import checkpoint
-from .config import ModelConfigJson
+from .config import ModelConfigJson, check_preset
 from .errors import UserError, shown
-from .model import BaseModelOutput, MaskedLMOutput, SequenceClassifierOutput, TokenClassifierOutput
+from .model import (BaseModelOutput, MaskedLMOutput, QuestionAnsweringOutput, SequenceClassifierOutput,
+                    TokenClassifierOutput)
 
 ACT2FN = {
     "gelu": F.gelu,  # exact erf GELU: transformers' "gelu", ModernBERT's hidden and classifier activation
@@ -147,6 +159,16 @@ class ModernBertConfig(ModelConfigJson):
                 self.label2id = {v: k for k, v in self.id2label.items()}
         if self.label2id is not None:
             self.label2id = {str(k): int(v) for k, v in self.label2id.items()}
+
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> ModernBertConfig:
+        """A named size (:data:`bertforge.config.MODERN_PRESETS`): BERT's layers, hidden size and heads for
+        tiny to base, ModernBERT-base's for modernbert-base; the intermediate width 1.5 x hidden (the GeGLU input
+        projection twice that), ModernBERT-base's ratio.  ``overrides``: the vocabulary's size and special ids."""
+        layers, hidden, heads = check_preset(name, "modernbert")
+        kw: dict[str, Any] = dict(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+                                  intermediate_size=hidden * 3 // 2)
+        return cls(**{**kw, **overrides})
 
     @property
     def head_dim(self) -> int:
@@ -267,8 +289,36 @@ class ModernBertAttention(nn.Module):
         q, k, v = (t.transpose(1, 2) for t in qkv.unbind(dim=2))  # 3 x (B, H, T, hs)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         p = self.dropout_p if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)  # (B, H, T, hs)
+        if isinstance(mask, Band):  # a local layer on a long sequence: each query's window only
+            y = banded_attention(q, k, v, mask, p)  # (B, H, T, hs)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)  # (B, H, T, hs)
         y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C)
+        return self.out_drop(self.Wo(y))
+
+    def rows(self, x, keep, cos, sin, mask):
+        """What ``forward`` gives at the rows ``keep`` (B, T) selects, (N, C) in row-major order, with only those
+        rows as queries (every token is still a key and a value): the last layer of pretraining's fast path."""
+        B, T, C = x.shape
+        H, hs = self.n_head, self.head_dim
+        w, b = self.Wqkv.weight, self.Wqkv.bias
+        kv = F.linear(x, w[C:], None if b is None else b[C:]).view(B, T, 2, H, hs)  # K, V of every token
+        k, v = (t.transpose(1, 2) for t in kv.unbind(dim=2))  # 2 x (B, H, T, hs)
+        k = apply_rotary(k, cos, sin)
+        bi, ti = keep.nonzero(as_tuple=True)  # (N,): the rows' sequences and positions
+        R = int(keep.sum(1).max())  # the queries go in a (B, R) grid, each sequence's first
+        slots = bi * R + (keep.cumsum(1) - 1)[bi, ti]  # (N,)
+        pos = ti.new_zeros(B * R).index_copy(0, slots, ti).view(B, R)  # each query's position (0 in the gaps)
+        q = F.linear(x[bi, ti], w[:C], None if b is None else b[:C])  # (N, C)
+        q = q.new_zeros(B * R, C).index_copy(0, slots, q).view(B, R, H, hs).transpose(1, 2)  # (B, H, R, hs)
+        q = apply_rotary(q, cos[0, pos], sin[0, pos])  # the queries' own angles (B, R, hs)
+        if isinstance(mask, Band):
+            mask = mask.rows(pos, T, q.dtype)  # (B, 1, R, T)
+        elif mask is not None and mask.shape[-2] > 1:  # a local layer's (B or 1, 1, T, T): the queries' rows
+            mask = mask.expand(B, -1, -1, -1)[torch.arange(B, device=x.device)[:, None], 0, pos][:, None]  # (B,1,R,T)
+        p = self.dropout_p if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)  # (B, H, R, hs)
+        y = y.transpose(1, 2).reshape(B * R, C)[slots]  # (N, C)
         return self.out_drop(self.Wo(y))
 
 
@@ -302,20 +352,73 @@ class ModernBertEncoderLayer(nn.Module):
         x = x + self.attn(self.attn_norm(x), cos, sin, mask)
         return x + self.mlp(self.mlp_norm(x))
 
+    def rows(self, x, keep, cos, sin, mask):  # (B, T, C) -> (N, C): the rows ``keep`` selects
+        y = x[keep] + self.attn.rows(self.attn_norm(x), keep, cos, sin, mask)
+        return y + self.mlp(self.mlp_norm(y))
+
+
+def additive(seen: torch.Tensor, dtype) -> torch.Tensor:
+    """0 where ``seen``, else the dtype's lowest value (not -inf: a row that sees nothing gives no NaN)."""
+    return torch.where(seen, torch.zeros((), dtype=dtype, device=seen.device),
+                       torch.tensor(torch.finfo(dtype).min, dtype=dtype, device=seen.device))
+
+
+@dataclass
+class Band:
+    """A local layer's mask on a sequence longer than three half windows, kept as what it says (the real tokens,
+    the half window) so that :func:`banded_attention` computes each query's window and nothing else."""
+
+    real: torch.Tensor | None  # (B, T) bool; None: every token is real
+    window: int
+
+    def rows(self, pos: torch.Tensor, T: int, dtype) -> torch.Tensor:
+        """The additive mask (B, 1, R, T) of the queries at positions ``pos`` (B, R)."""
+        seen = (pos[..., None] - torch.arange(T, device=pos.device)).abs() <= self.window  # (B, R, T)
+        if self.real is not None:
+            seen = seen & self.real[:, None, :]
+        return additive(seen, dtype)[:, None]
+
 
 def attention_masks(attention_mask: torch.Tensor | None, T: int, window: int, dtype, device):
-    """The additive masks of the two layer types: {GLOBAL: (B, 1, 1, T) or None, LOCAL: (B or 1, 1, T, T)}.
-    A key is seen when it is a real token, and by a local layer only within ``window`` positions of the query
-    (both ends included)."""
-    seen = torch.zeros((), dtype=dtype, device=device)
-    unseen = torch.tensor(torch.finfo(dtype).min, dtype=dtype, device=device)  # not -inf: no NaN rows
-    pos = torch.arange(T, device=device)
-    near = ((pos[:, None] - pos[None, :]).abs() <= window)[None, None]  # (1, 1, T, T), query x key
-    if attention_mask is None:
-        return {GLOBAL: None, LOCAL: torch.where(near, seen, unseen)}  # (1, 1, T, T)
-    real = attention_mask.to(device=device, dtype=torch.bool)[:, None, None, :]  # (B, 1, 1, T), keys
-    return {GLOBAL: torch.where(real, seen, unseen),  # (B, 1, 1, T)
-            LOCAL: torch.where(real & near, seen, unseen)}  # (B, 1, T, T)
+    """The masks of the two layer types: {GLOBAL: additive (B, 1, 1, T) or None, LOCAL: additive (B or 1, 1, T, T),
+    or a :class:`Band` when T > 3 * window}.  A key is seen when it is a real token, and by a local layer only
+    within ``window`` positions of the query (both ends included)."""
+    real = None if attention_mask is None else attention_mask.to(device=device, dtype=torch.bool)  # (B, T)
+    if T > 3 * window:  # the window is a small part of the sequence: attend by blocks
+        local = Band(real, window)
+    else:
+        pos = torch.arange(T, device=device)
+        near = ((pos[:, None] - pos[None, :]).abs() <= window)[None, None]  # (1, 1, T, T), query x key
+        local = additive(near if real is None else near & real[:, None, None, :], dtype)  # (B or 1, 1, T, T)
+    return {GLOBAL: None if real is None else additive(real[:, None, None, :], dtype), LOCAL: local}
+
+
+def banded_attention(q, k, v, band: Band, p: float) -> torch.Tensor:
+    """Sliding-window attention (B, H, T, hs) that never computes the masked-out part: the queries in blocks of
+    w (the half window), each block seeing the 3w keys around it, the exact window and the padding masked
+    within them.  Equal to the dense masked attention at every query that sees a real key."""
+    B, H, T, hs = q.shape
+    w = band.window
+    nb = -(-T // w)  # blocks of w queries
+    extra = nb * w - T  # queries padded to whole blocks
+
+    def blocks(t, size, before, after):  # (B, H, T, hs) -> (B*nb, H, size, hs): 4-D, as the fused kernels take
+        t = F.pad(t, (0, 0, before, after)).unfold(2, size, w)  # (B, H, nb, hs, size)
+        return t.permute(0, 2, 1, 4, 3).reshape(B * nb, H, size, hs)
+
+    qb = blocks(q, w, 0, extra)  # (B*nb, H, w, hs)
+    kb, vb = blocks(k, 3 * w, w, w + extra), blocks(v, 3 * w, w, w + extra)  # (B*nb, H, 3w, hs)
+    a = torch.arange(w, device=q.device)[:, None]  # a query's place in its block
+    c = torch.arange(3 * w, device=q.device)  # a key's place among its block's keys: position block*w - w + c
+    key_pos = torch.arange(nb, device=q.device)[:, None, None] * w - w + c  # (nb, 1, 3w)
+    seen = ((a + w - c).abs() <= w) & (key_pos >= 0) & (key_pos < T)  # (nb, w, 3w)
+    if band.real is not None:
+        real = band.real.new_zeros(B, nb * w + 2 * w)
+        real[:, w : w + T] = band.real
+        seen = seen & real.unfold(1, 3 * w, w)[:, :, None, :]  # (B, nb, w, 3w)
+    mask = additive(seen.expand(B, nb, w, 3 * w).reshape(B * nb, 1, w, 3 * w), q.dtype)
+    y = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, dropout_p=p)  # (B*nb, H, w, hs)
+    return y.view(B, nb, H, w, hs).transpose(1, 2).reshape(B, H, nb * w, hs)[:, :, :T]  # (B, H, T, hs)
 
 
 # ------------------------------------------------------------------------------------------------ base
@@ -367,6 +470,9 @@ class ModernBertPreTrainedModel(nn.Module):
         elif isinstance(module, _ModernBertClassifier):
             init(module.classifier, stds["final_out"])
 
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
     def init_weights(self) -> None:
         self.tie_weights()
         self.apply(self._init_weights)  # children before parents, as transformers'
@@ -409,21 +515,39 @@ class ModernBertModel(ModernBertPreTrainedModel):
         self.final_norm = LayerNorm(config)
         self.init_weights()
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None) -> BaseModelOutput:
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None,
+                dropout_keys=None) -> BaseModelOutput:
         """``token_type_ids`` is taken and ignored (ModernBERT has none: pairs are told apart by [SEP]), so
-        that the callers of a BERT call either family alike."""
+        that the callers of a BERT call either family alike; so is ``dropout_keys`` (BERT's dropout keyed by
+        sequence: this family's dropout, off by default, draws from torch's generator)."""
         B, T = input_ids.shape
         if position_ids is None:
             position_ids = torch.arange(T, device=input_ids.device)[None]  # (1, T), whatever the padding
         x = self.embeddings(input_ids)  # (B, T, C)
         masks = attention_masks(attention_mask, T, self.config.sliding_window, x.dtype, x.device)
-        rotary = {t: tuple(c.to(x.dtype) for c in rotary_cos_sin(position_ids, self.config.head_dim,
-                                                               self.config.rope_theta(t)))
-                  for t in set(self.config.layer_types)}  # type -> cos, sin (B or 1, T, hs)
+        rotary = self._rotary(position_ids, x.dtype)
         for layer in self.layers:
             cos, sin = rotary[layer.attention_type]
             x = layer(x, cos, sin, masks[layer.attention_type])  # (B, T, C)
         return BaseModelOutput(last_hidden_state=self.final_norm(x))
+
+    def _rotary(self, position_ids, dtype) -> dict:
+        """layer type -> (cos, sin) (B or 1, T, hs) of its theta."""
+        return {t: tuple(c.to(dtype) for c in rotary_cos_sin(position_ids, self.config.head_dim,
+                                                            self.config.rope_theta(t)))
+                for t in set(self.config.layer_types)}
+
+    def masked_rows(self, input_ids, attention_mask, keep) -> torch.Tensor:
+        """The final states (N, C) of the rows ``keep`` (B, T) selects, row-major, equal to ``forward``'s there,
+        with the last layer run for those rows only (pretraining's fast path: only masked tokens are scored)."""
+        T = input_ids.shape[1]
+        x = self.embeddings(input_ids)  # (B, T, C)
+        masks = attention_masks(attention_mask, T, self.config.sliding_window, x.dtype, x.device)
+        rotary = self._rotary(torch.arange(T, device=x.device)[None], x.dtype)
+        *first, last = self.layers
+        for layer in first:
+            x = layer(x, *rotary[layer.attention_type], masks[layer.attention_type])  # (B, T, C)
+        return self.final_norm(last.rows(x, keep, *rotary[last.attention_type], masks[last.attention_type]))
 
 
 # ------------------------------------------------------------------------------------------------ heads
@@ -456,9 +580,14 @@ class ModernBertForMaskedLM(ModernBertPreTrainedModel):
         self.init_weights()
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None,
-                labels=None) -> MaskedLMOutput:
+                labels=None, dense_logits: bool | None = None, loss_reduction: str = "mean",
+                dropout_keys=None) -> MaskedLMOutput:
+        """``dense_logits`` False (with labels): the labelled rows' logits only, True: every position's, None:
+        as ``config.sparse_prediction`` says; ``loss_reduction="sum"``: a summed loss, for a caller that
+        normalises over a global batch."""
         x = self.model(input_ids, attention_mask, position_ids=position_ids).last_hidden_state  # (B, T, C)
-        if labels is not None and self.config.sparse_prediction:
+        sparse = not dense_logits if dense_logits is not None else self.config.sparse_prediction
+        if labels is not None and sparse:
             labels = labels.reshape(-1)
             keep = labels != self.config.sparse_pred_ignore_index  # (B*T,)
             x, labels = x.reshape(-1, x.shape[-1])[keep], labels[keep]  # (N, C), (N,)
@@ -466,8 +595,19 @@ class ModernBertForMaskedLM(ModernBertPreTrainedModel):
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1),
-                                   ignore_index=-100)
+                                   ignore_index=-100, reduction=loss_reduction)
         return MaskedLMOutput(loss, logits)
+
+    def masked_lm_loss(self, input_ids, attention_mask, labels) -> torch.Tensor:
+        """Pretraining's loss: the cross-entropy summed over the labelled tokens, the last layer, the head and
+        the decoder run on those rows only (transformers' ``sparse_prediction`` runs the last two so)."""
+        keep = labels != -100  # (B, T)
+        if keep.any():  # the last layer for the masked rows only
+            x = self.model.masked_rows(input_ids, attention_mask, keep)  # (N, C)
+        else:  # (nothing to score: the whole encoder still runs, so that every weight takes part)
+            x = self.model(input_ids, attention_mask).last_hidden_state[keep]  # (0, C)
+        logits = self.decoder(self.head(x))  # (N, V)
+        return F.cross_entropy(logits.float(), labels[keep], reduction="sum")
 
 
 class _ModernBertClassifier(ModernBertPreTrainedModel):
@@ -492,7 +632,7 @@ class ModernBertForSequenceClassification(_ModernBertClassifier):
     with one label)."""
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None,
-                labels=None) -> SequenceClassifierOutput:
+                labels=None, dropout_keys=None) -> SequenceClassifierOutput:
         x = self.model(input_ids, attention_mask, position_ids=position_ids).last_hidden_state  # (B, T, C)
         if self.config.classifier_pooling == "cls":
             pooled = x[:, 0]  # (B, C)
@@ -516,7 +656,7 @@ class ModernBertForTokenClassification(_ModernBertClassifier):
     the tokens whose ``labels`` are not -100."""
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None,
-                labels=None) -> TokenClassifierOutput:
+                labels=None, dropout_keys=None) -> TokenClassifierOutput:
         x = self.model(input_ids, attention_mask, position_ids=position_ids).last_hidden_state  # (B, T, C)
         logits = self.classifier(self.drop(self.head(x)))  # (B, T, labels)
         loss = None
@@ -525,16 +665,52 @@ class ModernBertForTokenClassification(_ModernBertClassifier):
         return TokenClassifierOutput(loss, logits)
 
 
+class ModernBertForQuestionAnswering(_ModernBertClassifier):
+    """head -> dropout -> classifier (2 outputs) over every token: ``start_logits`` and ``end_logits`` (B, T);
+    a loss with ``start_positions`` / ``end_positions``.  As bertforge's BERT, padding is no answer: its logits
+    are the dtype's lowest, out of the loss's softmax (transformers leaves them computed)."""
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, start_positions=None,
+                end_positions=None, dropout_keys=None) -> QuestionAnsweringOutput:
+        x = self.model(input_ids, attention_mask, position_ids=position_ids).last_hidden_state  # (B, T, C)
+        start_logits, end_logits = self.classifier(self.drop(self.head(x))).unbind(-1)  # 2 x (B, T)
+        if attention_mask is not None:
+            pad, lowest = ~attention_mask.bool(), torch.finfo(start_logits.dtype).min
+            start_logits, end_logits = start_logits.masked_fill(pad, lowest), end_logits.masked_fill(pad, lowest)
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            T = start_logits.shape[1]  # as transformers: positions outside the input are clamped to T and ignored
+            s, e = start_positions.reshape(-1).clamp(0, T), end_positions.reshape(-1).clamp(0, T)
+            loss = (F.cross_entropy(start_logits, s, ignore_index=T)
+                    + F.cross_entropy(end_logits, e, ignore_index=T)) / 2
+        return QuestionAnsweringOutput(loss, start_logits.contiguous(), end_logits.contiguous())
+
+
+def holds_span_head(config: ModernBertConfig) -> bool:
+    """Whether a ModernBERT folder's ``classifier`` is a span head (its config.json names a question-answering
+    model, or nothing and 2 labels), not a sentence or token classifier's of the same name."""
+    named = config.extra.get("architectures") or []
+    return any(str(a).endswith("ForQuestionAnswering") for a in named) or (not named and config.num_labels == 2)
+
+
+def refuse_other_head(path: str, config: ModernBertConfig) -> None:
+    """A ModernBERT folder read as a question-answering model whose ``classifier`` is another task's."""
+    if not holds_span_head(config):
+        named = config.extra.get("architectures") or ["a classifier"]
+        raise UserError(f"{path} holds a {named[0]} (its config.json says), not a question-answering model")
+
+
 def modern_class(bert_class: type, path: str) -> type:
     """The ModernBERT class that does what BERT's ``bert_class`` does (a folder at ``path`` holds one)."""
     found = {"BertForMaskedLM": ModernBertForMaskedLM, "BertForSequenceClassification":
              ModernBertForSequenceClassification, "BertForTokenClassification": ModernBertForTokenClassification,
-             "BertModel": ModernBertModel}.get(bert_class.__name__)
+             "BertForQuestionAnswering": ModernBertForQuestionAnswering, "BertModel": ModernBertModel,
+             }.get(bert_class.__name__)
     if found is None:
         raise UserError(f"{path} holds a ModernBERT, which bertforge does not use as a {bert_class.__name__} yet "
-                        "(ModernBERT folders: fill-mask, classify, ner, embed)")
+                        "(ModernBERT folders: fill-mask, classify, ner, squad, embed)")
     return found
 
 
 __all__ = ["ModernBertConfig", "ModernBertModel", "ModernBertForMaskedLM", "ModernBertForSequenceClassification",
-           "ModernBertForTokenClassification"]
+           "ModernBertForTokenClassification", "ModernBertForQuestionAnswering"]

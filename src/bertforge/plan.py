@@ -25,19 +25,21 @@ from ``--model``, the weights from the checkpoint on ``--resume``.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 
 import torch
 from tokenizers import Tokenizer
 
 from . import vocabulary
-from .config import BertConfig, progress_shown
+from .config import ARCHS, BertConfig, progress_shown
 from .corpus import iter_texts
 from .errors import UserError, shown
 from .initialization import local_attention_heads_, set_dropout, sinusoidal_positions_
+from .loading import config_class, family_of
 from .objectives import objective_class
 from .prepared import is_prepared, prepared_settings, tokenizer_fingerprint
-from .tokenizer import check_vocab_fits, load_tokenizer, train_vocabulary
+from .tokenizer import check_vocab_fits, load_tokenizer, special_ids, train_vocabulary
 
 log = logging.getLogger("bertforge")
 
@@ -94,6 +96,30 @@ def start_plan(g: Given) -> StartPlan:
     config = "init" if g.init else "model_config" if g.model_config else "preset"
     weights = "init" if g.init else "new"
     return StartPlan(tokenizer, extend, config, weights, g.add_vocab, weights == "new")
+
+
+# ------------------------------------------------------------------------------------------------ the family
+def resolve_arch(cfg, saved: dict | None) -> None:
+    """Set ``cfg.model.arch`` to the run's model family: a resumed run's own (``saved``: its settings), else the
+    family --init's or --model-config's config.json names, else --arch (bert when not given; the modernbert-base
+    preset says modernbert).  An --arch that names another family than the model's is refused."""
+    mc = cfg.model
+    source = mc.init or mc.model_config
+    if mc.arch not in (None, *ARCHS):
+        return  # (validation names the choices)
+    if saved is not None:
+        theirs = (saved.get("model") or {}).get("arch") or "bert"
+        where = f"the run in {shown(cfg.out)} trains a {theirs} model"
+    elif source and os.path.exists(source):
+        theirs = family_of(source)
+        where = (f"{'--init' if mc.init else '--model-config'} {shown(source)} holds a {theirs} model (its "
+                 "config.json's model_type)")
+    else:
+        mc.arch = mc.arch or ("modernbert" if mc.preset == "modernbert-base" else "bert")
+        return
+    if mc.arch not in (None, theirs):
+        raise UserError(f"--arch {mc.arch}: {where}; leave --arch out")
+    mc.arch = theirs
 
 
 # ------------------------------------------------------------------------------------------------ pretraining
@@ -194,10 +220,12 @@ def _extended_tokenizer(cfg, tok, d):
 def pretraining_config(cfg, plan: StartPlan, tok):
     """The model's architecture, as ``plan`` says; checked against the tokenizer and the sequence length."""
     source = {"out": cfg.out, "init": cfg.model.init, "model_config": cfg.model.model_config}.get(plan.config)
-    if source is None:
-        config = BertConfig.preset(cfg.model.preset, vocab_size=tok.get_vocab_size(with_added_tokens=True))
-    else:
-        config = BertConfig.load(source)
+    cls, size = config_class(cfg.model.arch), tok.get_vocab_size(with_added_tokens=True)
+    config = cls.preset(cfg.model.preset, vocab_size=size) if source is None else cls.load(source)
+    if cfg.model.arch == "modernbert" and plan.config in ("preset", "model_config"):  # a new model: ids of its own
+        sp = special_ids(tok)
+        config.pad_token_id, config.cls_token_id, config.sep_token_id = sp.pad, sp.cls, sp.sep
+        config.bos_token_id, config.eos_token_id = sp.cls, sp.sep
     if plan.grow:  # --init's model, grown to the extended vocabulary by pretraining_objective
         config.vocab_size = tok.get_vocab_size(with_added_tokens=True)
     check_vocab_fits(tok, config.vocab_size, "--tokenizer and the model" if plan.continued else _vocab_pair(cfg))
@@ -224,10 +252,10 @@ def pretraining_objective(cfg, plan: StartPlan, config, tok):
     objective = objective_class(mc.objective).build(cfg, built, plan.weights == "init")
     if plan.grow:
         vocabulary.extend_model(objective.model, tok)
-    if plan.starting_values and mc.position_init == "sinusoidal":
+    if plan.starting_values and mc.position_init == "sinusoidal" and mc.arch != "modernbert":  # (rotary: no table)
         sinusoidal_positions_(objective.model)
         if mc.attention_init == "local":
             local_attention_heads_(objective.model)
-    if mc.dropout is not None:  # pretraining's own; config.json keeps the model's, for fine-tuning
-        set_dropout(objective.model, mc.dropout)
+    if mc.dropout is not None or mc.arch == "modernbert":  # pretraining's own; config.json keeps the model's
+        set_dropout(objective.model, mc.dropout or 0.0)  # (a ModernBERT's would not be keyed by sequence: none)
     return objective

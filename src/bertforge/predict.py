@@ -211,6 +211,12 @@ class QAPipeline(Pipeline):
     task = "qa"
     model_class = BertForQuestionAnswering
 
+    def _check(self, config: BertConfig) -> None:
+        if not isinstance(config, BertConfig):  # a ModernBERT's span head is a `classifier`, as other heads are
+            from .modernbert import refuse_other_head
+
+            refuse_other_head(self.dir, config)
+
     @checked(max_seq_length=3, top_k=1)
     def __call__(self, *inputs: Any, question: str | list[str] | None = None, context: str | list[str] | None = None,
                  examples: list | None = None, squad: SquadConfig | None = None, max_seq_length: int = 384,

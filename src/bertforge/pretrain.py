@@ -55,7 +55,7 @@ from .objectives import OBJECTIVES, objective_class
 from .objectives.mlm import new_head_said
 from .outputs import MODEL_FILES, register_output
 from .plan import (StartPlan, pretraining_config, pretraining_objective, pretraining_plan, pretraining_tokenizer,
-                   take_prepared_reading)
+                   resolve_arch, take_prepared_reading)
 from .plots import plot_pretraining
 from .runfolder import COMMAND, CORPUS, SETTINGS_FILES, RunFolder
 from .settings import as_run, check_resumed, recipe_said, say_schedule_changed
@@ -127,8 +127,13 @@ def check_run(cfg: PretrainConfig, folder: RunFolder, resume: bool, overwrite: b
     preflight(folder, [*dc.data, *(dc.eval_data or []), dc.tokenizer, m.init, m.model_config], overwrite, resume,
               restarts=True)
     saved = folder.settings() if resume else None  # the resume rule first: it names what changed
-    schedule = [] if saved is None else check_resumed(cfg.out, as_run(PretrainConfig.from_dict(saved)), cfg,
-                                                      continued=bool(folder.checkpoints()))
+    resolve_arch(cfg, saved)
+    if saved is not None:
+        before = as_run(PretrainConfig.from_dict(saved))
+        before.model.arch = before.model.arch or "bert"  # (a run saved before there was a choice)
+        schedule = check_resumed(cfg.out, before, cfg, continued=bool(folder.checkpoints()))
+    else:
+        schedule = []
     if resume and folder.has_tokenizer and dc.tokenizer and os.path.exists(dc.tokenizer):  # by content, not name
         if tokenizer_fingerprint(load_tokenizer(dc.tokenizer)) != tokenizer_fingerprint(load_tokenizer(cfg.out)):
             raise UserError(f"--resume continues the run in {cfg.out} with its own tokenizer, and --tokenizer "

@@ -90,7 +90,8 @@ def recipe_said(cfg: PretrainConfig, config: BertConfig) -> str:
     """The run's recipe and the values it trains with, for the log: each setting the recipe decides, marked
     where a flag or a config file changed the recipe's value; ``config``, the model's, says what "the model's
     dropout" is."""
-    own = config.hidden_dropout_prob, config.attention_probs_dropout_prob
+    own = (getattr(config, "hidden_dropout_prob", getattr(config, "mlp_dropout", 0.0)),
+           getattr(config, "attention_probs_dropout_prob", getattr(config, "attention_dropout", 0.0)))
     models = f"the model's ({own[0]:g}{'' if own[0] == own[1] else f', attention {own[1]:g}'})"
     index, parts = cfg.flat_fields(), []
     for name, value in RECIPES.get(cfg.recipe, {}).items():
@@ -99,6 +100,8 @@ def recipe_said(cfg: PretrainConfig, config: BertConfig) -> str:
         notes = [] if now == value else ["the recipe's: " + ("the model's" if value is None else _shown(value))]
         if name in NEW_MODEL_ONLY and cfg.model.init and now != "normal":
             notes.append("not used: --init's model starts from its own weights")
+        elif name in NEW_MODEL_ONLY and cfg.model.arch == "modernbert" and now != "normal":
+            notes.append("not used: ModernBERT has rotary positions")
         parts.append(f"{name} {models if now is None else _shown(now)}" + (f" ({'; '.join(notes)})" if notes else ""))
     return f"the {cfg.recipe} recipe: {', '.join(parts)}"
 
@@ -266,7 +269,9 @@ def finetune_settings(task: str, model: str = "", train: str = "", validation: s
                       **{k: v for k, v in settings.items() if k not in own})
     _absolute_paths(cfg, ("model", "train_file", "validation_file"))
     if cfg.train.lr is None and cfg.model and isinstance(cfg.model, str) and os.path.isdir(cfg.model):
-        cfg.train.lr = finetune_lr(BertConfig.load(cfg.model).hidden_size)  # the default: by the model's width
+        from .loading import model_config
+
+        cfg.train.lr = finetune_lr(model_config(cfg.model).hidden_size)  # the default: by the model's width
     return cfg, task_settings
 
 

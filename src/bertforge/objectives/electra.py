@@ -34,6 +34,8 @@ class Electra(PretrainingObjective):
 
     @classmethod
     def check(cls, cfg: PretrainConfig, from_init: bool) -> None:
+        if cfg.model.arch == "modernbert":
+            raise UserError("--objective electra is BERT's here; ModernBERT pretrains by masked LM (--objective mlm)")
         if cfg.data.nsp:
             raise UserError("--objective electra trains without next sentence prediction; pass --no-nsp")
         if from_init:

@@ -4,7 +4,9 @@ without a masked-LM head gets a new one tied to its word embeddings (:func:`new_
 
 The training step runs the model's fast path (:func:`bertforge.ops.rows.pretraining_losses`): the last
 encoder layer and the vocabulary projection only where the loss looks (the masked tokens, and [CLS] for
-NSP); the loss equals the dense computation."""
+NSP); the loss equals the dense computation.  A ModernBERT (``--arch modernbert``) trains by masked LM alone,
+its head and decoder on the masked rows only
+(:meth:`~bertforge.modernbert.ModernBertForMaskedLM.masked_lm_loss`), without dropout."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import torch.nn as nn
 
 from .. import checkpoint as ckpt
 from ..config import BertConfig, PretrainConfig
+from ..errors import UserError
 from ..flops import flops_per_token
 from ..model import BertForMaskedLM, BertForPreTraining
 from ..ops.dropout import batch_keys
@@ -25,13 +28,31 @@ class MaskedLM(PretrainingObjective):
     meter_keys = ()
 
     @classmethod
+    def check(cls, cfg: PretrainConfig, from_init: bool) -> None:
+        if cfg.model.arch != "modernbert":
+            return
+        if cfg.data.nsp:
+            raise UserError("ModernBERT pretrains by masked LM alone (next sentence prediction needs BERT's pooler and "
+                            "token types); pass --no-nsp")
+        if cfg.model.add_vocab:
+            raise UserError("--add-vocab grows BERT's embeddings; it does not take a ModernBERT yet")
+        if cfg.model.dropout:  # (its masks would come from torch's stream, not keyed by sequence as BERT's)
+            raise UserError("ModernBERT pretrains without dropout here; leave --dropout out or pass --dropout 0")
+
+    @classmethod
     def build(cls, cfg: PretrainConfig, config: BertConfig, from_init: bool) -> MaskedLM:
         model_cls = BertForPreTraining if cfg.data.nsp else BertForMaskedLM
+        if cfg.model.arch == "modernbert":
+            from ..modernbert import ModernBertForMaskedLM
+
+            model_cls = ModernBertForMaskedLM
         if from_init:
             return cls(model_cls.from_pretrained(cfg.model.init, config=config), cfg)
         return cls(model_cls(config), cfg)
 
     def forward(self, b: dict, step: int) -> dict:
+        if self.cfg.model.arch == "modernbert":
+            return {"mlm": self.model.masked_lm_loss(b["input_ids"], b["attention_mask"], b["labels"]), "nsp": None}
         mlm, nsp = pretraining_losses(self.model, b["input_ids"], b["attention_mask"], b["token_type_ids"],
                                       b["labels"], b.get("next_sentence_label"),
                                       dropout_keys=batch_keys(b, self.seed, step))
@@ -65,7 +86,7 @@ class MaskedLM(PretrainingObjective):
     def describe(self) -> tuple[str, str]:
         nsp = self.cfg.data.nsp
         what = "masked language modelling" + (" and next sentence prediction" if nsp else "")
-        return what, "BertForPreTraining" if nsp else "BertForMaskedLM"
+        return what, type(self.model).__name__
 
 
 def new_head_said(model: nn.Module, path: str | None) -> str | None:
@@ -78,9 +99,10 @@ def new_head_said(model: nn.Module, path: str | None) -> str | None:
     step, and only its transform (dense at BERT's normal initialisation, LayerNorm at one and zero) and the output
     bias (zero) are new."""
     new = getattr(model, "loading_info", {}).get("newly_initialized", [])
-    if path is None or not any(k.startswith("cls.predictions.") for k in new):
+    if path is None or not any(k.startswith(("cls.predictions.", "head.", "decoder.")) for k in new):
         return None
     std = model.config.initializer_range
+    start = ("ModernBERT's initialisation (truncated normals)" if hasattr(model.config, "layer_types") else
+             f"BERT's initialisation (dense weights normal with std {std:g}, LayerNorm weights 1, biases 0)")
     return (f"{path} has no masked-LM head: a new one starts with its decoder tied to the word embeddings, its "
-            f"transform at BERT's initialisation (dense weights normal with std {std:g}, LayerNorm weights 1, "
-            f"biases 0) and its output bias at 0")
+            f"transform at {start} and its output bias at 0")

@@ -20,7 +20,7 @@ from ..evaluation import by_length, classification_metrics
 from ..corpus import table_rows
 from ..files import json_lines, read_text
 from ..model import BertForSequenceClassification
-from ..loading import check_max_seq_length, load_for_inference, model_dir
+from ..loading import check_max_seq_length, in_family, load_for_inference, model_dir
 from ..tokenizer import special_ids
 from .base import FinetuneTask, use_labels
 
@@ -225,14 +225,14 @@ class ClassificationTask(FinetuneTask):
 def evaluate_classifier_model(path: str, data: str, task: ClassifyConfig, max_seq_length: int | None = None,
                               batch_size: int = 64, device: str = "auto") -> dict:
     """``bertforge evaluate classify``: accuracy, macro-F1 and loss of a saved classifier on a labelled file."""
-    config = BertConfig.load(model_dir(path))
+    model_class, config = in_family(model_dir(path), BertForSequenceClassification)
     if not config.id2label:
         raise UserError(f"{path} is not a classifier (its config.json has no id2label)")
     max_seq_length = check_max_seq_length(config, max_seq_length, path, default=128)
     rows = read_table(data)
     text, pair, label_col = resolve_columns(rows, task, data)
     y = _labels_to_ids(rows, label_col, config.label2id, data)
-    m = load_for_inference(path, BertForSequenceClassification, device, config,
+    m = load_for_inference(path, model_class, device, config,
                            head=("classifier.weight", f"{path} has no trained classification head"))
     feats, _ = encode_rows(m.tokenizer, rows, text, pair, max_seq_length)
     res, _ = score(m.model, feats, y, special_ids(m.tokenizer).pad, m.device, batch_size)

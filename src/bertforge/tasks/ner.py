@@ -24,7 +24,7 @@ from ..config import BertConfig, FinetuneConfig, NerConfig
 from ..errors import UserError, shown
 from ..evaluation import by_length
 from ..files import json_lines, read_text
-from ..loading import check_max_seq_length, load_for_inference, model_dir
+from ..loading import check_max_seq_length, in_family, load_for_inference, model_dir
 from ..model import BertForTokenClassification
 from ..tokenizer import special_ids
 from .base import FinetuneTask, use_labels
@@ -307,7 +307,7 @@ def evaluate_ner_model(path: str, data: str, settings: NerConfig, max_seq_length
     """``bertforge evaluate ner``: entity-level precision, recall, F1 (overall and per type) and token accuracy
     of a fine-tuned token classifier on a tagged file; a tag the model lacks is warned about and counted as
     missed."""
-    config = BertConfig.load(model_dir(path))
+    model_class, config = in_family(model_dir(path), BertForTokenClassification)
     if not config.id2label:
         raise UserError(f"{path} is not a token classifier (its config.json has no id2label)")
     max_len = check_max_seq_length(config, max_seq_length, path, default=128)
@@ -316,7 +316,7 @@ def evaluate_ner_model(path: str, data: str, settings: NerConfig, max_seq_length
     if unknown:
         log.warning("%s: tag(s) %s are not among the model's labels: their entities count as missed", data,
                     ", ".join(unknown))
-    m = load_for_inference(path, BertForTokenClassification, device, config,
+    m = load_for_inference(path, model_class, device, config,
                            head=("classifier.weight", f"{path} has no trained token-classification head"))
     pred = predict_tags(m.model, m.tokenizer, sentences, config.id2label, max_len, m.device, batch_size)
     scheme = scheme_of(sentences, data) if settings.strict else None

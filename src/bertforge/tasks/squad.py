@@ -28,7 +28,7 @@ from ..evaluation import by_length, squad_evaluate
 from ..atomic import atomic_write_text
 from ..files import read_json
 from ..model import BertForQuestionAnswering
-from ..loading import check_max_seq_length, load_for_inference, model_dir
+from ..loading import check_max_seq_length, in_family, load_for_inference, model_dir
 from ..tokenizer import special_ids
 from .base import FinetuneTask
 
@@ -287,6 +287,18 @@ class SquadTask(FinetuneTask):
     plotted = [("exact_match", "exact match"), ("f1", "F1")]
     defaults = {"max_seq_length": 384, "epochs": 2, "batch_size": 16}
 
+    def configure(self, config) -> bool:
+        """BERT's span head has its own weights (``qa_outputs``); a ModernBERT's is a ``classifier``: from a folder
+        whose classifier is another task's (a sentence or token classifier's), a new one of 2 outputs."""
+        if isinstance(config, BertConfig) or config.id2label is None:
+            return False
+        from ..modernbert import holds_span_head
+
+        if holds_span_head(config):
+            return False
+        config.id2label = config.label2id = None
+        return True
+
     def read(self, cfg: FinetuneConfig) -> None:
         self.train_ex, self.val_ex = self.split_validation(read_examples(cfg.data.train_file)[0], cfg,
                                                            lambda path: read_examples(path)[0],
@@ -330,11 +342,16 @@ class SquadTask(FinetuneTask):
 def evaluate_squad_model(path: str, data: str, task: SquadConfig, max_seq_length: int | None = None,
                          batch_size: int = 64, device: str = "auto", predictions_out: str | None = None) -> dict:
     """``bertforge evaluate squad --model``: official EM/F1 of a saved QA model on a SQuAD file."""
-    config = BertConfig.load(model_dir(path))
+    model_class, config = in_family(model_dir(path), BertForQuestionAnswering)
     max_seq_length = check_max_seq_length(config, max_seq_length, path, default=384)
     examples, data_list = read_examples(data)
-    m = load_for_inference(path, BertForQuestionAnswering, device, config,
-                           head=("qa_outputs.weight", f"{path} has no trained question-answering head (qa_outputs)"))
+    if model_class is not BertForQuestionAnswering:  # a ModernBERT's span head is a `classifier`, as other heads are
+        from ..modernbert import refuse_other_head
+
+        refuse_other_head(path, config)
+    head = getattr(model_class, "head_weight", "qa_outputs.weight")
+    m = load_for_inference(path, model_class, device, config,
+                           head=(head, f"{path} has no trained question-answering head ({head.split('.')[0]})"))
     preds, _ = predict_answers(m.model, m.tokenizer, examples, task, max_seq_length, m.device, batch_size)
     if predictions_out:
         atomic_write_text(predictions_out, json.dumps(preds, indent=1, ensure_ascii=False))
