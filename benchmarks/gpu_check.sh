@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One prepared run that proves bertforge's CUDA paths on a GPU and measures them against transformers.
 #
-#   bash benchmarks/gpu_check.sh EXCERPT OUTDIR          on a machine with a CUDA GPU (about 5 minutes)
+#   bash benchmarks/gpu_check.sh EXCERPT OUTDIR          on a machine with a CUDA GPU (about 6 minutes)
 #   bash benchmarks/gpu_check.sh EXCERPT OUTDIR --dry    the same stages on the CPU at toy sizes (under a minute)
 #
 # EXCERPT comes from benchmarks/gpu_prepare.py.  Runs from the source tree (PYTHONPATH=src, python from
@@ -14,12 +14,14 @@
 #   bench_mini  bertforge bench --preset mini, batch 256 x 128 of the excerpt's text, against transformers,
 #               and the same step under --compile against eager (does torch.compile pay on this GPU?)
 #   bench_base  the same for --preset base
+#   bench_modern_1k, bench_modern_8k  bertforge bench --arch modernbert --preset mini at 16 x 1,024 and 2 x 8,192
+#               tokens of the excerpt's text against transformers' ModernBertForMaskedLM (bf16, tokens/s, MFU)
 #   pretrain    bertforge pretrain --preset base --max-time 2m on the excerpt's books
 #   squad       bertforge finetune squad from that model, about 100 steps; F1 reported
 #
 # OUTDIR/summary.json is rewritten after every stage (status passed/failed/skipped/timeout, seconds, figures,
 # log path, log tail on failure), so a run cut short still reports what it did.  The whole run keeps within
-# GPU_CHECK_BUDGET seconds (default 480; 120 with --dry): a stage gets what is left of it at the most.
+# GPU_CHECK_BUDGET seconds (default 540; 120 with --dry): a stage gets what is left of it at the most.
 # At the end the bulky outputs are deleted (weights over 10 MB, checkpoints, caches, temporary files: GBs for
 # the base model, too much to bring back from a device run) unless GPU_CHECK_KEEP=1.
 # Exit status: 0 when no stage failed or timed out, 1 otherwise, 2 on bad arguments.
@@ -40,8 +42,8 @@ done
 if [ -e "$OUT/summary.json" ]; then echo "error: $OUT already holds a check (summary.json); choose an empty folder" >&2; exit 2; fi
 # the environment, the stage runner, the summary and the pruning, shared with gpu_seed001.sh
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_stages.sh" || exit 2
-STAGES=(env tests bench_mini bench_base pretrain squad)
-if [ $DRY = 1 ]; then MODE=dry BUDGET=${GPU_CHECK_BUDGET:-120}; else MODE=gpu BUDGET=${GPU_CHECK_BUDGET:-480}; fi
+STAGES=(env tests bench_mini bench_base bench_modern_1k bench_modern_8k pretrain squad)
+if [ $DRY = 1 ]; then MODE=dry BUDGET=${GPU_CHECK_BUDGET:-120}; else MODE=gpu BUDGET=${GPU_CHECK_BUDGET:-540}; fi
 gpu_begin gpu_check GPU_CHECK_BUDGET "$BUDGET" "$MODE" "${STAGES[@]}"
 
 env_stage 60 "${STAGES[@]:1}"
@@ -72,9 +74,16 @@ bench() {
 if [ $DRY = 1 ]; then
   bench mini 90 tiny
   summary skip "$OUT" bench_base "dry run: the base preset is measured on the GPU only (bench_mini ran the tiny one)"
+  for s in bench_modern_1k bench_modern_8k; do
+    summary skip "$OUT" $s "dry run: ModernBERT's long sequences are measured on the GPU only"
+  done
 else
   bench mini 150 mini --compile
   bench base 120 base
+  # the modern arm: long sequences, where the local layers' banded attention counts (training only)
+  BENCH=(--steps 3 --rounds 3)
+  bench modern_1k 90 mini --arch modernbert --batch-size 16 --seq-len 1024
+  bench modern_8k 90 mini --arch modernbert --batch-size 2 --seq-len 8192
 fi
 
 # c: a short real pretraining run of the excerpt's books

@@ -428,7 +428,7 @@ def cmd_done(out: str) -> int:
     save(out, s)
     say(s, f"done in {s['elapsed_seconds']:.0f} s: {json.dumps(counts)}; summary in {_path(out)}")
     for name, st in s["stages"].items():
-        print(f"    {name:12s} {st['status']:8s} {st.get('seconds', 0):7.1f} s  {st.get('reason', '')}", flush=True)
+        print(f"    {name:16s} {st['status']:8s} {st.get('seconds', 0):7.1f} s  {st.get('reason', '')}", flush=True)
     return 1 if counts.get("failed") or counts.get("timeout") else 0
 
 

@@ -16,7 +16,7 @@ from bertforge.engine import Engine
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--task", default="squad", choices=("squad", "classify"))
+    ap.add_argument("--task", default="squad", choices=("squad", "classify", "ner"))
     ap.add_argument("--model", required=True)
     ap.add_argument("--data-dir", required=True)
     ap.add_argument("--batch-size", type=int, default=16)

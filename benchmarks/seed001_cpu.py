@@ -242,11 +242,20 @@ def main(argv: list[str] | None = None) -> int:
     if not (a.data_dir and a.out):
         print("error: give --data-dir and --out (or --plan)", file=sys.stderr)
         return 2
-    out, records = os.path.abspath(a.out), {}
+    out, data_dir = os.path.abspath(a.out), os.path.abspath(a.data_dir)
+    return run_chain(out, stages(out, data_dir, r, a.seed), lambda st: run_stage(st, out, data_dir, r),
+                     lambda records: summary(records, r, a.seed), markdown)
+
+
+def run_chain(out: str, chain: list, run, summarise, markdown) -> int:
+    """Run the stages of ``chain`` in order (``run(stage)``: its record), OUT/summary.json and OUT/summary.md
+    rewritten after each (``summarise(records)``, ``markdown(summary)``); the table printed at the end, or one
+    ``error:`` line and the failure's status."""
+    records: dict[str, dict] = {}
     try:
-        for st in stages(out, os.path.abspath(a.data_dir), r, a.seed):
-            records[st.name] = run_stage(st, out, os.path.abspath(a.data_dir), r)
-            s = summary(records, r, a.seed)
+        for st in chain:
+            records[st.name] = run(st)
+            s = summarise(records)
             write_json(os.path.join(out, "summary.json"), s)
             with open(os.path.join(out, "summary.md"), "w", encoding="utf-8") as f:
                 f.write(markdown(s))

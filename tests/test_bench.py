@@ -1,4 +1,5 @@
-"""bertforge bench --task classify|squad: a real fine-tuning step of both tools on the same model and batches."""
+"""bertforge bench: a real training step of both tools on the same model and batches (fine-tuning tasks, and the
+ModernBERT pretraining step)."""
 
 import json
 
@@ -26,3 +27,13 @@ def test_finetune_bench_times_the_same_model_on_the_same_batches(task, tmp_path,
     assert res["task"] == task and res["batches"] >= 2 and res["max_logit_difference"] < 1e-4
     assert res["finetune_tokens_per_second"] > 0 and res["transformers_finetune_tokens_per_second"] > 0
     assert lines[-1] == f"finetune_speedup_vs_transformers={res['finetune_speedup_vs_transformers']:.2f}"
+
+
+def test_modernbert_bench_times_the_same_weights_on_the_same_batch(capsys):
+    assert main(["bench", "--arch", "modernbert", "--preset", "tiny", "--rounds", "1", "--steps", "1",
+                 "--batch-size", "4", "--seq-len", "32", "--vocab-size", "500"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    res = json.loads(lines[-2])
+    assert res["arch"] == "modernbert" and res["loss_difference"] < 1e-4 and res["parameters"] > 0
+    assert res["train_tokens_per_second"] > 0 and res["transformers_train_tokens_per_second"] > 0
+    assert lines[-1] == f"train_speedup_vs_transformers={res['train_speedup_vs_transformers']:.2f}"

@@ -17,7 +17,7 @@ from bertforge.cli import main
 from bertforge.demo_corpus import generate_stories, sentiment_split, write_story_corpus
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-STAGES = ["env", "tests", "bench_mini", "bench_base", "pretrain", "squad"]
+STAGES = ["env", "tests", "bench_mini", "bench_base", "bench_modern_1k", "bench_modern_8k", "pretrain", "squad"]
 
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None or shutil.which("timeout") is None,
                                 reason="gpu_check.sh needs bash and timeout")
@@ -77,8 +77,8 @@ def test_gpu_check_dry_run_end_to_end(tmp_path):
     assert s["mode"] == "dry" and s["finished"] and list(s["stages"]) == STAGES
     st = s["stages"]
     assert {k: v["status"] for k, v in st.items()} == {
-        "env": "passed", "tests": "skipped", "bench_mini": "passed", "bench_base": "skipped", "pretrain": "passed",
-        "squad": "passed"}, run.stdout
+        "env": "passed", "tests": "skipped", "bench_mini": "passed", "bench_base": "skipped",
+        "bench_modern_1k": "skipped", "bench_modern_8k": "skipped", "pretrain": "passed", "squad": "passed"}, run.stdout
     for name in ("env", "tests", "bench_mini", "pretrain", "squad"):
         assert st[name]["seconds"] > 0 and os.path.isfile(st[name]["log"]), name
     assert st["env"]["figures"]["cuda_available"] is False

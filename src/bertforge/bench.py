@@ -209,14 +209,26 @@ def _medians(rows: list[tuple[float, float]]) -> tuple[float, float, float]:
 def run_bench(preset: str = "mini", batch_size: int = 32, seq_len: int = 128, steps: int = 3, rounds: int = 7,
               vocab_size: int | None = None, device: str = "auto", data_dir: str | None = None, inference: bool = True,
               threads: int | None = None, out=print, text: str | None = None, tokenizer: str | None = None,
-              precision: str = "auto", compile: bool = False) -> dict:  # noqa: A002
+              precision: str = "auto", compile: bool = False, arch: str = "bert") -> dict:  # noqa: A002
     """Alternate bertforge and transformers; print per-round figures and return the medians.  With
-    ``compile``, also alternate the pretraining step compiled (``--compile``) and eager."""
+    ``compile``, also alternate the pretraining step compiled (``--compile``) and eager.  ``arch``
+    "modernbert": the masked-LM step of a ModernBERT against transformers' ``ModernBertForMaskedLM`` (with its
+    ``sparse_prediction``: the head on the masked tokens only, as ours), training only."""
     if (text is None) != (tokenizer is None):
         raise UserError("--text and --tokenizer go together")
+    if arch not in ("bert", "modernbert"):
+        raise UserError(f"--arch must be bert or modernbert, not {arch!r}")
     transformers = _import_transformers()
     impl, dev, autocast = _backend(device, threads, precision)
     batch, vocab_size, source = _training_batch(text, tokenizer, batch_size, seq_len, vocab_size)
+    if arch == "modernbert":
+        if compile:
+            raise UserError("bench --arch modernbert times the eager step; --compile is BERT's here")
+        from .tokenizer import load_tokenizer, special_ids
+
+        ids = special_ids(load_tokenizer(tokenizer)) if tokenizer else None
+        return _modern_bench(preset, batch, vocab_size, source, ids, transformers, impl, dev, autocast, steps, rounds,
+                             out)
     cfg = BertConfig.preset(preset, vocab_size=vocab_size)
     peak, peak_name = _matmul_peak_of_run(dev, autocast)
     fpt = flops_per_token(cfg, seq_len, 0.15)
@@ -294,6 +306,60 @@ def _pretraining_rounds(cfg: BertConfig, hf_cfg, transformers, batch: dict, toke
     for fn in (step_ours, step_theirs):  # warm-up
         fn()
     return _alternate(rounds, *(_rate(dev, fn, steps, tokens) for fn in (step_ours, step_theirs)), "train", out)
+
+
+def _modern_bench(preset: str, batch: dict, vocab_size: int, source: str, sp, transformers, impl: ImplConfig,
+                  dev: torch.device, autocast, steps: int, rounds: int, out) -> dict:
+    """``bench --arch modernbert``: our ModernBERT's masked-LM step (:class:`~bertforge.objectives.MaskedLM`)
+    against transformers' on the same weights and batch, alternating rounds; ``sp``: the special ids of the
+    tokenizer of ``--text`` (None: random tokens, :func:`pretraining_batch`'s 0, 2 and 3)."""
+    from .modernbert import ModernBertConfig, ModernBertForMaskedLM
+
+    B, T = batch["input_ids"].shape
+    pad, cls, sep = (sp.pad, sp.cls, sp.sep) if sp is not None else (0, 2, 3)
+    ids = dict(pad_token_id=pad, cls_token_id=cls, bos_token_id=cls, sep_token_id=sep, eos_token_id=sep)
+    cfg = ModernBertConfig.preset(preset, vocab_size=vocab_size, **ids)
+    peak, peak_name = _matmul_peak_of_run(dev, autocast)
+    fpt = flops_per_token(cfg, T, 0.15)
+    out(_versions(dev, transformers))
+    out(f"config {preset} (ModernBERT): {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, intermediate "
+        f"{cfg.intermediate_size}, vocabulary {vocab_size}; batch {B} x {T} of {source}; {fpt / 1e6:.1f} "
+        f"MFLOP/token; {peak_name} matmul peak {peak / 1e9:.0f} GFLOP/s")
+    torch.manual_seed(0)
+    ours = ModernBertForMaskedLM(cfg).to(dev).train()
+    run = PretrainConfig()
+    run.model.arch, run.data.nsp = "modernbert", False
+    engine = Engine(MaskedLM(ours, run), TrainConfig(lr=1e-4), impl, dev)
+    hf_cfg = transformers.ModernBertConfig.from_dict({**cfg.to_dict(), "sparse_prediction": True})
+    hf_cfg._attn_implementation = "sdpa"
+    theirs = transformers.ModernBertForMaskedLM(hf_cfg).to(dev)
+    theirs.load_state_dict(ours.state_dict())
+    theirs.train()
+    opt_theirs = _transformers_optimizer(theirs, 1e-4, dev)
+    batch = {k: v.to(dev) for k, v in batch.items()}
+    theirs_batch = {k: batch[k] for k in ("input_ids", "attention_mask", "labels")}
+    with torch.no_grad():  # the same loss from the same weights before any step
+        a = float(ours.masked_lm_loss(batch["input_ids"], batch["attention_mask"], batch["labels"]))
+        b = float(theirs(**theirs_batch).loss) * int((batch["labels"] != -100).sum())
+    tokens = int(batch["attention_mask"].sum())
+    rates = [_rate(dev, fn, steps, tokens) for fn in (lambda: engine.step([batch]),
+                                                      lambda: transformers_step(theirs, opt_theirs, theirs_batch,
+                                                                                autocast))]
+    for rate in rates:  # warm-up
+        rate(1)
+    rows = _alternate(rounds, *rates, "train", out)
+    ours_tps, theirs_tps, speedup = _medians(rows)
+    res = {"device": str(dev), "arch": "modernbert", "preset": preset, "batch_size": B, "seq_len": T,
+           "batch_source": source, "vocab_size": vocab_size, "parameters": ours.num_parameters(),
+           "loss_difference": abs(a - b) / max(1.0, abs(b)), "train_tokens_per_second": ours_tps,
+           "transformers_train_tokens_per_second": theirs_tps, "train_speedup_vs_transformers": speedup,
+           "train_mfu": ours_tps * fpt / peak, "transformers_train_mfu": theirs_tps * fpt / peak,
+           "matmul_peak_gflops": peak / 1e9, "matmul_peak_dtype": peak_name, "model_flops_per_token": fpt}
+    out(f"train: bertforge {ours_tps:.0f} tok/s (MFU {res['train_mfu']:.1%}), transformers {theirs_tps:.0f} tok/s "
+        f"(MFU {res['transformers_train_mfu']:.1%}), median speed-up x{speedup:.2f}")
+    out(json.dumps(res))
+    out(f"train_speedup_vs_transformers={speedup:.2f}")
+    return res
 
 
 def _compile_rounds(cfg: BertConfig, batch: dict, tokens: int, impl: ImplConfig, dev: torch.device, steps: int,
