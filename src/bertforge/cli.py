@@ -10,6 +10,7 @@ import argparse
 import contextlib
 import dataclasses
 import difflib
+import gc
 import logging
 import os
 import sys
@@ -815,4 +816,8 @@ def _file_size_limit_as_error():
 
 
 def console_main() -> None:
-    raise SystemExit(main())
+    code = main()
+    # the run's reference cycles (a DDP reducer and its gloo work among them) are freed now, while the interpreter
+    # is whole: freed during its finalization, gloo's work can abort the process (pytorch/pytorch#179291)
+    gc.collect()
+    raise SystemExit(code)
