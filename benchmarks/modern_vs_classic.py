@@ -26,11 +26,10 @@ import json
 import os
 import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from domain_adaptation import UserError, read_json, run_command, write_json  # noqa: E402
-from seed001_cpu import BOOKS, run_chain, vocabulary  # noqa: E402
+from domain_adaptation import read_json, run_command  # noqa: E402
+from seed001_cpu import BOOKS, recorded_stage, run_chain, vocabulary  # noqa: E402
 
 ARCHS = ("bert", "modernbert")
 
@@ -94,29 +93,19 @@ def write_books(data_dir: str, out: str, n: int) -> None:
 
 def run_stage(st: Stage, out: str) -> dict:
     """Run ``st`` unless its record exists; its record (the stage's figures and minutes)."""
-    path = os.path.join(out, "stages", f"{st.name}.json")
-    wanted = [str(a) for a in st.argv]
-    if os.path.isfile(path):
-        record = read_json(path)
-        if record["argv"] != wanted:
-            raise UserError(f"{out} holds stage {st.name} run with other settings: use another --out")
-        return record
-    start = time.time()
-    stdout = run_command(st.name, wanted, st.out, os.path.join(out, "logs"))
-    if st.name.startswith("mlm-"):
-        result = json.loads(stdout.strip().splitlines()[-1])
-    elif st.name == "prepare":
-        result = {k: v for k, v in read_json(os.path.join(st.out, "manifest.json")).items()
-                  if k in ("documents", "tokens")}
-    else:
+    def work(wanted: list[str]) -> dict:
+        stdout = run_command(st.name, wanted, st.out, os.path.join(out, "logs"))
+        if st.name.startswith("mlm-"):
+            return json.loads(stdout.strip().splitlines()[-1])
+        if st.name == "prepare":
+            return {k: v for k, v in read_json(os.path.join(st.out, "manifest.json")).items()
+                    if k in ("documents", "tokens")}
         m = read_json(os.path.join(st.out, "metrics.json"))
         keep = ("steps", "tokens_seen", "tokens_per_second", "wall_seconds", "parameters", "mlm_accuracy",
                 "mlm_loss", "accuracy", "train_seconds")
-        result = {k: m[k] for k in keep if k in m}
-    record = {"stage": st.name, "argv": wanted, "minutes": round((time.time() - start) / 60, 2), "result": result}
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    write_json(path, record)
-    return record
+        return {k: m[k] for k in keep if k in m}
+
+    return recorded_stage(out, st.name, st.argv, work)
 
 
 def summary(records: dict[str, dict], r: Recipe, seed: int) -> dict:

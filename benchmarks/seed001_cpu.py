@@ -152,19 +152,27 @@ def write_split(data_dir: str, folder: str, r: Recipe) -> dict:
 # ------------------------------------------------------------------------------------------------ stages
 def run_stage(st: Stage, out: str, data_dir: str, r: Recipe) -> dict:
     """Run ``st`` unless its record exists; its record."""
-    path = os.path.join(out, "stages", f"{st.name}.json")
-    wanted = [str(a) for a in st.argv]
+    def work(wanted: list[str]) -> dict:
+        if st.name == "split":
+            return write_split(data_dir, os.path.join(out, "split"), r)
+        return stage_result(st, run_command(st.name, wanted, st.out, os.path.join(out, "logs")))
+
+    return recorded_stage(out, st.name, st.argv, work)
+
+
+def recorded_stage(out: str, name: str, argv: list, work) -> dict:
+    """Stage ``name``'s record in OUT/stages/: the one there (refused when it ran with other arguments), else
+    ``work(argv as strings)``'s result, timed and written down."""
+    path = os.path.join(out, "stages", f"{name}.json")
+    wanted = [str(a) for a in argv]
     if os.path.isfile(path):
         record = read_json(path)
         if record["argv"] != wanted:
-            raise UserError(f"{out} holds stage {st.name} run with other settings: use another --out")
+            raise UserError(f"{out} holds stage {name} run with other settings: use another --out")
         return record
     start = time.time()
-    if st.name == "split":
-        result = write_split(data_dir, os.path.join(out, "split"), r)
-    else:
-        result = stage_result(st, run_command(st.name, wanted, st.out, os.path.join(out, "logs")))
-    record = {"stage": st.name, "argv": wanted, "minutes": round((time.time() - start) / 60, 2), "result": result}
+    result = work(wanted)
+    record = {"stage": name, "argv": wanted, "minutes": round((time.time() - start) / 60, 2), "result": result}
     os.makedirs(os.path.dirname(path), exist_ok=True)
     write_json(path, record)
     return record
