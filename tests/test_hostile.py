@@ -247,10 +247,10 @@ def test_overwrite_replaces_only_our_own_output(world, tmp_path, capsys):
 
 
 def test_a_second_run_on_the_same_output_is_refused(world, tmp_path, capsys):
-    from bertforge.outputs import OutputLock
+    from bertforge.outputs import Output
 
     out = tmp_path / "run"
-    with OutputLock(str(out)):  # a first run holds the output
+    with Output(str(out), "pretrain"):  # a first run holds the output
         rc = main(["--quiet", *[a.format(w=world) for a in PRETRAIN], "--max-steps", "2", "--out", str(out)])
         err = capsys.readouterr().err.strip().splitlines()
         assert rc == 2 and len(err) == 1 and "another bertforge run is writing" in err[0]

@@ -55,14 +55,14 @@ def prepare(data: list[str | os.PathLike] | str | os.PathLike, tokenizer: str | 
     the cores this process may use) into token shards in ``out``, which ``run_pretraining(data=out)`` trains from
     with no tokenization; run again, it finishes what a killed run left.  Returns the manifest's totals."""
     from .config import DOC_SEPARATORS, progress_shown
-    from .outputs import check_inputs_outside, check_output
+    from .outputs import Output, check_inputs_outside
     from .prepared import Reading, prepare_corpus
     from .tokenizer import load_tokenizer
 
     data, out, tokenizer = _paths(data, listed=True), os.fspath(out), os.fspath(tokenizer)
     if doc_separator not in DOC_SEPARATORS:
         raise UserError(f"doc_separator must be one of {DOC_SEPARATORS}")
-    check_output(out, "prepared", resume=True)
+    Output(out, "prepared", resume=True).check()  # (a preparation cut short is continued)
     check_inputs_outside(out, data)
     corpus = prepare_corpus(data, load_tokenizer(tokenizer), out, Reading(text_field, doc_separator, dedup=dedup),
                             workers, progress_shown(progress), overwrite)

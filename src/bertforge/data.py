@@ -102,7 +102,8 @@ def build_corpus(paths: list[str], tok: Tokenizer, cache_dir: str | None = None,
                         "choose another with --cache-dir or BERTFORGE_CACHE")
     with _cache_writes(cache_dir):
         return prepare_corpus(paths, tok, folder, reading, workers, progress,
-                              wait_message="waiting for another process tokenizing into %s")
+                              wait_message="waiting for another process tokenizing into %s",
+                              flag="the tokenized-corpus cache entry")
 
 
 def _given_prepared(paths: list[str], tok: Tokenizer) -> TokenizedCorpus:

@@ -40,7 +40,7 @@ import torch
 from .config import BertConfig, ClassifyConfig, PretrainConfig
 from .corpus import iter_texts
 from .demo_corpus import generate_stories, write_sentiment, write_story_corpus
-from .outputs import OutputLock, check_output, register_output, remove_output, write_marker
+from .outputs import Output, register_output, remove_output, write_marker
 from .finetune import finetune
 from .model import BertForPreTraining
 from .predict import pipeline
@@ -98,8 +98,8 @@ def run_demo(out: str = "demo-output", quick: bool = False, wordpiece: bool = Fa
     s = settings or (DemoSettings.quick() if quick else DemoSettings())
     if seed is not None:
         s = replace(s, seed=seed)
-    with OutputLock(out):
-        if check_output(out, "demo", overwrite=True):  # the demo replaces its own earlier output, nothing else
+    with Output(out, "demo", overwrite=True) as output:  # the demo replaces its own earlier output, nothing else
+        if output.replace:
             remove_output(out, "demo")
         return _run_demo(out, s, wordpiece, progress)
 

@@ -75,10 +75,10 @@ def finetune(task: FinetuneTask, cfg: FinetuneConfig, overwrite: bool = False, r
     cfg.validate()
     validate_fields(task.settings)
     folder = RunFolder(cfg.out, "finetune")
-    preflight(folder, [cfg.model, cfg.data.train_file, cfg.data.validation_file], overwrite, resume)
+    output = preflight(folder, [cfg.model, cfg.data.train_file, cfg.data.validation_file], overwrite, resume)
     files = files_content(cfg)
     schedule = check_resumed_files(folder, cfg, task, files) if resume else []
-    with start_run(cfg.out, "finetune", cfg.impl, overwrite, resume) as (d, device, replace):
+    with start_run(output, cfg.impl) as (d, device):
         if cfg.train.batch_size < d.world * cfg.train.grad_accum:
             raise UserError(f"--batch-size {cfg.train.batch_size} is smaller than processes x --grad-accum")
         task.read(cfg)
@@ -98,7 +98,7 @@ def finetune(task: FinetuneTask, cfg: FinetuneConfig, overwrite: bool = False, r
             model = model_class.from_pretrained(cfg.model, config=config, reinit_head=reinit_head).to(device)
         torch.manual_seed(cfg.train.seed + d.rank)  # the same new head everywhere; dropout streams differ by rank
         checkpointed = resume or cfg.train.save_every != 0
-        with run_folder(cfg.out, "finetune", d, replace, resume, in_place=checkpointed) as out:
+        with run_folder(output, d, resume, in_place=checkpointed) as out:
             if d.is_main and resume:
                 say_schedule_changed(schedule)
             elif d.is_main and checkpointed:  # what a resumed run is checked against, before it reads its data

@@ -34,9 +34,9 @@ from .config import ImplConfig, TrainConfig, progress_shown
 from .devices import Dist, init_distributed, resolve_device, setup_backend
 from .engine import Engine, NonFiniteLoss
 from .errors import TrainingError, UserError
-from .atomic import (atomic_dir, atomic_write_json, creating, missing_folders, remove_folders,
+from .atomic import (atomic_write_json, creating, missing_folders, remove_folders,
                      remove_stale_temporaries, writing)
-from .outputs import OutputLock, check_inputs_outside, check_output, marker_kind, recover_beside, write_marker
+from .outputs import Output, marker_kind, write_marker
 from .logs import MetricsLog, duration, file_log, log_step, rounded
 from .runfolder import RunFolder
 
@@ -49,23 +49,22 @@ def recover(out: str) -> None:
     replace comes back): called before a command reads anything of ``out``.  Under torchrun, where every process
     checks at once, it is left to :func:`start_run`, behind a barrier."""
     if out and int(os.environ.get("WORLD_SIZE", "1")) <= 1 and os.path.isdir(os.path.dirname(os.path.abspath(out))):
-        with OutputLock(out):
-            recover_beside(out)
+        Output(out, None).recover()
 
 
-def preflight(folder: RunFolder, inputs: list, overwrite: bool, resume: bool, restarts: bool = False) -> None:
-    """The output rules, checked before anything is read or written: ``--resume`` needs a checkpoint (or, when
-    the command ``restarts``, a run started there and killed before its first, which starts again from step 0)
-    and excludes ``--overwrite``; an existing output is refused unless ``overwrite`` replaces one of the same kind
-    (never one that holds the run's ``inputs``)."""
-    out = folder.out
-    recover(out)
+def preflight(folder: RunFolder, inputs: list, overwrite: bool, resume: bool, restarts: bool = False) -> Output:
+    """The run's output, its rules checked before anything is read or written: ``--resume`` needs a checkpoint
+    (or, when the command ``restarts``, a run started there and killed before its first, which starts again from
+    step 0) and excludes ``--overwrite``; an existing output is refused unless ``overwrite`` replaces one of the
+    same kind (never one that holds the run's ``inputs``)."""
+    recover(folder.out)
     if resume and overwrite:
         raise UserError("--resume continues the run in --out and --overwrite replaces it: give one of them")
     if resume and not (restarts and folder.started) and not folder.checkpoints():
-        raise UserError(f"nothing to resume: no complete checkpoint in {os.path.join(out, ckpt.CHECKPOINTS)}")
-    if check_output(out, folder.kind, overwrite=overwrite, resume=resume):
-        check_inputs_outside(out, inputs)
+        raise UserError(f"nothing to resume: no complete checkpoint in {os.path.join(folder.out, ckpt.CHECKPOINTS)}")
+    output = Output(folder.out, folder.kind, overwrite, resume, inputs)
+    output.check()
+    return output
 
 
 ONE_RUN = threading.Lock()  # held by the training run of this process
@@ -73,12 +72,11 @@ _started: float | None = None  # when it started (time.perf_counter): its clock 
 
 
 @contextlib.contextmanager
-def start_run(out: str, kind: str, impl: ImplConfig, overwrite: bool, resume: bool
-              ) -> Iterator[tuple[Dist, torch.device, bool]]:
-    """A run's set-up, the same for every command: (the processes, the device, whether an earlier output is to
-    be replaced).  The process group that torchrun describes is joined; rank 0 holds ``out``'s lock for the
-    whole run, and under it what an interrupted earlier run left beside ``out`` is recovered and the output rule
-    applied again; the device and its backend (threads, TF32) are set up.  The process group ends with the run."""
+def start_run(output: Output, impl: ImplConfig) -> Iterator[tuple[Dist, torch.device]]:
+    """A run's set-up, the same for every command: (the processes, the device).  The process group that torchrun
+    describes is joined; rank 0 holds the output's lock for the whole run, and under it what an interrupted
+    earlier run left beside the output is recovered and the output rule applied again (``output.replace``); the
+    device and its backend (threads, TF32) are set up.  The process group ends with the run."""
     global _started
     if not ONE_RUN.acquire(blocking=False):
         raise UserError("another training run is going on in this process (the Python API from another thread): "
@@ -92,15 +90,12 @@ def start_run(out: str, kind: str, impl: ImplConfig, overwrite: bool, resume: bo
         raise
     try:
         d.barrier()  # every process has checked the output before rank 0 writes there
-        with OutputLock(out, enabled=d.is_main):
-            replace = False
-            if d.is_main:
-                recover_beside(out)
-                replace = check_output(out, kind, overwrite=overwrite, resume=resume)
+        output.lock = d.is_main
+        with output:
             d.barrier()
             device = resolve_device(impl, d)
             setup_backend(device, impl, d)
-            yield d, device, replace
+            yield d, device
     finally:
         _started = None
         ONE_RUN.release()
@@ -109,23 +104,23 @@ def start_run(out: str, kind: str, impl: ImplConfig, overwrite: bool, resume: bo
 
 
 @contextlib.contextmanager
-def run_folder(out: str, kind: str, d: Dist, replace: bool, resume: bool, in_place: bool) -> Iterator[str]:
+def run_folder(output: Output, d: Dist, resume: bool, in_place: bool) -> Iterator[str]:
     """The folder the run writes into, with its ``train.log``; only rank 0 writes.
 
-    ``in_place`` (a run that checkpoints): ``out`` itself, an earlier output moved aside when ``replace``;
+    ``in_place`` (a run that checkpoints): the output itself, an earlier output moved aside when it is replaced;
     a new run that fails before its first checkpoint is removed (nothing there to resume) and the earlier
     output put back (:func:`_in_place`).  Otherwise a temporary folder renamed into place at the end (an earlier
     output replaced only then), so a run that fails never leaves a half-written output.  A failed write (a full
-    disk, a file-size limit) is one error naming ``out``, raised after that clean-up."""
+    disk, a file-size limit) is one error naming the output, raised after that clean-up."""
+    out = output.path
     if not d.is_main:
         yield out
         return
     if not in_place:
-        with atomic_dir(out, replace=replace) as tmp, file_log(tmp):
-            write_marker(tmp, kind)
+        with output.atomic() as tmp, file_log(tmp):
             yield tmp
         return
-    with writing(out), _in_place(out, kind, replace, resume):
+    with writing(out), _in_place(output, resume):
         for p in remove_stale_temporaries(out) + remove_stale_temporaries(os.path.join(out, ckpt.CHECKPOINTS)):
             log.warning("removed %s, left by an interrupted save", p)
         with file_log(out):
@@ -133,13 +128,14 @@ def run_folder(out: str, kind: str, d: Dist, replace: bool, resume: bool, in_pla
 
 
 @contextlib.contextmanager
-def _in_place(out: str, kind: str, replace: bool, resume: bool) -> Iterator[None]:
-    """``out`` written in place.  A new run that fails before its first checkpoint (a full disk at its first
+def _in_place(output: Output, resume: bool) -> Iterator[None]:
+    """The output written in place.  A new run that fails before its first checkpoint (a full disk at its first
     save, an error, Ctrl-C) leaves the file system as it was: nothing there to resume, no half-written output,
     and an earlier output it was to replace (kept aside until then) back under its name."""
+    out, kind = output.path, output.kind
     made, aside = missing_folders(out), None
     existed = os.path.isdir(out)  # empty (the output rule), or the run to resume
-    if replace:
+    if output.replace:
         if marker_kind(out) != kind:  # checked again: never anything else
             raise UserError(f"refusing to replace {out}: it is not a {kind} output that bertforge wrote")
         aside = tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(out))}.replaced-",

@@ -4,12 +4,14 @@ a lock keeps a second run out; what an interrupted write left beside it is put r
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import shutil
+from collections.abc import Iterator
 
-from .atomic import creating, lock_file, missing_folders, path_shown, remove_folders, unlock_file
+from .atomic import atomic_dir, creating, lock_file, missing_folders, path_shown, remove_folders, unlock_file
 from .errors import UserError
 from .files import json_object_or_none
 
@@ -134,43 +136,90 @@ def remove_output(path: str, kind: str) -> None:
     shutil.rmtree(path)
 
 
-class OutputLock:
-    """An advisory lock on an output folder, so that a second run writing there is refused at once (or, with a
-    ``wait`` message, waited for: several processes that need the same prepared corpus).  The
-    lock file lies beside the folder (``.NAME.lock``, removed at the end); the operating system releases the
-    lock when the process ends, however it ends (a killed run leaves the file, unlocked, for the next)."""
+class Output:
+    """One output folder of one ``kind``, the way every command that writes a folder writes it.
 
-    def __init__(self, path: str, enabled: bool = True, wait: str | None = None):
-        path = os.path.abspath(path)
-        self.file = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.lock")
-        self.path, self.enabled, self.fd, self.made, self.wait = path, enabled, None, [], wait
+    :meth:`check` applies the rule (:func:`check_output`, and never over the run's ``inputs``) before anything is
+    read.  Entering takes an advisory lock, so that a second run writing there is refused at once (or, with a
+    ``wait`` message, waited for: several processes that need the same prepared corpus); under it what an
+    interrupted write left beside the folder is put right (:func:`recover_beside`) and the rule applied again,
+    since another process may have written meanwhile: :attr:`replace` then says whether an earlier output of ours
+    is to be replaced.  :meth:`atomic` writes the folder whole or not at all.  ``lock=False`` (a torchrun process
+    other than rank 0) takes no lock and checks nothing: rank 0 does both.  The lock file lies beside the folder
+    (``.NAME.lock``, removed at the end); the operating system releases the lock when the process ends, however it
+    ends (a killed run leaves the file, unlocked, for the next)."""
 
-    def __enter__(self):
-        if not self.enabled:
-            return self
+    def __init__(self, path: str, kind: str | None, overwrite: bool = False, resume: bool = False, inputs=(),
+                 flag: str = "--out", lock: bool = True, wait: str | None = None):
+        self.path, self.kind, self.overwrite, self.resume, self.flag = path, kind, overwrite, resume, flag
+        self.inputs, self.lock, self.wait, self.replace = inputs, lock, wait, False
+        self.where = os.path.abspath(path)
+        self.file = os.path.join(os.path.dirname(self.where), f".{os.path.basename(self.where)}.lock")
+        self.fd: int | None = None
+        self.made: list[str] = []
+
+    def check(self) -> bool:
+        """The rule, before anything is read or written: whether an earlier output of ours is to be replaced."""
+        replace = check_output(self.path, self.kind, self.overwrite, self.resume, self.flag)
+        if replace:
+            check_inputs_outside(self.path, self.inputs, self.flag)
+        return replace
+
+    def recover(self) -> None:
+        """What an interrupted write left beside the folder put right, under the lock, before a command reads a
+        file of it."""
+        self._take()
+        try:
+            recover_beside(self.path)
+        finally:
+            self._release()
+
+    def __enter__(self) -> Output:
+        if self.lock:
+            self._take()
+            try:
+                recover_beside(self.path)
+                self.replace = self.check()
+            except BaseException:
+                self._release()
+                raise
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self._release()
+        return False
+
+    @contextlib.contextmanager
+    def atomic(self) -> Iterator[str]:
+        """A temporary folder, marked as this output's, renamed into place at the end (an earlier output replaced
+        only then): a write that fails leaves no half-written output."""
+        with atomic_dir(self.path, replace=self.replace) as tmp:
+            write_marker(tmp, self.kind)
+            yield tmp
+
+    def _take(self) -> None:
+        path = self.where
         self.made = missing_folders(os.path.dirname(self.file))  # removed again when nothing is written
         try:
-            with creating(self.path):
+            with creating(path):
                 os.makedirs(os.path.dirname(self.file), exist_ok=True)
                 self.fd = lock_file(self.file)
                 if self.fd is None and self.wait:  # (preparing a corpus: waited for, saying so)
-                    logging.getLogger("bertforge").info(self.wait, self.path)
+                    logging.getLogger("bertforge").info(self.wait, path)
                     self.fd = lock_file(self.file, wait=True)
         except UserError:
             remove_folders(self.made)
             raise
         if self.fd is None:
-            raise UserError(f"another bertforge run is writing {self.path}; wait for it to end, or choose another "
-                            "--out")
-        return self
+            raise UserError(f"another bertforge run is writing {path}; wait for it to end, or choose another "
+                            f"{self.flag}")
 
-    def __exit__(self, *exc):
+    def _release(self) -> None:
         if self.fd is not None:
             unlock_file(self.file, self.fd)
             self.fd = None
-            if not os.path.lexists(self.path):  # a run that wrote nothing leaves no folders it made for it
+            if not os.path.lexists(self.where):  # a run that wrote nothing leaves no folders it made for it
                 remove_folders(self.made)
-        return False
 
 
 def recover_beside(path: str) -> None:

@@ -54,7 +54,7 @@ from .atomic import atomic_write_json, current_umask, fault_point, write_failure
 from .corpus import END, expand_paths, input_signature, is_prepared_folder, line_based, read_part, sentences_of
 from .errors import TrainingError, UserError
 from .files import json_object_or_none
-from .outputs import MARKER, OutputLock, check_output, register_output, write_marker
+from .outputs import MARKER, Output, register_output, write_marker
 
 log = logging.getLogger("bertforge")
 
@@ -533,7 +533,8 @@ def hash_part(job: dict) -> dict:
 
 # ------------------------------------------------------------------------------------------------ the whole
 def prepare_corpus(data: list[str], tok: Tokenizer, out: str, reading: Reading = Reading(), workers: int | None = None,
-                   progress: bool = False, overwrite: bool = False, wait_message: str | None = None) -> TokenizedCorpus:
+                   progress: bool = False, overwrite: bool = False, wait_message: str | None = None,
+                   flag: str = "--out") -> TokenizedCorpus:
     """Prepare ``data`` into ``out`` (see the module's docstring) and open it; a finished folder of the same
     inputs, tokenizer and settings is opened as it is.  Another process preparing ``out`` is waited for (a
     lock file beside it, which the operating system releases whatever ends that process): no collective."""
@@ -545,7 +546,9 @@ def prepare_corpus(data: list[str], tok: Tokenizer, out: str, reading: Reading =
     out = os.path.abspath(out)
     who = f"rank {os.environ['RANK']}: " if "RANK" in os.environ else ""
     t0 = time.monotonic()
-    with OutputLock(out, wait=who + (wait_message or "waiting for another process preparing %s")):
+    output = Output(out, KIND, resume=True, flag=flag,
+                    wait=who + (wait_message or "waiting for another process preparing %s"))
+    with output:  # (a preparation cut short is continued: the rule as for --resume)
         waited = time.monotonic() - t0
         state = _state(out, files, tok, reading, overwrite)
         if state == "finished":
@@ -553,7 +556,7 @@ def prepare_corpus(data: list[str], tok: Tokenizer, out: str, reading: Reading =
                      if waited >= 1 else "")
             return open_prepared(out)
         if state == "replace":
-            check_output(out, KIND, overwrite=True)  # the output rule: never a file bertforge did not write
+            Output(out, KIND, overwrite=True, flag=flag).check()  # the rule: never files bertforge did not write
             shutil.rmtree(out)
         created = not os.path.lexists(out)
         t0 = time.monotonic()

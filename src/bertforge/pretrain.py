@@ -43,17 +43,18 @@ from . import checkpoint as ckpt
 from . import modelcard, vocabulary
 from .atomic import atomic_write_json
 from .batching import to_device
-from .config import BertConfig, PretrainConfig
+from .config import PretrainConfig
 from .data import PretrainingData
 from .devices import Dist
 from .engine import Engine, LinearSchedule
 from .errors import UserError, shown
 from .evaluation import fill_mask_samples
 from .lifecycle import TrainingRun, finish, preflight, run_folder, start_run
+from .loading import model_config
 from .logs import rounded
 from .objectives import OBJECTIVES, objective_class
 from .objectives.mlm import new_head_said
-from .outputs import MODEL_FILES, register_output
+from .outputs import MODEL_FILES, Output, register_output
 from .plan import (StartPlan, pretraining_config, pretraining_objective, pretraining_plan, pretraining_tokenizer,
                    resolve_arch, take_prepared_reading)
 from .plots import plot_pretraining
@@ -78,8 +79,8 @@ def pretrain(cfg: PretrainConfig, resume: bool = False, overwrite: bool = False)
     that can fail on bad input fails before the output folder is written.
     """
     folder = RunFolder(cfg.out, "pretrain")
-    schedule = check_run(cfg, folder, resume, overwrite)
-    with start_run(cfg.out, "pretrain", cfg.impl, overwrite, resume) as (d, device, replace):
+    output, schedule = check_run(cfg, folder, resume, overwrite)
+    with start_run(output, cfg.impl) as (d, device):
         if resume and d.is_main:  # decided on the checkpoints that load whole
             ckpt.set_aside_incomplete(cfg.out)
         d.barrier()
@@ -98,7 +99,7 @@ def pretrain(cfg: PretrainConfig, resume: bool = False, overwrite: bool = False)
         corpus = corpus_identity(cfg, data, d, folder if resume else None)
         objective = pretraining_objective(cfg, plan, config, tok).to(device)
         torch.manual_seed(cfg.train.seed + d.rank)  # dropout streams differ by rank
-        with run_folder(cfg.out, "pretrain", d, replace, resume, in_place=True):
+        with run_folder(output, d, resume, in_place=True):
             if d.is_main:
                 if not plan.continued:
                     save_tokenizer(tok, cfg.out, model_max_length=config.max_position_embeddings)
@@ -115,17 +116,18 @@ def pretrain(cfg: PretrainConfig, resume: bool = False, overwrite: bool = False)
             return run.train(resume)
 
 
-def check_run(cfg: PretrainConfig, folder: RunFolder, resume: bool, overwrite: bool = False) -> list[str]:
-    """Every check that needs no heavy work, done before anything is read or written; returns the schedule's
-    changes on ``resume``."""
+def check_run(cfg: PretrainConfig, folder: RunFolder, resume: bool, overwrite: bool = False
+              ) -> tuple[Output, list[str]]:
+    """Every check that needs no heavy work, done before anything is read or written; returns the run's output
+    and the schedule's changes on ``resume``."""
     if not cfg.out:
         raise UserError("--out is required")
     if not resume and not overwrite and folder.checkpoints():
         raise UserError(f"{cfg.out} already holds a training run; pass --resume to continue it, --overwrite to "
                         "replace it, or choose another --out")
     m, dc = cfg.model, cfg.data
-    preflight(folder, [*dc.data, *(dc.eval_data or []), dc.tokenizer, m.init, m.model_config], overwrite, resume,
-              restarts=True)
+    inputs = [*dc.data, *(dc.eval_data or []), dc.tokenizer, m.init, m.model_config]
+    output = preflight(folder, inputs, overwrite, resume, restarts=True)
     saved = folder.settings() if resume else None  # the resume rule first: it names what changed
     resolve_arch(cfg, saved)
     if saved is not None:
@@ -146,7 +148,7 @@ def check_run(cfg: PretrainConfig, folder: RunFolder, resume: bool, overwrite: b
         if not os.path.isdir(m.init):
             raise UserError(f"--init directory not found: {m.init}")
         ckpt.require_weights(m.init)  # before the data is read
-    return schedule
+    return output, schedule
 
 
 # ------------------------------------------------------------------------------------------------ set-up
@@ -204,7 +206,7 @@ class Pretraining(TrainingRun):
             if said:  # in train.log, which opens only now
                 log.info("%s", said)
         if self.cfg.model.add_vocab and self.d.is_main:  # in train.log, which opens only now
-            before = BertConfig.load(self.cfg.model.init).vocab_size
+            before = model_config(self.cfg.model.init).vocab_size
             log.info("%s", vocabulary.describe(self.tok, before, self.cfg.model.add_vocab))
         return self.fit()
 

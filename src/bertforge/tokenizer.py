@@ -32,11 +32,10 @@ from tokenizers import (
 )
 from tokenizers.models import WordLevel, WordPiece
 
-from .atomic import atomic_dir, write_file
+from .atomic import write_file
 from .errors import UserError, require_type, shown
 from .files import read_json_object, read_text
-from .outputs import (MODEL_FILES, OutputLock, check_inputs_outside, check_output, recover_beside, register_output,
-                      write_marker)
+from .outputs import MODEL_FILES, Output, register_output
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = [PAD, UNK, CLS, SEP, MASK]
@@ -289,18 +288,15 @@ def train_to_folder(inputs: list[str], out: str, vocab_size: int, kind: str = "w
                     min_frequency: int = 2, text_field: str = "text", doc_separator: str = "file",
                     overwrite: bool = False, progress: bool = False) -> Tokenizer:
     """``bertforge tokenizer train``: a vocabulary trained on the texts of ``inputs``, written to the folder
-    ``out`` (under the rules for outputs, :func:`~bertforge.outputs.check_output`)."""
+    ``out`` (under the rules for outputs, :class:`~bertforge.outputs.Output`)."""
     from .corpus import expand_paths, iter_texts
 
-    if check_output(out, "tokenizer", overwrite):
-        check_inputs_outside(out, inputs)
+    output = Output(out, "tokenizer", overwrite, inputs=inputs)
+    output.check()
     expand_paths(inputs)  # every input exists, before any work
-    with OutputLock(out):
-        recover_beside(out)  # an interrupted earlier run's leftovers, then the rule again
-        replace = check_output(out, "tokenizer", overwrite)
+    with output:
         tok = train_vocabulary(iter_texts(inputs, text_field, doc_separator), vocab_size, kind=kind,
                                lowercase=lowercase, min_frequency=min_frequency, show_progress=progress)
-        with atomic_dir(out, replace=replace) as tmp:
+        with output.atomic() as tmp:
             save_tokenizer(tok, tmp)
-            write_marker(tmp, "tokenizer")
     return tok
