@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 
 from bertforge import BertConfig
 from bertforge.cli import main
+from bertforge.errors import UserError
 from bertforge.model import BertForMaskedLM
 from bertforge.tokenizer import load_tokenizer, vocab_tokens
 from bertforge.vocabulary import check_extensible, extend_tokenizer, new_tokens, old_pieces
@@ -77,6 +78,65 @@ def test_added_vocabulary_loads_in_transformers_with_old_ids_and_mean_rows(input
     assert "added 3 tokens to the vocabulary (30522 -> 30525)" in (out / "train.log").read_text()
 
 
+def test_a_modernbert_grows_its_vocabulary_as_bert_does(inputs, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from bertforge.modernbert import ModernBertConfig, ModernBertForMaskedLM
+    from bertforge.tokenizer import special_ids
+
+    tok, base = load_tokenizer(str(inputs / "model")), tmp_path / "modern"
+    sp = special_ids(tok)
+    torch.manual_seed(0)
+    model = ModernBertForMaskedLM(ModernBertConfig(
+        vocab_size=tok.get_vocab_size(), hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=2, max_position_embeddings=64, local_attention=8, pad_token_id=sp.pad,
+        cls_token_id=sp.cls, bos_token_id=sp.cls, sep_token_id=sp.sep, eos_token_id=sp.sep))
+    with torch.no_grad():
+        model.decoder.bias.normal_()  # (ModernBERT's decoder carries the output bias)
+    model.save_pretrained(str(base), tokenizer=tok)
+    out = tmp_path / "run"
+    args = _pretrain(inputs, out, "--add-vocab", "3", "--max-steps", "1")
+    args[args.index("--init") + 1] = str(base)
+    assert main(args) == 0
+    before, old_n = load_file(str(base / "model.safetensors")), tok.get_vocab_size()
+    grown = transformers.ModernBertForMaskedLM.from_pretrained(str(out))
+    rows, bias = grown.model.embeddings.tok_embeddings.weight.detach(), grown.decoder.bias.detach()
+    assert rows.shape[0] == bias.shape[0] == grown.config.vocab_size == old_n + 3
+    assert grown.decoder.weight.data_ptr() == rows.data_ptr()  # the decoder stays tied
+    assert torch.allclose(rows[:old_n], before["model.embeddings.tok_embeddings.weight"], atol=1e-6)
+    assert torch.allclose(bias[:old_n], before["decoder.bias"], atol=1e-6)
+    new = load_tokenizer(str(out)).token_to_id("zorblaxian")
+    pieces = tok.encode("zorblaxian", add_special_tokens=False).ids
+    assert new >= old_n and len(pieces) > 1
+    assert torch.allclose(rows[new], before["model.embeddings.tok_embeddings.weight"][pieces].mean(0), atol=1e-6)
+    assert torch.allclose(bias[new], before["decoder.bias"][pieces].mean(0), atol=1e-6)
+    assert f"added 3 tokens to the vocabulary ({old_n} -> {old_n + 3})" in (out / "train.log").read_text()
+
+
+def test_an_untied_decoder_grows_its_own_rows_and_a_bpe_vocabulary_is_refused(minilm_dir):
+    from tokenizers import Tokenizer
+    from tokenizers.models import BPE
+
+    from bertforge.modernbert import ModernBertConfig, ModernBertForMaskedLM
+    from bertforge.vocabulary import extend_model
+
+    old = load_tokenizer(minilm_dir)
+    n = old.get_vocab_size()
+    torch.manual_seed(0)
+    model = ModernBertForMaskedLM(ModernBertConfig(
+        vocab_size=n, hidden_size=16, intermediate_size=24, num_hidden_layers=1, num_attention_heads=2,
+        max_position_embeddings=32, tie_word_embeddings=False, pad_token_id=0, cls_token_id=101, bos_token_id=101,
+        sep_token_id=102, eos_token_id=102))
+    decoder = model.decoder.weight.detach().clone()
+    assert extend_model(model, extend_tokenizer(old, ["zorblaxian"])) == ["zorblaxian"]
+    pieces = old.encode("zorblaxian", add_special_tokens=False).ids
+    assert model.decoder.weight.data_ptr() != model.get_input_embeddings().weight.data_ptr()
+    assert torch.allclose(model.decoder.weight[n], decoder[pieces].mean(0))
+    assert torch.equal(model.decoder.weight[:n], decoder) and model.config.vocab_size == n + 1
+    bpe = Tokenizer(BPE({"[UNK]": 0, "a": 1}, [], unk_token="[UNK]"))
+    with pytest.raises(UserError, match="extends a WordPiece vocabulary; the given one is BPE"):
+        check_extensible(bpe, "the given one")
+
+
 def test_resume_keeps_the_extended_vocabulary(inputs, tmp_path):
     out = tmp_path / "run"
     assert main(_pretrain(inputs, out, "--add-vocab", "2", "--max-steps", "1", "--save-every", "1")) == 0
@@ -123,7 +183,6 @@ def test_a_number_beyond_any_corpus_gives_what_the_data_holds(minilm_dir):
 def test_ids_without_a_token_are_refused_or_said(minilm_dir, tmp_path, caplog):
     # an id without a token (or a token past the model's rows) was taken as one more token: --add-vocab then gave
     # an old id to a new token, and a run without it trained on ids beyond the embedding matrix
-    from bertforge.errors import UserError
 
     (tmp_path / "gap").mkdir()
     state = json.loads(pathlib.Path(minilm_dir, "tokenizer.json").read_text())

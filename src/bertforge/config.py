@@ -106,6 +106,11 @@ class BertConfig(ModelConfigJson):
     # directory we load and save again loses nothing.
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
+    @property
+    def dropouts(self) -> tuple[float, float]:
+        """(the hidden states' dropout, the attention probabilities'), as every family's config says them."""
+        return self.hidden_dropout_prob, self.attention_probs_dropout_prob
+
     def __post_init__(self) -> None:
         # the one place where an architecture (a preset, a config.json) is checked before a model is built of it
         for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",

@@ -64,9 +64,10 @@ class LinearSchedule:
     """Linear warmup, then linear decay to zero.
 
     With ``max_steps`` the progress is ``step / max_steps`` as in transformers' linear schedule, except that
-    the first update uses lr * 1/warmup where transformers' uses 0 (a wasted step): one warmup step ahead.  With ``max_time`` it is the share of the time budget used
-    (``time_progress``, which the engine keeps: :meth:`Engine.advance`), so that a run ends on time with the
-    learning rate at zero; with both, whichever is further.  Warmup is ``warmup_steps`` or a fraction
+    the first update uses lr * 1/warmup where transformers' uses 0 (a wasted step): one warmup step ahead.
+    With ``max_time`` it is the share of the time budget used (``time_progress``, which the engine keeps:
+    :meth:`Engine.advance`), so that a run ends on time with the learning rate at zero; with both, whichever
+    is further.  Warmup is ``warmup_steps`` or a fraction
     ``warmup_ratio`` of the run.
     """
 

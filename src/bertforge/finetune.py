@@ -188,8 +188,7 @@ class FineTuning(TrainingRun):
         if not features:
             raise TrainingError("no training examples")
         if cfg.freeze_embeddings:
-            emb = model.base_model.embeddings  # BERT's word_embeddings, ModernBERT's tok_embeddings
-            (emb.word_embeddings if hasattr(emb, "word_embeddings") else emb.tok_embeddings).weight.requires_grad_(False)
+            model.get_input_embeddings().weight.requires_grad_(False)
         self.epochs, total = plan_steps(len(features), t)
         schedule = LinearSchedule(t.lr, total, t.max_time, t.warmup_steps, t.warmup_ratio)
         engine = Engine(task.objective(model, t.seed, d.world), t, cfg.impl, device, d, schedule=schedule)

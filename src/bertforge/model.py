@@ -264,7 +264,14 @@ class BertPreTrainedModel(nn.Module):
         """Tie the MLM decoder to the word embeddings (no-op for models without an MLM head)."""
         cls = getattr(self, "cls", None)
         if cls is not None and hasattr(cls, "predictions"):
-            cls.predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight
+            cls.predictions.decoder.weight = self.get_input_embeddings().weight
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        """The token embedding table (transformers' name for it, in every family)."""
+        return self.base_model.embeddings.word_embeddings
+
+    def set_input_embeddings(self, table: nn.Embedding) -> None:
+        self.base_model.embeddings.word_embeddings = table
 
     @property
     def base_model(self) -> BertModel:

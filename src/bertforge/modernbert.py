@@ -131,6 +131,11 @@ class ModernBertConfig(ModelConfigJson):
     # keys of a config.json we do not interpret (transformers_version, dtype, ...), written back unchanged
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
+    @property
+    def dropouts(self) -> tuple[float, float]:
+        """(the hidden states' dropout, the attention probabilities'), as every family's config says them."""
+        return self.mlp_dropout, self.attention_dropout
+
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_attention_heads:
             raise UserError(f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads "
@@ -481,7 +486,14 @@ class ModernBertPreTrainedModel(nn.Module):
         """Tie the MLM decoder to the token embeddings (no-op for models without one, or untied configs)."""
         decoder = getattr(self, "decoder", None)
         if decoder is not None and self.config.tie_word_embeddings:
-            decoder.weight = self.base_model.embeddings.tok_embeddings.weight
+            decoder.weight = self.get_input_embeddings().weight
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        """The token embedding table (transformers' name for it, in every family)."""
+        return self.base_model.embeddings.tok_embeddings
+
+    def set_input_embeddings(self, table: nn.Embedding) -> None:
+        self.base_model.embeddings.tok_embeddings = table
 
     @property
     def base_model(self) -> ModernBertModel:

@@ -32,11 +32,11 @@ import torch
 from tokenizers import Tokenizer
 
 from . import vocabulary
-from .config import ARCHS, BertConfig, progress_shown
+from .config import ARCHS, progress_shown
 from .corpus import iter_texts
 from .errors import UserError, shown
 from .initialization import local_attention_heads_, set_dropout, sinusoidal_positions_
-from .loading import config_class, family_of
+from .loading import config_class, family_of, model_config
 from .objectives import objective_class
 from .prepared import is_prepared, prepared_settings, tokenizer_fingerprint
 from .tokenizer import check_vocab_fits, load_tokenizer, special_ids, train_vocabulary
@@ -207,7 +207,7 @@ def _extended_tokenizer(cfg, tok, d):
     appended to its vocabulary (:mod:`bertforge.vocabulary`); :func:`pretraining_objective` grows the model."""
     mc, dc = cfg.model, cfg.data
     vocabulary.check_extensible(tok, f"the tokenizer of {shown(dc.tokenizer or mc.init)}")
-    check_vocab_fits(tok, BertConfig.load(mc.init).vocab_size, _vocab_pair(cfg))
+    check_vocab_fits(tok, model_config(mc.init).vocab_size, _vocab_pair(cfg))
     text = None
     if d.is_main:  # Pretraining.train says what was added, in train.log
         log.info("looking in the data for up to %d words and subwords that the vocabulary lacks", mc.add_vocab)
@@ -248,7 +248,7 @@ def pretraining_objective(cfg, plan: StartPlan, config, tok):
     checkpoint afterwards (:meth:`~bertforge.lifecycle.TrainingRun.restore`)."""
     mc = cfg.model
     torch.manual_seed(cfg.train.seed)
-    built = BertConfig.load(mc.init) if plan.grow else config
+    built = model_config(mc.init) if plan.grow else config
     objective = objective_class(mc.objective).build(cfg, built, plan.weights == "init")
     if plan.grow:
         vocabulary.extend_model(objective.model, tok)

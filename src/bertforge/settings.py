@@ -28,7 +28,6 @@ from typing import Any
 from .config import (
     RECIPE_WITH_INIT,
     RECIPES,
-    BertConfig,
     FinetuneConfig,
     ImplConfig,
     PretrainConfig,
@@ -86,12 +85,11 @@ def default_recipe(given: dict[str, Any]) -> Any:
 NEW_MODEL_ONLY = ("position_init", "attention_init")  # a new model's starting values: none applies to --init's
 
 
-def recipe_said(cfg: PretrainConfig, config: BertConfig) -> str:
+def recipe_said(cfg: PretrainConfig, config: Any) -> str:
     """The run's recipe and the values it trains with, for the log: each setting the recipe decides, marked
     where a flag or a config file changed the recipe's value; ``config``, the model's, says what "the model's
     dropout" is."""
-    own = (getattr(config, "hidden_dropout_prob", getattr(config, "mlp_dropout", 0.0)),
-           getattr(config, "attention_probs_dropout_prob", getattr(config, "attention_dropout", 0.0)))
+    own = config.dropouts
     models = f"the model's ({own[0]:g}{'' if own[0] == own[1] else f', attention {own[1]:g}'})"
     index, parts = cfg.flat_fields(), []
     for name, value in RECIPES.get(cfg.recipe, {}).items():

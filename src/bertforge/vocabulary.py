@@ -11,9 +11,10 @@ words and subwords of a new corpus, every old id kept.
 * :func:`extend_tokenizer`: the old tokenizer with the new entries appended to its WordPiece vocabulary at
   ids ``old size ...`` (real entries: transformers' "added tokens" are split out before WordPiece runs, so
   a ``##`` continuation could never be one); normaliser, pre-tokeniser and post-processor are the old ones.
-* :func:`extend_model`: the word embeddings, the MLM decoder (still tied to them) and its bias grown to the
-  tokenizer's size.  A new entry's embedding starts as the mean of the rows of the pieces the old tokenizer
-  splits it into, and so does its decoder bias: the new token's logit then starts as the mean of its
+* :func:`extend_model`: the token embeddings, the MLM decoder (still tied to them) and its bias grown to the
+  tokenizer's size, in BERT or ModernBERT (the family's table through ``get_input_embeddings``).  A new
+  entry's embedding starts as the mean of the rows of the pieces the old tokenizer splits it into, and so
+  does its decoder bias: the new token's logit then starts as the mean of its
   pieces' logits, never above the largest of them, so the new rows do not pull the predictions away from
   the model's until training moves them (a zero bias would put a new token above its pieces wherever, as
   usual, their biases are negative).
@@ -36,7 +37,7 @@ from tokenizers.models import WordPiece
 from torch import nn
 
 from .errors import UserError, shown
-from .tokenizer import SPECIAL_TOKENS, UNK, encode_batch, model_kind, vocab_tokens
+from .tokenizer import SPECIAL_TOKENS, UNK, encode_batch, vocab_tokens
 
 PREFIX = "##"
 SAMPLE_CHARS = 1 << 24  # the corpus sample that ranks the candidates
@@ -45,8 +46,10 @@ MIN_USES = 2  # as the trainer's min_frequency: an entry seen once is no part of
 
 def check_extensible(tok: Tokenizer, where: str) -> None:
     """Only a WordPiece vocabulary with ``##`` continuations is extended."""
-    if model_kind(tok) != "wordpiece":
-        raise UserError(f"--add-vocab extends a WordPiece vocabulary; {where} is word-level")
+    kind = type(tok.model).__name__
+    if kind != "WordPiece":
+        raise UserError(f"--add-vocab extends a WordPiece vocabulary; {where} is "
+                        f"{'word-level' if kind == 'WordLevel' else kind}")
     ids = sorted(tok.get_vocab(with_added_tokens=True).values())
     if ids != list(range(len(ids))):  # new entries take the ids after the old: each old id must have its token
         raise UserError(f"--add-vocab extends a vocabulary whose ids are 0 to n-1, one token each; {where} has "
@@ -124,28 +127,45 @@ def old_pieces(tok: Tokenizer, tokens: list[str], size: int | None = None) -> li
 
 
 def extend_model(model: nn.Module, tok: Tokenizer) -> list[str]:
-    """Grow ``model`` (a BERT, with or without its MLM head) to ``tok``'s vocabulary, which extends the
+    """Grow ``model`` (a BERT or a ModernBERT, with or without its MLM head) to ``tok``'s vocabulary, which extends the
     model's; return the new entries.  New rows start as the mean of their old pieces' (module docstring)."""
     old_n, new_n = model.config.vocab_size, tok.get_vocab_size(with_added_tokens=True)
     if new_n == old_n:
         return []
     if new_n < old_n:
         raise UserError(f"the tokenizer has {new_n} tokens, fewer than the model's {old_n}: it does not extend it")
+    emb = model.get_input_embeddings()  # BERT's word_embeddings, ModernBERT's tok_embeddings
+    if emb.num_embeddings != old_n:
+        raise UserError(f"the model's embedding table has {emb.num_embeddings} rows, its config.json says "
+                        f"vocab_size {old_n}")
     tokens = vocab_tokens(tok)[old_n:]
     pieces = old_pieces(tok, tokens, old_n)
-    emb = model.base_model.embeddings.word_embeddings
     with torch.no_grad():
-        grown = nn.Embedding(new_n, emb.embedding_dim, padding_idx=emb.padding_idx).to(emb.weight)
-        grown.weight[:old_n] = emb.weight
-        grown.weight[old_n:] = _means(emb.weight, pieces)
-        model.base_model.embeddings.word_embeddings = grown
-        head = getattr(getattr(model, "cls", None), "predictions", None)
-        if head is not None:
-            head.bias = nn.Parameter(torch.cat([head.bias, _means(head.bias[:, None], pieces)[:, 0]]))
-            head.decoder = nn.Linear(emb.embedding_dim, new_n, bias=False).to(emb.weight)
+        model.set_input_embeddings(_grown(emb, pieces))
+        bert_head = getattr(getattr(model, "cls", None), "predictions", None)
+        if bert_head is not None:  # BERT's decoder is bias-free: the bias is the head's own
+            bert_head.bias = nn.Parameter(torch.cat([bert_head.bias, _means(bert_head.bias[:, None], pieces)[:, 0]]))
+            bert_head.decoder = nn.Linear(emb.embedding_dim, new_n, bias=False).to(emb.weight)
+        elif getattr(model, "decoder", None) is not None:  # ModernBERT's decoder carries the bias
+            model.decoder = _grown(model.decoder, pieces)
     model.config.vocab_size = new_n
     model.tie_weights()  # the decoder is the grown embedding matrix again
     return tokens
+
+
+def _grown(old: nn.Embedding | nn.Linear, pieces: list[list[int]]) -> nn.Embedding | nn.Linear:
+    """A copy of ``old`` (an embedding table, or a decoder over the vocabulary) with a row for each list of
+    ``pieces``: the mean of those pieces' rows (and biases)."""
+    n = old.weight.shape[0] + len(pieces)
+    if isinstance(old, nn.Embedding):
+        new = nn.Embedding(n, old.embedding_dim, padding_idx=old.padding_idx)
+    else:
+        new = nn.Linear(old.in_features, n, bias=old.bias is not None)
+    new = new.to(old.weight)
+    new.weight.copy_(torch.cat([old.weight, _means(old.weight, pieces)]))
+    if getattr(old, "bias", None) is not None:
+        new.bias.copy_(torch.cat([old.bias, _means(old.bias[:, None], pieces)[:, 0]]))
+    return new
 
 
 def _means(rows: torch.Tensor, pieces: list[list[int]]) -> torch.Tensor:

@@ -34,8 +34,6 @@ class MaskedLM(PretrainingObjective):
         if cfg.data.nsp:
             raise UserError("ModernBERT pretrains by masked LM alone (next sentence prediction needs BERT's pooler and "
                             "token types); pass --no-nsp")
-        if cfg.model.add_vocab:
-            raise UserError("--add-vocab grows BERT's embeddings; it does not take a ModernBERT yet")
         if cfg.model.dropout:  # (its masks would come from torch's stream, not keyed by sequence as BERT's)
             raise UserError("ModernBERT pretrains without dropout here; leave --dropout out or pass --dropout 0")
 
