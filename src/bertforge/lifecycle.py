@@ -393,12 +393,12 @@ class TrainingRun:
         return stop, save
 
     def _ending(self) -> bool:
-        """Whether a timed run's training time left is less than an evaluation takes: one now would leave the
-        final evaluation right after it, and the learning rate's decay cut short."""
+        """Whether a timed run's training time left is less than two evaluations take: one now would leave the
+        final evaluation right after it (or less training than it took), the learning rate's decay cut short."""
         s, st = self.engine.schedule, self.engine.state
         if s is None or not s.max_time or self.eval_seconds is None or self.engine.done():
             return False
-        return s.max_time - st.elapsed - self.end_reserve() < self.eval_seconds
+        return s.max_time - st.elapsed - self.end_reserve() < 2 * self.eval_seconds
 
     def _agree(self, signals: StopSignals, seconds: float) -> tuple[bool, bool, bool]:
         """(stop now, checkpoint now, too near a timed end to evaluate), and a timed run's progress
