@@ -28,8 +28,8 @@ import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from domain_adaptation import read_json, run_command  # noqa: E402
-from seed001_cpu import BOOKS, recorded_stage, run_chain, vocabulary  # noqa: E402
+from domain_adaptation import run_command  # noqa: E402
+from seed001_cpu import BOOKS, recorded_stage, run_chain, stage_figures, vocabulary  # noqa: E402
 
 ARCHS = ("bert", "modernbert")
 
@@ -95,15 +95,7 @@ def run_stage(st: Stage, out: str) -> dict:
     """Run ``st`` unless its record exists; its record (the stage's figures and minutes)."""
     def work(wanted: list[str]) -> dict:
         stdout = run_command(st.name, wanted, st.out, os.path.join(out, "logs"))
-        if st.name.startswith("mlm-"):
-            return json.loads(stdout.strip().splitlines()[-1])
-        if st.name == "prepare":
-            return {k: v for k, v in read_json(os.path.join(st.out, "manifest.json")).items()
-                    if k in ("documents", "tokens")}
-        m = read_json(os.path.join(st.out, "metrics.json"))
-        keep = ("steps", "tokens_seen", "tokens_per_second", "wall_seconds", "parameters", "mlm_accuracy",
-                "mlm_loss", "accuracy", "train_seconds")
-        return {k: m[k] for k in keep if k in m}
+        return stage_figures(st, stdout, st.name.startswith("mlm-"))
 
     return recorded_stage(out, st.name, st.argv, work)
 

@@ -178,16 +178,23 @@ def recorded_stage(out: str, name: str, argv: list, work) -> dict:
     return record
 
 
-def stage_result(st: Stage, stdout: str) -> dict:
-    if st.name in ("heldout", "dev"):
+KEPT = ("steps", "tokens_seen", "tokens_per_second", "wall_seconds", "parameters", "mlm_loss", "mlm_accuracy",
+        "accuracy", "train_questions", "train_windows", "train_seconds")
+
+
+def stage_figures(st, stdout: str, evaluation: bool) -> dict:
+    """A stage's figures: an evaluation's JSON line, prepare's counts, or a training run's kept metrics."""
+    if evaluation:
         return json.loads(stdout.strip().splitlines()[-1])
     if st.name == "prepare":
         return {k: v for k, v in read_json(os.path.join(st.out, "manifest.json")).items()
                 if k in ("documents", "tokens")}
     metrics = read_json(os.path.join(st.out, "metrics.json"))
-    keep = ("steps", "tokens_seen", "tokens_per_second", "wall_seconds", "mlm_loss", "mlm_accuracy",
-            "train_questions", "train_windows", "train_seconds", "parameters")
-    found = {k: metrics[k] for k in keep if k in metrics}
+    return {k: metrics[k] for k in KEPT if k in metrics}
+
+
+def stage_result(st: Stage, stdout: str) -> dict:
+    found = stage_figures(st, stdout, st.name in ("heldout", "dev"))
     if st.name == "finetune":
         rows = [json.loads(line) for line in open(os.path.join(st.out, "metrics.jsonl"), encoding="utf-8")]
         found["steps"] = max((row["step"] for row in rows if "step" in row), default=0)
