@@ -37,3 +37,19 @@ def test_modernbert_bench_times_the_same_weights_on_the_same_batch(capsys):
     assert res["arch"] == "modernbert" and res["loss_difference"] < 1e-4 and res["parameters"] > 0
     assert res["train_tokens_per_second"] > 0 and res["transformers_train_tokens_per_second"] > 0
     assert lines[-1] == f"train_speedup_vs_transformers={res['train_speedup_vs_transformers']:.2f}"
+
+
+@pytest.mark.parametrize("task,wanted", [("ner", "wnut16/train.conll"), ("squad", "squad/train-8k-v1.1.json")])
+def test_finetune_bench_takes_only_its_own_tasks_files(task, wanted, tmp_path):
+    """A data folder holding another task's files is refused, never read as this task's."""
+    from bertforge.bench import _finetune_data
+    from bertforge.errors import UserError
+
+    other = "squad/train-8k-v1.1.json" if task == "ner" else "wnut16/train.conll"
+    (tmp_path / other).parent.mkdir(parents=True)
+    (tmp_path / other).write_text("{}")
+    with pytest.raises(UserError, match=wanted):
+        _finetune_data(task, str(tmp_path), None, str(tmp_path))
+    (tmp_path / wanted).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / wanted).write_text("{}")
+    assert _finetune_data(task, str(tmp_path), None, str(tmp_path))[0] == str(tmp_path / wanted)

@@ -421,26 +421,24 @@ def _inference_bench(cfg: BertConfig, hf_cfg, transformers, dev: torch.device, a
 
 
 # ------------------------------------------------------------------------------------------------ fine-tuning
+BENCH_DATA = {"classify": ("sst2/train.tsv", "sst2/dev.tsv"), "ner": ("wnut16/train.conll", "wnut16/dev.conll"),
+              "squad": ("squad/train-8k-v1.1.json", "squad/dev-v1.1.json"),
+              "embed": ("squad/train-8k-v1.1.json", "squad/dev-v1.1.json")}
+
+
 def _finetune_data(task: str, data_dir: str | None, train: str | None, tmp: str) -> tuple[str, str]:
-    """(training file, validation file) of the fine-tuning bench: ``train``, else SST-2 / SQuAD train-8k
-    under ``data_dir``, else (classification only) the demo's sentiment sentences."""
+    """(training file, validation file) of the fine-tuning bench: ``train``, else the task's files under
+    ``data_dir`` (:data:`BENCH_DATA`), else (classification only) the demo's sentiment sentences."""
     if train:
         return train, train
-    if task == "embed" and data_dir and os.path.isfile(os.path.join(data_dir, "squad", "train-8k-v1.1.json")):
-        return os.path.join(data_dir, "squad", "train-8k-v1.1.json"), os.path.join(data_dir, "squad", "dev-v1.1.json")
-    if task == "ner" and data_dir and os.path.isfile(os.path.join(data_dir, "wnut16", "train.conll")):
-        return os.path.join(data_dir, "wnut16", "train.conll"), os.path.join(data_dir, "wnut16", "dev.conll")
+    wanted, validation = BENCH_DATA[task]
+    if data_dir and os.path.isfile(os.path.join(data_dir, wanted)):
+        return os.path.join(data_dir, wanted), os.path.join(data_dir, validation)
     if task == "classify":
-        if data_dir and os.path.isfile(os.path.join(data_dir, "sst2", "train.tsv")):
-            return os.path.join(data_dir, "sst2", "train.tsv"), os.path.join(data_dir, "sst2", "dev.tsv")
         from .demo_corpus import write_sentiment
 
         paths = write_sentiment(tmp, n_train=2000, seed=0)
         return paths["train"], paths["validation"]
-    if data_dir and os.path.isfile(os.path.join(data_dir, "squad", "train-8k-v1.1.json")):
-        return (os.path.join(data_dir, "squad", "train-8k-v1.1.json"),
-                os.path.join(data_dir, "squad", "dev-v1.1.json"))
-    wanted = "wnut16/train.conll" if task == "ner" else "squad/train-8k-v1.1.json"
     raise UserError(f"bench --task {task} needs --train FILE or --data-dir (holding {wanted})")
 
 

@@ -484,10 +484,6 @@ class PretrainingLoader:
         epoch, rows = self.next_rows()
         return self.build(epoch, rows)
 
-    def __iter__(self) -> Iterator[dict]:
-        while True:
-            yield self.next_batch()
-
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "step": self.step, "seed": self.seed, "batch_size": self.batch_size}
 
