@@ -12,18 +12,20 @@ from .conftest import data_path
 pytest.importorskip("transformers")
 
 
-@pytest.mark.parametrize("task", ["classify", "squad", "embed", "ner"])
-def test_finetune_bench_times_the_same_model_on_the_same_batches(task, tmp_path, capsys):
-    extra = []
+@pytest.mark.parametrize("task,arch", [("classify", "bert"), ("squad", "bert"), ("embed", "bert"), ("ner", "bert"),
+                                       ("classify", "modernbert")])
+def test_finetune_bench_times_the_same_model_on_the_same_batches(task, arch, tmp_path, capsys):
+    extra = ["--arch", arch]
     if task in ("squad", "embed"):  # a slice of SQuAD, shorter windows (embed: its questions and paragraphs)
         squad = json.loads(data_path("squad", "dev-v1.1.json").read_text(encoding="utf-8"))
         (tmp_path / "s.json").write_text(json.dumps({"data": [{"title": "t", "paragraphs": squad["data"][0]["paragraphs"][:6]}]}))
-        extra = ["--train", str(tmp_path / "s.json"), "--seq-len", "256"]
+        extra += ["--train", str(tmp_path / "s.json"), "--seq-len", "256"]
     elif task == "ner":
-        extra = ["--train", str(data_path("wnut16", "train.conll"))]
+        extra += ["--train", str(data_path("wnut16", "train.conll"))]
     assert main(["bench", "--task", task, "--preset", "tiny", "--rounds", "2", "--steps", "1", "--batch-size", "4", *extra]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     res = json.loads(lines[-2])
+    assert f"({'ModernBert' if arch == 'modernbert' else 'Bert'}" in "\n".join(lines)  # the family asked for
     assert res["task"] == task and res["batches"] >= 2 and res["max_logit_difference"] < 1e-4
     assert res["finetune_tokens_per_second"] > 0 and res["transformers_finetune_tokens_per_second"] > 0
     assert lines[-1] == f"finetune_speedup_vs_transformers={res['finetune_speedup_vs_transformers']:.2f}"

@@ -261,6 +261,28 @@ def test_padding_does_not_change_the_real_tokens():
         for i, n in enumerate(mask.sum(1).tolist()):
             alone = model(ids[i:i + 1, :n]).logits[0]  # (n, V)
             torch.testing.assert_close(padded[i, :n], alone, atol=1e-5, rtol=0)
+        states = model.model(ids, attention_mask=mask).last_hidden_state  # (B, T, C)
+    assert (states[~mask.bool()] == 0).all() and (states[mask.bool()] != 0).any(dim=-1).all()  # padding: zeros
+
+
+def test_training_on_the_real_tokens_gives_the_padded_batchs_gradients():
+    """The unpadded layout (token-wise layers over the real tokens only) changes no gradient: each weight's equals
+    the sum over the sequences run alone, through both heads pretraining and fine-tuning use."""
+    torch.manual_seed(0)
+    model = ModernBertForSequenceClassification(tiny(classifier_pooling="mean", id2label={0: "a", 1: "b"}))
+    perturb(model)
+    ids, mask = batch()
+    labels = torch.tensor([0, 1, 1])[: len(ids)]
+
+    def grads(loss):
+        model.zero_grad()
+        loss.backward()
+        return {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+
+    together = grads(model(ids, attention_mask=mask, labels=labels).loss * len(ids))
+    alone = [grads(model(ids[i:i + 1, :n], labels=labels[i:i + 1]).loss) for i, n in enumerate(mask.sum(1).tolist())]
+    for k, g in together.items():
+        torch.testing.assert_close(g, sum(a[k] for a in alone), atol=1e-5, rtol=1e-4)
 
 
 def test_masked_lm_matches_transformers_at_2048_tokens(tmp_path):

@@ -446,9 +446,10 @@ def run_finetune_bench(task: str, model: str | None = None, preset: str = "mini"
                        seq_len: int | None = None, steps: int = 3, rounds: int = 7, device: str = "auto",
                        data_dir: str | None = None, train: str | None = None, n_batches: int = 16,
                        group_by_length: bool = False, threads: int | None = None, precision: str = "auto",
-                       out=print) -> dict:
+                       arch: str = "bert", out=print) -> dict:
     """A real fine-tuning step of ``bertforge finetune TASK`` (its batches, loss and :class:`Engine` step) against
-    transformers' ``BertFor{SequenceClassification,QuestionAnswering}`` (SDPA attention, AdamW, clipping) on the
+    transformers' class of the same name (``BertFor...``, or ``ModernBertFor...`` for a ModernBERT folder or
+    ``arch`` "modernbert"; SDPA attention, AdamW, clipping) on the
     same model weights and the same variable-length batches (each padded to its longest example, as both
     tools' dynamic padding; ``group_by_length`` sorts them by length first, as the Trainer's option), in one
     process, alternating round by round; the medians of real tokens per second are compared."""
@@ -468,8 +469,8 @@ def run_finetune_bench(task: str, model: str | None = None, preset: str = "mini"
                           out=os.path.join(tmp, "out"), max_seq_length=seq_len, batch_size=batch_size,
                           max_train_examples=batch_size * n_batches)
         t, ours, theirs, config, batches = _finetune_setup(kind, cfg, transformers, tmp,
-                                                           preset if model is None else None, batch_size, n_batches,
-                                                           group_by_length, dev)
+                                                           preset if model is None else None, arch, batch_size,
+                                                           n_batches, group_by_length, dev)
     ours = ours.to(dev).train()
     engine = Engine(t.objective(ours, 0, 1), TrainConfig(lr=5e-5), impl, dev)
     opt_theirs = _transformers_optimizer(theirs, 5e-5, dev)
@@ -478,7 +479,7 @@ def run_finetune_bench(task: str, model: str | None = None, preset: str = "mini"
     real = [sum(int(m.sum()) for m in ms) for ms in masks]
     padded = sum(m.numel() for ms in masks for m in ms)
     out(_versions(dev, transformers))
-    out(f"fine-tuning {task}: {model or preset} ({config.num_hidden_layers} layers, hidden {config.hidden_size}), "
+    out(f"fine-tuning {task}: {model or preset} ({type(ours).__name__}, {config.num_hidden_layers} layers, hidden {config.hidden_size}), "
         f"{len(batches)} batches of {batch_size} from {os.path.basename(train_file)} (up to {seq_len} tokens, "
         f"{1 - sum(real) / padded:.0%} padding{', grouped by length' if group_by_length else ''})")
     logit_diff = _logit_difference(t, ours, theirs, batches[0])
@@ -495,23 +496,25 @@ def run_finetune_bench(task: str, model: str | None = None, preset: str = "mini"
     return res
 
 
-def _finetune_setup(kind, cfg, transformers, tmp: str, random_preset: str | None, batch_size: int, n_batches: int,
-                    group_by_length: bool, dev: torch.device):
+def _finetune_setup(kind, cfg, transformers, tmp: str, random_preset: str | None, arch: str, batch_size: int,
+                    n_batches: int, group_by_length: bool, dev: torch.device):
     """(the task, our model, transformers' model with the same weights (a SentenceTransformer for embed), the
     model's config, the batches on ``dev``) of the task ``kind`` as ``bertforge finetune`` reads and encodes it;
-    with ``random_preset``, the model is that preset, randomly initialised, written to ``cfg.model`` first."""
+    with ``random_preset``, the model is that preset of family ``arch``, randomly initialised, written to
+    ``cfg.model`` first."""
+    from .loading import in_family
     from .tokenizer import load_tokenizer
 
     t = kind(kind.settings_class())
     t.read(cfg)
     if random_preset is not None:
-        _random_model(t, cfg.model, random_preset)
+        _random_model(t, cfg.model, random_preset, arch)
     tok = load_tokenizer(cfg.model)
-    config = BertConfig.load(cfg.model)
+    model_class, config = in_family(cfg.model, kind.model_class)
     reinit = t.configure(config)
     batches = _finetune_batches(t, tok, cfg, batch_size, n_batches, group_by_length, dev)
     torch.manual_seed(0)
-    ours = kind.model_class.from_pretrained(cfg.model, config=config, reinit_head=reinit)
+    ours = model_class.from_pretrained(cfg.model, config=config, reinit_head=reinit)
     same = os.path.join(tmp, "same")
     ours.save_pretrained(same, tokenizer=tok)  # the same weights for transformers
     t.write_model(same, config)
@@ -519,15 +522,16 @@ def _finetune_setup(kind, cfg, transformers, tmp: str, random_preset: str | None
         from sentence_transformers import SentenceTransformer
 
         return t, ours, SentenceTransformer(same, device=str(dev)).train(), config, batches
-    hf_class = getattr(transformers, kind.model_class.__name__)
+    hf_class = getattr(transformers, model_class.__name__)
     theirs = hf_class.from_pretrained(same, attn_implementation="sdpa").to(dev).train()
     return t, ours, theirs, config, batches
 
 
-def _random_model(t, folder: str, preset: str) -> None:
-    """A randomly initialised ``preset`` with a WordPiece vocabulary of the task's training text, saved to
-    ``folder``."""
-    from .tokenizer import save_tokenizer, train_vocabulary
+def _random_model(t, folder: str, preset: str, arch: str) -> None:
+    """A randomly initialised ``preset`` of family ``arch`` with a WordPiece vocabulary of the task's training
+    text, saved to ``folder``."""
+    from .modernbert import ModernBertConfig, ModernBertForMaskedLM
+    from .tokenizer import save_tokenizer, special_ids, train_vocabulary
 
     if t.name == "classify":
         texts = [r[t.text] for r in t.train_rows]
@@ -540,7 +544,13 @@ def _random_model(t, folder: str, preset: str) -> None:
     tok = train_vocabulary(texts, 8000, kind="wordpiece")
     save_tokenizer(tok, folder)
     torch.manual_seed(0)
-    model = BertForPreTraining(BertConfig.preset(preset, vocab_size=tok.get_vocab_size()))
+    if arch == "modernbert":
+        sp = special_ids(tok)
+        model = ModernBertForMaskedLM(ModernBertConfig.preset(
+            preset, vocab_size=tok.get_vocab_size(), pad_token_id=sp.pad, cls_token_id=sp.cls, bos_token_id=sp.cls,
+            sep_token_id=sp.sep, eos_token_id=sp.sep))
+    else:
+        model = BertForPreTraining(BertConfig.preset(preset, vocab_size=tok.get_vocab_size()))
     model.save_pretrained(folder, tokenizer=tok)
 
 

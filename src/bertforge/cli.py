@@ -685,9 +685,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "embed (against sentence-transformers)")
     b.add_argument("--preset", default="mini")
     b.add_argument("--arch", default="bert", choices=("bert", "modernbert"),
-                   help="pretrain: the model family (modernbert: the masked-LM step, training only)")
+                   help="the model family of the random --preset model (pretrain with modernbert: the masked-LM "
+                        "step, training only)")
     b.add_argument("--model",
-                   help="fine-tuning tasks: a BERT directory to fine-tune (default: a random --preset model)")
+                   help="fine-tuning tasks: a BERT or ModernBERT directory to fine-tune (default: a random --preset "
+                        "model of --arch)")
     b.add_argument("--train", help="fine-tuning tasks: the training file (default: SST-2, SQuAD train-8k or WNUT-16 "
                                    "under --data-dir)")
     b.add_argument("--group-by-length", action="store_true", help="fine-tuning tasks: batches of similar lengths")
@@ -723,12 +725,12 @@ def cmd_bench(a: argparse.Namespace) -> int:
     from .bench import run_bench, run_finetune_bench
 
     if a.task != "pretrain":
-        if a.arch != "bert":
-            raise UserError("bench --arch modernbert times the pretraining step (--task pretrain); a fine-tuning "
-                            "task's model is --model's")
+        if a.arch != "bert" and a.model:
+            raise UserError("bench --arch names the family of a random --preset model; --model's family is read "
+                            "from its config.json")
         run_finetune_bench(a.task, a.model, a.preset, a.batch_size, a.seq_len, a.steps, a.rounds, a.device, a.data_dir,
                            a.train, group_by_length=a.group_by_length, threads=a.threads, precision=a.precision,
-                           out=lambda line: print(line, flush=True))
+                           arch=a.arch, out=lambda line: print(line, flush=True))
         return 0
     run_bench(a.preset, a.batch_size, a.seq_len or 128, a.steps, a.rounds, a.vocab_size, a.device, a.data_dir,
               a.inference, a.threads, out=lambda line: print(line, flush=True), text=a.text, tokenizer=a.tokenizer,

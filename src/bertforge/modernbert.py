@@ -15,15 +15,18 @@ mapping table (the rotary frequencies are no parameters and no buffers: they are
 
 Departures from transformers (5.x; the maths is meant to be the same):
 
+* Padding is removed before every token-wise computation (embeddings, norms, projections, feed-forward) and
+  put back only for attention, as bertforge's BERT (:class:`bertforge.ops.Layout`); transformers runs them
+  over the padded batch (its flash-attention path unpads too).
 * Attention is plain PyTorch: ``F.scaled_dot_product_attention`` over the padded (B, T) batch with an
-  additive mask (0 where a key is seen, the dtype's lowest value where not); no unpadding, no flash or
-  flex kernels, no fused rotary kernel.  A local layer on a sequence longer than three half windows attends
+  additive mask (0 where a key is seen, the dtype's lowest value where not); no flash or flex kernels, no
+  variable-length attention, no fused rotary kernel.  A local layer on a sequence longer than three half windows attends
   by blocks (:func:`banded_attention`: each block of half-window queries sees the keys around it only), so
   that the masked-out part of a long sequence is never computed nor held.  A query whose window holds only
   padding (a pad token far from the real ones) attends uniformly to masked keys instead of producing NaN;
   its output is meaningless, as every pad position's output is (transformers' too).
-* ``last_hidden_state`` and the token heads' logits at pad positions are computed values, as transformers'
-  (bertforge's BERT writes zeros there).
+* ``last_hidden_state`` holds zeros at pad positions, as bertforge's BERT (transformers' SDPA and eager paths
+  compute values there); the token heads' logits there are the heads' output for a zero state.
 * Position ids default to ``0..T-1`` whatever the padding, as transformers': right padding is assumed;
   with left padding the real tokens' positions are shifted in both implementations alike.
 * The rotary cos/sin are computed from the theta in float32 at every forward, not cached in buffers, so
@@ -45,9 +48,9 @@ Departures from transformers (5.x; the maths is meant to be the same):
 * Presets (:meth:`ModernBertConfig.preset`): BERT's sizes with an intermediate width of 1.5 x hidden,
   ModernBERT-base's ratio, for side-by-side comparison with BERT's presets, and ``modernbert-base``.
 * Question answering masks padding out of the span logits, as bertforge's BERT (transformers leaves them).
-* Not here yet: a multiple choice head, ``inputs_embeds``, hidden states or
-  attentions as outputs, gradient checkpointing, dropout keyed by sequence and the unpadded layout of
-  :mod:`bertforge.ops` (so pretraining runs without dropout, as ModernBERT's own recipe).
+* Not here yet: a multiple choice head, ``inputs_embeds``, hidden states or attentions as outputs, gradient
+  checkpointing, dropout keyed by sequence (so pretraining runs without dropout, as ModernBERT's own recipe),
+  and :mod:`bertforge.ops`' attention kernels (one sequence at a time on the CPU, variable-length on CUDA).
 
 Where it is used: ``bertforge pretrain --arch modernbert`` (masked LM, :mod:`bertforge.objectives.mlm`), and
 a folder whose config.json says ``model_type: modernbert`` is read by :func:`bertforge.loading.in_family`, so
@@ -71,6 +74,7 @@ from .config import ModelConfigJson, check_preset
 from .errors import UserError, shown
 from .model import (BaseModelOutput, MaskedLMOutput, QuestionAnsweringOutput, SequenceClassifierOutput,
                     TokenClassifierOutput)
+from .ops import Layout, tracing
 
 ACT2FN = {
     "gelu": F.gelu,  # exact erf GELU: transformers' "gelu", ModernBERT's hidden and classifier activation
@@ -287,10 +291,12 @@ class ModernBertAttention(nn.Module):
         self.dropout_p = config.attention_dropout
         self.out_drop = nn.Dropout(config.attention_dropout)  # transformers: Identity when 0 (no parameters)
 
-    def forward(self, x, cos, sin, mask):
-        """softmax(Q K^T / sqrt(hs) + mask) V with rotated Q and K, heads concatenated, then Wo: (B, T, C)."""
-        B, T, C = x.shape
-        qkv = self.Wqkv(x).view(B, T, 3, self.n_head, self.head_dim)  # (B, T, 3, H, hs)
+    def forward(self, x, cos, sin, mask, layout: Layout):
+        """softmax(Q K^T / sqrt(hs) + mask) V with rotated Q and K, heads concatenated, then Wo: the rows of ``x``,
+        (N, C) real tokens or (B, T, C) without padding (``layout``); only attention sees the padded batch."""
+        qkv = layout.pad(self.Wqkv(x))  # (B, T, 3C)
+        B, T, C = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
+        qkv = qkv.view(B, T, 3, self.n_head, self.head_dim)  # (B, T, 3, H, hs)
         q, k, v = (t.transpose(1, 2) for t in qkv.unbind(dim=2))  # 3 x (B, H, T, hs)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         p = self.dropout_p if self.training else 0.0
@@ -298,7 +304,7 @@ class ModernBertAttention(nn.Module):
             y = banded_attention(q, k, v, mask, p)  # (B, H, T, hs)
         else:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)  # (B, H, T, hs)
-        y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C)
+        y = layout.unpad(y.transpose(1, 2).reshape(B, T, C))  # (N, C) or (B, T, C)
         return self.out_drop(self.Wo(y))
 
     def rows(self, x, keep, cos, sin, mask):
@@ -353,8 +359,8 @@ class ModernBertEncoderLayer(nn.Module):
         self.mlp = ModernBertMLP(config)
         self.attention_type = config.layer_types[layer_idx]
 
-    def forward(self, x, cos, sin, mask):  # pre-LN: x + f(norm(x)), twice
-        x = x + self.attn(self.attn_norm(x), cos, sin, mask)
+    def forward(self, x, cos, sin, mask, layout):  # pre-LN: x + f(norm(x)), twice; (N, C) or (B, T, C)
+        x = x + self.attn(self.attn_norm(x), cos, sin, mask, layout)
         return x + self.mlp(self.mlp_norm(x))
 
     def rows(self, x, keep, cos, sin, mask):  # (B, T, C) -> (N, C): the rows ``keep`` selects
@@ -532,16 +538,24 @@ class ModernBertModel(ModernBertPreTrainedModel):
         """``token_type_ids`` is taken and ignored (ModernBERT has none: pairs are told apart by [SEP]), so
         that the callers of a BERT call either family alike; so is ``dropout_keys`` (BERT's dropout keyed by
         sequence: this family's dropout, off by default, draws from torch's generator)."""
-        B, T = input_ids.shape
+        T = input_ids.shape[1]
         if position_ids is None:
             position_ids = torch.arange(T, device=input_ids.device)[None]  # (1, T), whatever the padding
-        x = self.embeddings(input_ids)  # (B, T, C)
+        x, layout = self.embed(input_ids, attention_mask)  # (N, C) real tokens, or (B, T, C) without padding
         masks = attention_masks(attention_mask, T, self.config.sliding_window, x.dtype, x.device)
         rotary = self._rotary(position_ids, x.dtype)
         for layer in self.layers:
             cos, sin = rotary[layer.attention_type]
-            x = layer(x, cos, sin, masks[layer.attention_type])  # (B, T, C)
-        return BaseModelOutput(last_hidden_state=self.final_norm(x))
+            x = layer(x, cos, sin, masks[layer.attention_type], layout)  # (N, C) or (B, T, C)
+        return BaseModelOutput(last_hidden_state=layout.pad(self.final_norm(x)))  # (B, T, C), zeros at padding
+
+    def embed(self, input_ids, attention_mask) -> tuple[torch.Tensor, Layout]:
+        """The embeddings of the real tokens (N, C), or of every token (B, T, C) when there is no padding (or
+        ``torch.compile`` traces: then the padded batch throughout), and the batch's layout."""
+        B, T = input_ids.shape
+        layout = Layout(None if tracing() else attention_mask, B, T)
+        ids = input_ids if layout.indices is None else input_ids.reshape(-1)[layout.indices]  # (B, T) or (N,)
+        return self.embeddings(ids), layout
 
     def _rotary(self, position_ids, dtype) -> dict:
         """layer type -> (cos, sin) (B or 1, T, hs) of its theta."""
@@ -553,12 +567,13 @@ class ModernBertModel(ModernBertPreTrainedModel):
         """The final states (N, C) of the rows ``keep`` (B, T) selects, row-major, equal to ``forward``'s there,
         with the last layer run for those rows only (pretraining's fast path: only masked tokens are scored)."""
         T = input_ids.shape[1]
-        x = self.embeddings(input_ids)  # (B, T, C)
+        x, layout = self.embed(input_ids, attention_mask)  # (N, C) or (B, T, C)
         masks = attention_masks(attention_mask, T, self.config.sliding_window, x.dtype, x.device)
         rotary = self._rotary(torch.arange(T, device=x.device)[None], x.dtype)
         *first, last = self.layers
         for layer in first:
-            x = layer(x, *rotary[layer.attention_type], masks[layer.attention_type])  # (B, T, C)
+            x = layer(x, *rotary[layer.attention_type], masks[layer.attention_type], layout)  # (N, C) or (B, T, C)
+        x = layout.pad(x)  # (B, T, C): every token is a key and a value of the last layer
         return self.final_norm(last.rows(x, keep, *rotary[last.attention_type], masks[last.attention_type]))
 
 
