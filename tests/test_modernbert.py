@@ -659,11 +659,12 @@ def test_finetune_squad_on_a_modernbert_writes_what_transformers_loads(modern_di
     assert 0 <= json.loads(capsys.readouterr().out)["f1"] <= 100
 
 
-@pytest.mark.parametrize("layers", [1, 3])
-def test_the_masked_rows_fast_path_gives_the_dense_loss_and_gradients(layers):
+@pytest.mark.parametrize("layers,decoder_bias", [(1, True), (3, True), (3, False)])
+def test_the_masked_rows_fast_path_gives_the_dense_loss_and_gradients(layers, decoder_bias):
     """The last layer (local with 3 layers: 2 % 3 != 0; global with 1) for the masked rows only, across the
-    window, with padding and a sequence without masked tokens."""
-    cfg = tiny(num_hidden_layers=layers)
+    window, with padding and a sequence without masked tokens; the decoder fused with the loss (with a bias) or
+    not; a batch with nothing to score still backpropagates."""
+    cfg = tiny(num_hidden_layers=layers, decoder_bias=decoder_bias)
     torch.manual_seed(0)
     fast = ModernBertForMaskedLM(cfg).train()
     perturb(fast)
@@ -683,8 +684,9 @@ def test_the_masked_rows_fast_path_gives_the_dense_loss_and_gradients(layers):
     grads = dict(dense.named_parameters())
     for name, p in fast.named_parameters():
         assert torch.allclose(p.grad, grads[name].grad, atol=1e-5), name
-    none = torch.full_like(ids, -100)
-    assert fast.masked_lm_loss(ids, mask, none).detach().item() == 0.0
+    none = fast.masked_lm_loss(ids, mask, torch.full_like(ids, -100))
+    none.backward()
+    assert none.detach().item() == 0.0
 
 
 @pytest.mark.parametrize("T,w", [(13, 4), (16, 4), (40, 5)])

@@ -43,8 +43,9 @@ Departures from transformers (5.x; the maths is meant to be the same):
   family alike: its dropout (0 in every released config and in our presets) draws from torch's generator, so a
   run with dropout depends on the number of processes, where BERT's does not.
 * Pretraining's loss (:meth:`ModernBertForMaskedLM.masked_lm_loss`) runs the last layer for the masked rows
-  only (they alone are queries; every token stays a key and a value), as bertforge's BERT does: the loss and
-  its gradients equal the dense computation's.
+  only (they alone are queries; every token stays a key and a value), and the decoder fused with the
+  cross-entropy (:func:`bertforge.ops.linear_cross_entropy_sum`), as bertforge's BERT does: the loss and its
+  gradients equal the dense computation's.
 * Presets (:meth:`ModernBertConfig.preset`): BERT's sizes with an intermediate width of 1.5 x hidden,
   ModernBERT-base's ratio, for side-by-side comparison with BERT's presets, and ``modernbert-base``.
 * Question answering masks padding out of the span logits, as bertforge's BERT (transformers leaves them).
@@ -74,7 +75,7 @@ from .config import ModelConfigJson, check_preset
 from .errors import UserError, shown
 from .model import (BaseModelOutput, MaskedLMOutput, QuestionAnsweringOutput, SequenceClassifierOutput,
                     TokenClassifierOutput)
-from .ops import Layout, tracing
+from .ops import Layout, head_buffer, linear_cross_entropy_sum, tracing
 
 ACT2FN = {
     "gelu": F.gelu,  # exact erf GELU: transformers' "gelu", ModernBERT's hidden and classifier activation
@@ -629,12 +630,14 @@ class ModernBertForMaskedLM(ModernBertPreTrainedModel):
         """Pretraining's loss: the cross-entropy summed over the labelled tokens, the last layer, the head and
         the decoder run on those rows only (transformers' ``sparse_prediction`` runs the last two so)."""
         keep = labels != -100  # (B, T)
-        if keep.any():  # the last layer for the masked rows only
-            x = self.model.masked_rows(input_ids, attention_mask, keep)  # (N, C)
-        else:  # (nothing to score: the whole encoder still runs, so that every weight takes part)
+        if not keep.any():  # nothing to score: the whole encoder still runs, so that every weight takes part
             x = self.model(input_ids, attention_mask).last_hidden_state[keep]  # (0, C)
-        logits = self.decoder(self.head(x))  # (N, V)
-        return F.cross_entropy(logits.float(), labels[keep], reduction="sum")
+            return F.cross_entropy(self.decoder(self.head(x)).float(), labels[keep], reduction="sum")
+        h = self.head(self.model.masked_rows(input_ids, attention_mask, keep))  # (N, C): the last layer for them only
+        if self.decoder.bias is None:
+            return F.cross_entropy(self.decoder(h).float(), labels[keep], reduction="sum")
+        # the decoder fused with the loss (bertforge.ops): no (N, V) logits, log-probabilities and gradients apart
+        return linear_cross_entropy_sum(h, self.decoder.weight, self.decoder.bias, labels[keep], head_buffer(self))
 
 
 class _ModernBertClassifier(ModernBertPreTrainedModel):
