@@ -421,17 +421,14 @@ def _inference_bench(cfg: BertConfig, hf_cfg, transformers, dev: torch.device, a
 
 
 # ------------------------------------------------------------------------------------------------ fine-tuning
-BENCH_DATA = {"classify": ("sst2/train.tsv", "sst2/dev.tsv"), "ner": ("wnut16/train.conll", "wnut16/dev.conll"),
-              "squad": ("squad/train-8k-v1.1.json", "squad/dev-v1.1.json"),
-              "embed": ("squad/train-8k-v1.1.json", "squad/dev-v1.1.json")}
-
-
 def _finetune_data(task: str, data_dir: str | None, train: str | None, tmp: str) -> tuple[str, str]:
     """(training file, validation file) of the fine-tuning bench: ``train``, else the task's files under
-    ``data_dir`` (:data:`BENCH_DATA`), else (classification only) the demo's sentiment sentences."""
+    ``data_dir`` (its ``bench_files``), else (classification only) the demo's sentiment sentences."""
+    from .tasks import TASKS
+
     if train:
         return train, train
-    wanted, validation = BENCH_DATA[task]
+    wanted, validation = TASKS[task].bench_files
     if data_dir and os.path.isfile(os.path.join(data_dir, wanted)):
         return os.path.join(data_dir, wanted), os.path.join(data_dir, validation)
     if task == "classify":
@@ -533,15 +530,7 @@ def _random_model(t, folder: str, preset: str, arch: str) -> None:
     from .modernbert import ModernBertConfig, ModernBertForMaskedLM
     from .tokenizer import save_tokenizer, special_ids, train_vocabulary
 
-    if t.name == "classify":
-        texts = [r[t.text] for r in t.train_rows]
-    elif t.name == "embed":
-        texts = [p.query + " " + p.positive for p in t.pairs]
-    elif t.name == "ner":
-        texts = [" ".join(s.tokens) for s in t.train]
-    else:
-        texts = [e.context + " " + e.question for e in t.train_ex]
-    tok = train_vocabulary(texts, 8000, kind="wordpiece")
+    tok = train_vocabulary(t.texts(), 8000, kind="wordpiece")
     save_tokenizer(tok, folder)
     torch.manual_seed(0)
     if arch == "modernbert":

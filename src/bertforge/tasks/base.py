@@ -28,6 +28,7 @@ class FinetuneTask:
     plotted: ClassVar[list[tuple[str, str]]] = []  # (metric, label) drawn per epoch
     defaults: ClassVar[dict[str, Any]] = {}  # this task's defaults of FinetuneConfig fields (by flat name)
     pipeline_tag: ClassVar[str] = ""  # the Hub's name of what the model does, for its card
+    bench_files: ClassVar[tuple[str, str]] = ("", "")  # `bench --data-dir D`'s training and validation files in D
 
     def __init__(self, settings: Any):
         self.settings = settings  # the task's own dataclass (ClassifyConfig, SquadConfig)
@@ -41,6 +42,10 @@ class FinetuneTask:
 
     def read(self, cfg: FinetuneConfig) -> None:
         """Read and check the training and validation files."""
+        raise NotImplementedError
+
+    def texts(self) -> list[str]:
+        """The training examples' text, for a vocabulary (``bench``'s random model); after ``read``."""
         raise NotImplementedError
 
     @staticmethod

@@ -161,6 +161,7 @@ class ClassificationTask(FinetuneTask):
     settings_class = ClassifyConfig
     select = "accuracy"
     pipeline_tag = "text-classification"
+    bench_files = ("sst2/train.tsv", "sst2/dev.tsv")
     plotted = [("accuracy", "accuracy"), ("macro_f1", "macro-F1")]
     defaults = {}
 
@@ -183,6 +184,9 @@ class ClassificationTask(FinetuneTask):
         label2id = {lab: i for i, lab in enumerate(self.labels)}
         self.y_train = _labels_to_ids(self.train_rows, self.label_col, label2id, cfg.data.train_file)
         self.y_val = _labels_to_ids(self.val_rows, self.label_col, label2id, cfg.data.validation_file)
+
+    def texts(self) -> list[str]:
+        return [r[self.text] for r in self.train_rows]
 
     def configure(self, config: BertConfig) -> bool:
         return use_labels(config, self.labels)

@@ -30,6 +30,7 @@ class EmbedTask(FinetuneTask):
     select = "mrr@10"
     plotted = [("mrr@10", "MRR@10"), ("recall@10", "recall@10")]
     pipeline_tag = "sentence-similarity"
+    bench_files = ("squad/train-8k-v1.1.json", "squad/dev-v1.1.json")
     defaults = {}
 
     def read(self, cfg: FinetuneConfig) -> None:
@@ -55,6 +56,9 @@ class EmbedTask(FinetuneTask):
         pooling = self.settings.pooling
         self.embedding: EmbeddingSettings = settings_of(cfg.model, None if pooling == "auto" else pooling)
         self.embedding.max_seq_length = dc.max_seq_length
+
+    def texts(self) -> list[str]:
+        return [p.query + " " + p.positive for p in self.pairs]
 
     def objective(self, model, seed: int | None, world: int):
         from ..objectives.contrastive import InBatchNegatives

@@ -245,6 +245,7 @@ class NerTask(FinetuneTask):
     select = "f1"
     plotted = [("f1", "entity F1"), ("precision", "precision"), ("recall", "recall")]
     pipeline_tag = "token-classification"
+    bench_files = ("wnut16/train.conll", "wnut16/dev.conll")
     defaults = {"max_seq_length": 128}
 
     def read(self, cfg: FinetuneConfig) -> None:
@@ -261,6 +262,9 @@ class NerTask(FinetuneTask):
             raise UserError(f"{where}: tag(s) {', '.join(unseen)} never seen in training")
         self.scheme = scheme_of(self.train, cfg.data.train_file)
         _seqeval()  # (missing: said before any training)
+
+    def texts(self) -> list[str]:
+        return [" ".join(s.tokens) for s in self.train]
 
     def configure(self, config: BertConfig) -> bool:
         return use_labels(config, self.labels)

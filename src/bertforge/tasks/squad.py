@@ -284,8 +284,12 @@ class SquadTask(FinetuneTask):
     settings_class = SquadConfig
     select = "f1"
     pipeline_tag = "question-answering"
+    bench_files = ("squad/train-8k-v1.1.json", "squad/dev-v1.1.json")
     plotted = [("exact_match", "exact match"), ("f1", "F1")]
     defaults = {"max_seq_length": 384, "epochs": 2, "batch_size": 16}
+
+    def texts(self) -> list[str]:
+        return [e.context + " " + e.question for e in self.train_ex]
 
     def configure(self, config) -> bool:
         """BERT's span head has its own weights (``qa_outputs``); a ModernBERT's is a ``classifier``: from a folder
