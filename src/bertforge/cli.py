@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import difflib
 import gc
+import json
 import logging
 import os
 import sys
@@ -25,22 +26,8 @@ from .errors import TrainingError, UserError
 log = logging.getLogger("bertforge")
 
 
-class _HelpFormatter(argparse.HelpFormatter):
-    """Shows each flag's default (flags made from settings carry it in their help already)."""
-
-    def _get_help_string(self, action):
-        h = action.help or ""
-        if "(default" in h or action.default in (None, False, argparse.SUPPRESS) or not action.option_strings:
-            return h
-        return h + (" " if h else "") + "(default: %(default)s)"
-
-
 class _Parser(argparse.ArgumentParser):
     """argparse whose usage errors are one ``error:`` line and exit status 2, and whose help shows defaults."""
-
-    def __init__(self, *args, **kw):
-        kw.setdefault("formatter_class", _HelpFormatter)
-        super().__init__(*args, **kw)
 
     def set_defaults(self, **kw):
         if "func" in kw:
@@ -48,8 +35,11 @@ class _Parser(argparse.ArgumentParser):
         super().set_defaults(**kw)
 
     def add_argument(self, *args, **kw):
-        if kw.get("help") is None and kw.get("default") not in (None, False, argparse.SUPPRESS):
-            kw["help"] = "(default: %(default)s)"  # argparse prints no line at all for a flag without help
+        """A flag's help ends with its default (flags made from settings carry it in their help already)."""
+        h = kw.get("help") or ""
+        if (args[0].startswith("-") and kw.get("default") not in (None, False, argparse.SUPPRESS)
+                and "(default" not in h and h != argparse.SUPPRESS):
+            kw["help"] = h + (" " if h else "") + "(default: %(default)s)"
         return super().add_argument(*args, **kw)
 
     def error(self, message: str):  # noqa: D401 - argparse API
@@ -268,7 +258,7 @@ def cmd_pretrain(a: argparse.Namespace) -> int:
         explicit["cased"] = True
     metrics = run_pretraining(out, resume=a.resume, overwrite=a.overwrite, config=a.config, **explicit)
     if metrics:
-        _print_json({k: metrics[k] for k in PRETRAIN_PRINTED if k in metrics})
+        print(json.dumps({k: metrics[k] for k in PRETRAIN_PRINTED if k in metrics}))
     return 0
 
 
@@ -291,7 +281,7 @@ def cmd_finetune(a: argparse.Namespace) -> int:
     if not m:  # a process other than rank 0 under torchrun: rank 0 reports
         return 0
     printed = (*FINETUNE_PRINTED[a.task], "best_epoch", "epoch", "step", "train_seconds")
-    _print_json({k: m[k] for k in printed if k in m})  # (without validation: no figures of it)
+    print(json.dumps({k: m[k] for k in printed if k in m}))  # (without validation: no figures of it)
     return 0
 
 
@@ -322,52 +312,20 @@ def _add_finetune_parsers(sub) -> None:
                        task_flags=add_setting_flags(p, kind.settings_class()))
 
 
-def _print_json(d: dict) -> None:
-    import json
-
-    print(json.dumps(d))
-
-
 # ------------------------------------------------------------------------------------------------ evaluate
-def cmd_evaluate_squad(a: argparse.Namespace) -> int:
-    from .api import evaluate_squad
-    from .config import SquadConfig
+def cmd_evaluate(a: argparse.Namespace) -> int:
+    """``evaluate TASK``: the JSON of the API function ``a.api``, called with the flags named as its parameters
+    (those not given take its defaults) and the task's settings, checked before anything is read."""
+    import inspect
 
-    _print_json(evaluate_squad(a.data, a.predictions, a.model, a.max_seq_length, a.batch_size, a.device,
-                               a.write_predictions, a.overwrite, **dataclasses.asdict(_task_settings(a, SquadConfig))))
-    return 0
+    from . import api
 
-
-def cmd_evaluate_classify(a: argparse.Namespace) -> int:
-    from .api import evaluate_classifier
-    from .config import ClassifyConfig
-
-    _print_json(evaluate_classifier(a.model, a.data, a.max_seq_length, a.batch_size, a.device,
-                                    **dataclasses.asdict(_task_settings(a, ClassifyConfig))))
-    return 0
-
-
-def cmd_evaluate_ner(a: argparse.Namespace) -> int:
-    from .api import evaluate_ner
-    from .config import NerConfig
-
-    _print_json(evaluate_ner(a.model, a.data, a.max_seq_length, a.batch_size, a.device,
-                             **dataclasses.asdict(_task_settings(a, NerConfig))))
-    return 0
-
-
-def cmd_evaluate_retrieval(a: argparse.Namespace) -> int:
-    from .api import evaluate_retrieval
-
-    _print_json(evaluate_retrieval(a.model, a.data, a.batch_size, a.device, a.pooling, a.max_seq_length))
-    return 0
-
-
-def cmd_evaluate_mlm(a: argparse.Namespace) -> int:
-    from .api import evaluate_mlm
-
-    _print_json(evaluate_mlm(a.model, a.data, a.max_seq_length, a.seed, a.batch_size, a.max_blocks,
-                             a.text_field or "text", a.doc_separator or "file", a.device))
+    fn = getattr(api, a.api)
+    params = {k for k, p in inspect.signature(fn).parameters.items() if p.kind != p.VAR_KEYWORD}
+    kw = {k: v for k, v in vars(a).items() if k in params and v is not None}
+    if a.settings_kind is not None:
+        kw.update(dataclasses.asdict(_task_settings(a, a.settings_kind)))
+    print(json.dumps(fn(**kw)))
     return 0
 
 
@@ -405,7 +363,7 @@ def _add_evaluate_parsers(sub) -> None:
     q.add_argument("--overwrite", action="store_true", help="with --write-predictions: replace an existing file")
     q.add_argument("--device", default="auto")
     add_setting_flags(q, SquadConfig())
-    q.set_defaults(func=cmd_evaluate_squad)
+    q.set_defaults(func=cmd_evaluate, api="evaluate_squad", settings_kind=SquadConfig)
     c = evs.add_parser("classify", help="accuracy and macro-F1 of a classifier on a labelled file")
     c.add_argument("--model", required=True)
     c.add_argument("--data", required=True)
@@ -413,7 +371,7 @@ def _add_evaluate_parsers(sub) -> None:
     c.add_argument("--batch-size", type=positive_int, default=64)
     c.add_argument("--device", default="auto")
     add_setting_flags(c, ClassifyConfig())
-    c.set_defaults(func=cmd_evaluate_classify)
+    c.set_defaults(func=cmd_evaluate, api="evaluate_classifier", settings_kind=ClassifyConfig)
     n = evs.add_parser("ner", help="entity precision, recall and F1 (seqeval) of a token classifier on a tagged file")
     n.add_argument("--model", required=True)
     n.add_argument("--data", required=True, help="CoNLL-style columns or JSONL of {tokens, tags}")
@@ -421,7 +379,7 @@ def _add_evaluate_parsers(sub) -> None:
     n.add_argument("--batch-size", type=positive_int, default=64)
     n.add_argument("--device", default="auto")
     add_setting_flags(n, NerConfig(), only=("token_column", "tag_column", "labels_file", "strict"))
-    n.set_defaults(func=cmd_evaluate_ner)
+    n.set_defaults(func=cmd_evaluate, api="evaluate_ner", settings_kind=NerConfig)
     r = evs.add_parser("retrieval", help="MRR@10, recall@1/10 and nDCG@10 of a model's embeddings (or BM25)")
     r.add_argument("--model", required=True, help="a BERT or sentence-transformers directory, or bm25 (BM25 through "
                                                   "the bm25s library: k1 1.5, b 0.75, Lucene's idf, English stop "
@@ -432,7 +390,7 @@ def _add_evaluate_parsers(sub) -> None:
     r.add_argument("--batch-size", type=positive_int, default=64)
     _embedding_flags(r)
     r.add_argument("--device", default="auto")
-    r.set_defaults(func=cmd_evaluate_retrieval)
+    r.set_defaults(func=cmd_evaluate, api="evaluate_retrieval", settings_kind=None)
     m = evs.add_parser("mlm", help="held-out masked-LM accuracy on a fixed protocol (any model with an MLM head)")
     m.add_argument("--model", required=True, help="a BERT directory with a masked-LM head, ours or transformers'")
     m.add_argument("--data", required=True, nargs="+", metavar="PATH", help="held-out text: .txt/.jsonl/.gz files")
@@ -442,7 +400,7 @@ def _add_evaluate_parsers(sub) -> None:
     m.add_argument("--max-blocks", type=positive_int, help="evaluate only the first N blocks")
     m.add_argument("--device", default="auto")
     add_setting_flags(m, PretrainDataConfig(), only=("text_field", "doc_separator"))
-    m.set_defaults(func=cmd_evaluate_mlm)
+    m.set_defaults(func=cmd_evaluate, api="evaluate_mlm", settings_kind=None)
 
 
 # ------------------------------------------------------------------------------------------------ predict
@@ -481,8 +439,6 @@ def _line(text: str, width: int = 100) -> str:
 
 
 def _emit(a: argparse.Namespace, results: Any, table) -> None:
-    import json
-
     if a.json:
         print(json.dumps(results, ensure_ascii=False))
     else:
