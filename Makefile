@@ -15,8 +15,11 @@ install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check $(TORCH_PIN)
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[test]' $(TORCH_PIN)
+	$(PY) -m pip install -q --disable-pip-version-check --no-compile $(TORCH_PIN)
+	$(PY) -m pip install -q --disable-pip-version-check --no-compile -e '.[test]' $(TORCH_PIN)
+	@# the bytecode pip would write one file at a time, on every core: half the install on two cores.  Like
+	@# pip's, it skips the files that do not compile (templates, Python 2 leftovers in some packages).
+	$(PY) -m compileall -q -j 0 $$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))') >/dev/null || true
 	touch $@
 
 demo: install

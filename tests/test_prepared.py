@@ -242,7 +242,7 @@ def test_torchrun_ranks_wait_for_the_preparation_outside_any_collective(minilm_d
     the lock file, and the run succeeds (the old barrier failed here)."""
     from bertforge.demo_corpus import write_story_corpus
 
-    corpus = write_story_corpus(tmp_path / "stories.jsonl", n_docs=30000)
+    corpus = write_story_corpus(tmp_path / "stories.jsonl", n_docs=20000)  # preparing it outlasts the timeout
     env = {**os.environ, "BERTFORGE_DIST_TIMEOUT": "2", "BERTFORGE_THREADS": "2"}
     r = subprocess.run([*torchrun(2), "-m", "bertforge",
                         *tiny_pretrain(corpus, tmp_path / "run", "--eval-every", "0", "--save-every", "0",

@@ -90,7 +90,7 @@ def test_tiny_model_learns_a_squad_slice_and_transformers_agrees(tmp_path, capsy
     model = tiny_model_dir(tmp_path / "m", texts, vocab_size=1500)
     out = tmp_path / "qa"
     rc = main(["--quiet", "finetune", "squad", "--model", model, "--train", str(path), "--validation", str(path),
-               "--out", str(out), "--epochs", "25", "--lr", "2e-3", "--batch-size", "8", "--max-seq-length", "192",
+               "--out", str(out), "--epochs", "12", "--lr", "2e-3", "--batch-size", "8", "--max-seq-length", "192",
                "--doc-stride", "64", "--no-progress"])
     assert rc == 0
     m = json.loads((out / "metrics.json").read_text())
