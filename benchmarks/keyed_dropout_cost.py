@@ -1,8 +1,9 @@
 """What dropout keyed by sequence costs a CPU pretraining step: the same step (mini, batch 32 x 128, dropout
 0.1, the bench's batch) with masks from torch's global generator and keyed by sequence, alternating rounds in
-one process, medians compared.
+one process, medians compared.  ``--arch modernbert``: a ModernBERT of the preset's size, dropout 0.1 at
+every site (its keyed attention dropout runs its own softmax, the unkeyed one SDPA's).
 
-    python benchmarks/keyed_dropout_cost.py [--rounds 9] [--steps 3]
+    python benchmarks/keyed_dropout_cost.py [--rounds 9] [--steps 3] [--arch modernbert]
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ import time
 import torch
 
 from bertforge.bench import pretraining_batch
-from bertforge.config import BertConfig, ImplConfig, PretrainConfig, TrainConfig
+from bertforge.config import BertConfig, ImplConfig, PretrainConfig, PretrainModelConfig, TrainConfig
 from bertforge.devices import resolve_device, setup_backend
 from bertforge.engine import Engine
+from bertforge.initialization import set_dropout
 from bertforge.model import BertForPreTraining
+from bertforge.modernbert import ModernBertConfig, ModernBertForMaskedLM
 from bertforge.objectives import MaskedLM
 
 
@@ -26,13 +29,18 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--preset", default="mini")
+    ap.add_argument("--arch", default="bert", choices=["bert", "modernbert"])
     a = ap.parse_args()
     impl = ImplConfig(device="cpu")
     dev = resolve_device(impl)
     setup_backend(dev, impl)
     torch.manual_seed(0)
-    model = BertForPreTraining(BertConfig.preset(a.preset)).train()
-    objective = MaskedLM(model, PretrainConfig())
+    if a.arch == "modernbert":
+        model = ModernBertForMaskedLM(ModernBertConfig.preset(a.preset)).train()
+        set_dropout(model, 0.1)  # as pretraining's --dropout 0.1
+    else:
+        model = BertForPreTraining(BertConfig.preset(a.preset)).train()  # (its own dropout: 0.1)
+    objective = MaskedLM(model, PretrainConfig(model=PretrainModelConfig(arch=a.arch)))
     engine = Engine(objective, TrainConfig(lr=1e-4), impl, dev)
     batch = pretraining_batch(32, 128, 30522)
     batch["sequence_ids"] = torch.arange(32)

@@ -285,6 +285,58 @@ def test_training_on_the_real_tokens_gives_the_padded_batchs_gradients():
         torch.testing.assert_close(g, sum(a[k] for a in alone), atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("head", ["mlm", "sequence", "token", "span"])
+def test_keyed_dropout_gives_each_sequence_its_masks_in_any_batch(head):
+    """In training with dropout keys, a sequence's masks (embeddings, attention probabilities, attention output,
+    feed-forward, head) do not depend on the others in its batch nor on the batch's padded length: each
+    sequence's output and loss, and every gradient, equal those of the sequences run alone (20 tokens by blocks
+    of the local window, 13 and 3 densely before keyed dropout banded them all)."""
+    from bertforge.ops.dropout import DropoutKeys
+
+    cls = {"mlm": ModernBertForMaskedLM, "sequence": ModernBertForSequenceClassification,
+           "token": ModernBertForTokenClassification, "span": ModernBertForQuestionAnswering}[head]
+    from bertforge.initialization import set_dropout
+
+    torch.manual_seed(0)
+    model = cls(tiny(id2label={0: "a", 1: "b"}))
+    perturb(model)
+    set_dropout(model, 0.1)  # as pretraining's --dropout does (the config keeps its 0)
+    model.train()
+    ids, mask = batch()
+    lengths = mask.sum(1).tolist()
+    labels = torch.where(mask.bool() & (torch.arange(20) % 3 == 1), ids, -100)  # masked-LM targets, 8 of 36
+
+    def output(rows, T):
+        keys = DropoutKeys(7, 2, [10 + i for i in rows])
+        x, m = ids[rows, :T], mask[rows, :T]
+        if head == "mlm":
+            return model.masked_lm_loss(x, m, labels[rows, :T], keys)
+        out = model(x, attention_mask=m, dropout_keys=keys)
+        return out.logits if head != "span" else torch.stack([out.start_logits, out.end_logits], -1)
+
+    def run(rows, T):
+        out = output(rows, T)
+        model.zero_grad()
+        (out if head == "mlm" else out.pow(2).sum()).backward()
+        return out.detach(), {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+
+    together, grads = run([0, 1, 2], 20)
+    alone = [run([i], n) for i, n in enumerate(lengths)]
+    if head == "mlm":  # (the rows-only last layer: masked rows as its queries)
+        torch.testing.assert_close(together, sum(a for a, _ in alone), atol=1e-4, rtol=1e-5)
+    else:
+        for i, n in enumerate(lengths):
+            got = together[i] if head == "sequence" else together[i, :n]
+            torch.testing.assert_close(got, alone[i][0][0] if head == "sequence" else alone[i][0][0, :n],
+                                       atol=1e-5, rtol=0)
+    if head in ("mlm", "sequence"):  # (the token heads' squares of the padding's logits add their own gradients)
+        for k, g in grads.items():
+            torch.testing.assert_close(g, sum(a[1][k] for a in alone), atol=1e-4, rtol=1e-4)
+    model.eval()
+    with torch.no_grad():  # and the masks did drop: training differs from evaluation
+        assert not torch.allclose(output([0, 1, 2], 20), together)
+
+
 def test_masked_lm_matches_transformers_at_2048_tokens(tmp_path):
     """ModernBERT's own window (128) at the length it is used at: 2,048 tokens, one sequence padded after 1,500."""
     cfg = tiny(max_position_embeddings=2048, local_attention=128)
@@ -465,7 +517,6 @@ def test_pretrain_arch_modernbert_writes_a_masked_lm_transformers_loads(small_te
 @pytest.mark.parametrize("extra,said", [
     (["--nsp"], "pass --no-nsp"),
     (["--objective", "electra"], "ModernBERT pretrains by masked LM"),
-    (["--dropout", "0.1"], "without dropout"),
     (["--preset", "huge"], "unknown preset"),
 ])
 def test_pretrain_arch_modernbert_refuses_what_it_does_not_train(small_text_corpus, tmp_path, capsys, extra, said):
@@ -527,7 +578,8 @@ def test_modernbert_resume_after_a_kill_reproduces_the_uninterrupted_run(small_t
 
     def args(out):
         return ["--quiet", *_modern_run(small_text_corpus, out, "--tokenizer", story_tok, "--save-every", "2",
-                                        "--eval-every", "3", "--log-every", "1", steps=6)]
+                                        "--eval-every", "3", "--log-every", "1", "--dropout", "0.1",
+                                        steps=6)]
 
     straight, killed = killed_and_resumed(args, tmp_path, fault="write:9")  # in the step-4 checkpoint
     _same_pretraining(straight, killed)
@@ -535,25 +587,26 @@ def test_modernbert_resume_after_a_kill_reproduces_the_uninterrupted_run(small_t
 
 @pytest.mark.slow
 def test_modernbert_under_torchrun_computes_the_one_process_run(small_text_corpus, story_tok, tmp_path):
+    """With dropout (keyed by sequence), two processes, or two accumulated micro-batches, train as one."""
     import subprocess
 
     from bertforge.cli import main
 
     from .helpers import torchrun
 
-    tok = story_tok
-    runs = {}
-    for name, n in (("one", 1), ("two", 2)):
-        runs[name] = tmp_path / name
-        argv = [*_modern_run(small_text_corpus, runs[name], "--tokenizer", str(tok), "--eval-every", "0",
-                             "--log-every", "1", steps=6)]
-        if n == 1:
-            assert main(["--quiet", *argv]) == 0
-        else:
-            r = subprocess.run([*torchrun(2), "-m", "bertforge", "--quiet", *argv], capture_output=True, text=True,
-                               timeout=300)
-            assert r.returncode == 0, r.stderr[-3000:]
-    _same_pretraining(runs["one"], runs["two"], atol=1e-5)
+    runs = {name: tmp_path / name for name in ("one", "accum", "two")}
+
+    def argv(name, *extra):
+        return _modern_run(small_text_corpus, runs[name], "--tokenizer", str(story_tok), "--eval-every", "0",
+                           "--log-every", "1", "--dropout", "0.1", *extra, steps=6)
+
+    assert main(["--quiet", *argv("one")]) == 0
+    assert main(["--quiet", *argv("accum", "--grad-accum", "2")]) == 0
+    r = subprocess.run([*torchrun(2), "-m", "bertforge", "--quiet", *argv("two")], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    for other in ("accum", "two"):
+        _same_pretraining(runs["one"], runs[other], atol=1e-5)
 
 
 def _same_pretraining(a, b, atol=0.0) -> None:

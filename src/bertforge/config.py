@@ -429,8 +429,9 @@ class PretrainModelConfig:
                                     "the replaced tokens)", choices=OBJECTIVES)
     generator_size: float = setting(0.25, "ELECTRA: the generator's width as a fraction of the model's",
                                     check="open-fraction")
-    dropout: float | None = setting(None, "hidden and attention dropout during pretraining (none = the model's); the "
-                                          "saved config.json keeps the model's own, for fine-tuning", check="fraction")
+    dropout: float | None = setting(None, "hidden and attention dropout during pretraining (none = the model's; a "
+                                          "ModernBERT's: 0, as its recipe); the saved config.json keeps the model's "
+                                          "own, for fine-tuning", check="fraction")
     position_init: str = setting("normal", "how a new model's position embeddings start: normal (BERT's: random) or "
                                            "sinusoidal (the Transformer's sines and cosines at the same scale, still "
                                            "learned); not used with --init or --resume",

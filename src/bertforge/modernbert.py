@@ -39,9 +39,13 @@ Departures from transformers (5.x; the maths is meant to be the same):
   ``global_rope_theta``, ``local_rope_theta``) and 5.x (``layer_types``, ``rope_parameters``, and
   ``sliding_window`` = half of ``local_attention`` when present), and writes the 5.x one.  Only the
   "default" rotary type is supported (no ``rope_scaling``).
-* ``token_type_ids`` and ``dropout_keys`` are accepted and ignored, so that the callers of a BERT call either
-  family alike: its dropout (0 in every released config and in our presets) draws from torch's generator, so a
-  run with dropout depends on the number of processes, where BERT's does not.
+* ``token_type_ids`` is accepted and ignored, so that the callers of a BERT call either family alike.
+* Dropout (0 in every released config, in our presets and in pretraining unless ``--dropout`` asks) is keyed
+  by sequence in CPU training, as BERT's (:mod:`bertforge.ops.dropout`): each sequence's masks come from its
+  own generator, so that a run gives the same result on any number of processes.  Then attention dropout
+  runs its own softmax (SDPA's draws from torch's generator), a local layer always by blocks (its masks drawn
+  for the blocks of a sequence's real tokens, whatever the batch's padded length), and the token heads'
+  dropout over the real tokens.
 * Pretraining's loss (:meth:`ModernBertForMaskedLM.masked_lm_loss`) runs the last layer for the masked rows
   only (they alone are queries; every token stays a key and a value), and the decoder fused with the
   cross-entropy (:func:`bertforge.ops.linear_cross_entropy_sum`), as bertforge's BERT does: the loss and its
@@ -50,8 +54,8 @@ Departures from transformers (5.x; the maths is meant to be the same):
   ModernBERT-base's ratio, for side-by-side comparison with BERT's presets, and ``modernbert-base``.
 * Question answering masks padding out of the span logits, as bertforge's BERT (transformers leaves them).
 * Not here yet: a multiple choice head, ``inputs_embeds``, hidden states or attentions as outputs, gradient
-  checkpointing, dropout keyed by sequence (so pretraining runs without dropout, as ModernBERT's own recipe),
-  and :mod:`bertforge.ops`' attention kernels (one sequence at a time on the CPU, variable-length on CUDA).
+  checkpointing, and :mod:`bertforge.ops`' attention kernels (one sequence at a time on the CPU,
+  variable-length on CUDA).
 
 Where it is used: ``bertforge pretrain --arch modernbert`` (masked LM, :mod:`bertforge.objectives.mlm`), and
 a folder whose config.json says ``model_type: modernbert`` is read by :func:`bertforge.loading.in_family`, so
@@ -75,7 +79,8 @@ from .config import ModelConfigJson, check_preset
 from .errors import UserError, shown
 from .model import (BaseModelOutput, MaskedLMOutput, QuestionAnsweringOutput, SequenceClassifierOutput,
                     TokenClassifierOutput)
-from .ops import Layout, head_buffer, linear_cross_entropy_sum, tracing
+from .ops import Dropout, Layout, head_buffer, linear_cross_entropy_sum, tracing
+from .ops.dropout import dropout_mask, keyed_attention_dropout
 
 ACT2FN = {
     "gelu": F.gelu,  # exact erf GELU: transformers' "gelu", ModernBERT's hidden and classifier activation
@@ -256,10 +261,10 @@ class ModernBertEmbeddings(nn.Module):
         super().__init__()
         self.tok_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
         self.norm = LayerNorm(config)
-        self.drop = nn.Dropout(config.embedding_dropout)
+        self.drop = Dropout(config.embedding_dropout)
 
-    def forward(self, input_ids):  # (B, T) -> (B, T, C)
-        return self.drop(self.norm(self.tok_embeddings(input_ids)))
+    def forward(self, input_ids, layout=None):  # (B, T) -> (B, T, C), or (N,) -> (N, C) real tokens
+        return self.drop(self.norm(self.tok_embeddings(input_ids)), layout)
 
 
 def rotary_cos_sin(position_ids: torch.Tensor, head_dim: int, theta: float):
@@ -290,7 +295,7 @@ class ModernBertAttention(nn.Module):
         self.Wqkv = nn.Linear(C, 3 * C, bias=config.attention_bias)  # rows: Q (all heads), K, V
         self.Wo = nn.Linear(C, C, bias=config.attention_bias)
         self.dropout_p = config.attention_dropout
-        self.out_drop = nn.Dropout(config.attention_dropout)  # transformers: Identity when 0 (no parameters)
+        self.out_drop = Dropout(config.attention_dropout)  # transformers: Identity when 0 (no parameters)
 
     def forward(self, x, cos, sin, mask, layout: Layout):
         """softmax(Q K^T / sqrt(hs) + mask) V with rotated Q and K, heads concatenated, then Wo: the rows of ``x``,
@@ -301,16 +306,18 @@ class ModernBertAttention(nn.Module):
         q, k, v = (t.transpose(1, 2) for t in qkv.unbind(dim=2))  # 3 x (B, H, T, hs)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         p = self.dropout_p if self.training else 0.0
+        keyed = (layout.keys, layout.counts) if p > 0 and layout.keys is not None else None
         if isinstance(mask, Band):  # a local layer on a long sequence: each query's window only
-            y = banded_attention(q, k, v, mask, p)  # (B, H, T, hs)
+            y = banded_attention(q, k, v, mask, p, keyed)  # (B, H, T, hs)
         else:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)  # (B, H, T, hs)
+            y = attention(q, k, v, mask, p, keyed and (keyed[0], keyed[1], keyed[1]))  # (B, H, T, hs)
         y = layout.unpad(y.transpose(1, 2).reshape(B, T, C))  # (N, C) or (B, T, C)
-        return self.out_drop(self.Wo(y))
+        return self.out_drop(self.Wo(y), layout)
 
-    def rows(self, x, keep, cos, sin, mask):
+    def rows(self, x, keep, cos, sin, mask, selection: Layout):
         """What ``forward`` gives at the rows ``keep`` (B, T) selects, (N, C) in row-major order, with only those
-        rows as queries (every token is still a key and a value): the last layer of pretraining's fast path."""
+        rows as queries (every token is still a key and a value): the last layer of pretraining's fast path.
+        ``selection`` holds the dropout keys and how many of the rows each sequence has (``counts``)."""
         B, T, C = x.shape
         H, hs = self.n_head, self.head_dim
         w, b = self.Wqkv.weight, self.Wqkv.bias
@@ -329,9 +336,12 @@ class ModernBertAttention(nn.Module):
         elif mask is not None and mask.shape[-2] > 1:  # a local layer's (B or 1, 1, T, T): the queries' rows
             mask = mask.expand(B, -1, -1, -1)[torch.arange(B, device=x.device)[:, None], 0, pos][:, None]  # (B,1,R,T)
         p = self.dropout_p if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)  # (B, H, R, hs)
+        keyed = None
+        if p > 0 and selection.keys is not None:  # sequence b's queries: its first slots; its keys: the real tokens
+            keyed = (selection.keys, selection.counts, selection.batch.counts)
+        y = attention(q, k, v, mask, p, keyed)  # (B, H, R, hs)
         y = y.transpose(1, 2).reshape(B * R, C)[slots]  # (N, C)
-        return self.out_drop(self.Wo(y))
+        return self.out_drop(self.Wo(y), selection)
 
 
 class ModernBertMLP(nn.Module):
@@ -342,12 +352,12 @@ class ModernBertMLP(nn.Module):
         C, I = config.hidden_size, config.intermediate_size  # noqa: E741
         self.Wi = nn.Linear(C, 2 * I, bias=config.mlp_bias)
         self.act = ACT2FN[config.hidden_activation]
-        self.drop = nn.Dropout(config.mlp_dropout)
+        self.drop = Dropout(config.mlp_dropout)
         self.Wo = nn.Linear(I, C, bias=config.mlp_bias)
 
-    def forward(self, x):  # (B, T, C)
-        inp, gate = self.Wi(x).chunk(2, dim=-1)  # 2 x (B, T, I)
-        return self.Wo(self.drop(self.act(inp) * gate))  # (B, T, C)
+    def forward(self, x, layout=None):  # (N, C) real tokens, or (B, T, C)
+        inp, gate = self.Wi(x).chunk(2, dim=-1)  # 2 x (N, I)
+        return self.Wo(self.drop(self.act(inp) * gate, layout))  # (N, C)
 
 
 class ModernBertEncoderLayer(nn.Module):
@@ -362,11 +372,11 @@ class ModernBertEncoderLayer(nn.Module):
 
     def forward(self, x, cos, sin, mask, layout):  # pre-LN: x + f(norm(x)), twice; (N, C) or (B, T, C)
         x = x + self.attn(self.attn_norm(x), cos, sin, mask, layout)
-        return x + self.mlp(self.mlp_norm(x))
+        return x + self.mlp(self.mlp_norm(x), layout)
 
-    def rows(self, x, keep, cos, sin, mask):  # (B, T, C) -> (N, C): the rows ``keep`` selects
-        y = x[keep] + self.attn.rows(self.attn_norm(x), keep, cos, sin, mask)
-        return y + self.mlp(self.mlp_norm(y))
+    def rows(self, x, keep, cos, sin, mask, selection):  # (B, T, C) -> (N, C): the rows ``keep`` selects
+        y = x[keep] + self.attn.rows(self.attn_norm(x), keep, cos, sin, mask, selection)
+        return y + self.mlp(self.mlp_norm(y), selection)
 
 
 def additive(seen: torch.Tensor, dtype) -> torch.Tensor:
@@ -391,12 +401,12 @@ class Band:
         return additive(seen, dtype)[:, None]
 
 
-def attention_masks(attention_mask: torch.Tensor | None, T: int, window: int, dtype, device):
+def attention_masks(attention_mask: torch.Tensor | None, T: int, window: int, dtype, device, banded: bool = False):
     """The masks of the two layer types: {GLOBAL: additive (B, 1, 1, T) or None, LOCAL: additive (B or 1, 1, T, T),
-    or a :class:`Band` when T > 3 * window}.  A key is seen when it is a real token, and by a local layer only
-    within ``window`` positions of the query (both ends included)."""
+    or a :class:`Band` when T > 3 * window or ``banded``}.  A key is seen when it is a real token, and by a local
+    layer only within ``window`` positions of the query (both ends included)."""
     real = None if attention_mask is None else attention_mask.to(device=device, dtype=torch.bool)  # (B, T)
-    if T > 3 * window:  # the window is a small part of the sequence: attend by blocks
+    if T > 3 * window or banded:  # the window is a small part of the sequence: attend by blocks
         local = Band(real, window)
     else:
         pos = torch.arange(T, device=device)
@@ -405,10 +415,24 @@ def attention_masks(attention_mask: torch.Tensor | None, T: int, window: int, dt
     return {GLOBAL: None if real is None else additive(real[:, None, None, :], dtype), LOCAL: local}
 
 
-def banded_attention(q, k, v, band: Band, p: float) -> torch.Tensor:
+def attention(q, k, v, mask, p: float, keyed=None) -> torch.Tensor:
+    """softmax(q k^T / sqrt(hs) + mask) v, (B, H, Tq, hs), with dropout ``p`` on the probabilities: SDPA's, or
+    with ``keyed`` = (keys, real queries, real keys of each sequence) each sequence's mask from its own
+    generator (:func:`~bertforge.ops.dropout.keyed_attention_dropout`)."""
+    if keyed is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+    att = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5  # (B, H, Tq, Tk)
+    if mask is not None:
+        att = att + mask
+    return keyed_attention_dropout(att.softmax(-1), p, *keyed) @ v
+
+
+def banded_attention(q, k, v, band: Band, p: float, keyed=None) -> torch.Tensor:
     """Sliding-window attention (B, H, T, hs) that never computes the masked-out part: the queries in blocks of
     w (the half window), each block seeing the 3w keys around it, the exact window and the padding masked
-    within them.  Equal to the dense masked attention at every query that sees a real key."""
+    within them.  Equal to the dense masked attention at every query that sees a real key.  With ``keyed`` =
+    (keys, real tokens of each sequence), each sequence's dropout mask of its blocks (the blocks that hold its
+    real queries) from its own generator: the same whatever the batch's padded length."""
     B, H, T, hs = q.shape
     w = band.window
     nb = -(-T // w)  # blocks of w queries
@@ -429,7 +453,16 @@ def banded_attention(q, k, v, band: Band, p: float) -> torch.Tensor:
         real[:, w : w + T] = band.real
         seen = seen & real.unfold(1, 3 * w, w)[:, :, None, :]  # (B, nb, w, 3w)
     mask = additive(seen.expand(B, nb, w, 3 * w).reshape(B * nb, 1, w, 3 * w), q.dtype)
-    y = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, dropout_p=p)  # (B*nb, H, w, hs)
+    if keyed is None:
+        y = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, dropout_p=p)  # (B*nb, H, w, hs)
+    else:
+        att = ((qb @ kb.transpose(-2, -1)) * hs**-0.5 + mask).softmax(-1)  # (B*nb, H, w, 3w)
+        drop = att.new_zeros(B, nb, H, w, 3 * w)
+        for b, (n, g) in enumerate(zip(keyed[1], keyed[0].generators())):
+            if n:
+                m = -(-n // w)  # the blocks of its real queries
+                drop[b, :m] = dropout_mask((m, H, w, 3 * w), p, "cpu", att.dtype, g)
+        y = (att * drop.view(B * nb, H, w, 3 * w)) @ vb  # (B*nb, H, w, hs)
     return y.view(B, nb, H, w, hs).transpose(1, 2).reshape(B, H, nb * w, hs)[:, :, :T]  # (B, H, T, hs)
 
 
@@ -537,26 +570,32 @@ class ModernBertModel(ModernBertPreTrainedModel):
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None,
                 dropout_keys=None) -> BaseModelOutput:
         """``token_type_ids`` is taken and ignored (ModernBERT has none: pairs are told apart by [SEP]), so
-        that the callers of a BERT call either family alike; so is ``dropout_keys`` (BERT's dropout keyed by
-        sequence: this family's dropout, off by default, draws from torch's generator)."""
+        that the callers of a BERT call either family alike.  ``dropout_keys``
+        (:class:`~bertforge.ops.dropout.DropoutKeys`): in training, dropout masks keyed by sequence."""
         T = input_ids.shape[1]
         if position_ids is None:
             position_ids = torch.arange(T, device=input_ids.device)[None]  # (1, T), whatever the padding
-        x, layout = self.embed(input_ids, attention_mask)  # (N, C) real tokens, or (B, T, C) without padding
-        masks = attention_masks(attention_mask, T, self.config.sliding_window, x.dtype, x.device)
+        x, layout = self.embed(input_ids, attention_mask, dropout_keys)  # (N, C) real tokens, or (B, T, C)
+        masks = self._masks(attention_mask, T, x, layout)
         rotary = self._rotary(position_ids, x.dtype)
         for layer in self.layers:
             cos, sin = rotary[layer.attention_type]
             x = layer(x, cos, sin, masks[layer.attention_type], layout)  # (N, C) or (B, T, C)
         return BaseModelOutput(last_hidden_state=layout.pad(self.final_norm(x)))  # (B, T, C), zeros at padding
 
-    def embed(self, input_ids, attention_mask) -> tuple[torch.Tensor, Layout]:
+    def embed(self, input_ids, attention_mask, dropout_keys=None) -> tuple[torch.Tensor, Layout]:
         """The embeddings of the real tokens (N, C), or of every token (B, T, C) when there is no padding (or
         ``torch.compile`` traces: then the padded batch throughout), and the batch's layout."""
         B, T = input_ids.shape
-        layout = Layout(None if tracing() else attention_mask, B, T)
+        layout = Layout(None if tracing() else attention_mask, B, T, dropout_keys if self.training else None)
         ids = input_ids if layout.indices is None else input_ids.reshape(-1)[layout.indices]  # (B, T) or (N,)
-        return self.embeddings(ids), layout
+        return self.embeddings(ids, layout), layout
+
+    def _masks(self, attention_mask, T: int, x: torch.Tensor, layout: Layout) -> dict:
+        # keyed attention dropout draws a local layer's masks by blocks, whatever T: the same for a sequence
+        # in any batch
+        keyed = layout.keys is not None and any(layer.attn.dropout_p > 0 for layer in self.layers)
+        return attention_masks(attention_mask, T, self.config.sliding_window, x.dtype, x.device, banded=keyed)
 
     def _rotary(self, position_ids, dtype) -> dict:
         """layer type -> (cos, sin) (B or 1, T, hs) of its theta."""
@@ -564,18 +603,23 @@ class ModernBertModel(ModernBertPreTrainedModel):
                                                             self.config.rope_theta(t)))
                 for t in set(self.config.layer_types)}
 
-    def masked_rows(self, input_ids, attention_mask, keep) -> torch.Tensor:
+    def masked_rows(self, input_ids, attention_mask, keep, dropout_keys=None) -> torch.Tensor:
         """The final states (N, C) of the rows ``keep`` (B, T) selects, row-major, equal to ``forward``'s there,
         with the last layer run for those rows only (pretraining's fast path: only masked tokens are scored)."""
-        T = input_ids.shape[1]
-        x, layout = self.embed(input_ids, attention_mask)  # (N, C) or (B, T, C)
-        masks = attention_masks(attention_mask, T, self.config.sliding_window, x.dtype, x.device)
+        B, T = input_ids.shape
+        x, layout = self.embed(input_ids, attention_mask, dropout_keys)  # (N, C) or (B, T, C)
+        masks = self._masks(attention_mask, T, x, layout)
+        selection = Layout(None, B, T, layout.keys)  # the selected rows: keys, and how many each sequence has
+        selection.batch = layout
+        if layout.keys is not None:
+            selection.counts = keep.sum(1).tolist()
         rotary = self._rotary(torch.arange(T, device=x.device)[None], x.dtype)
         *first, last = self.layers
         for layer in first:
             x = layer(x, *rotary[layer.attention_type], masks[layer.attention_type], layout)  # (N, C) or (B, T, C)
         x = layout.pad(x)  # (B, T, C): every token is a key and a value of the last layer
-        return self.final_norm(last.rows(x, keep, *rotary[last.attention_type], masks[last.attention_type]))
+        return self.final_norm(last.rows(x, keep, *rotary[last.attention_type], masks[last.attention_type],
+                                         selection))
 
 
 # ------------------------------------------------------------------------------------------------ heads
@@ -613,7 +657,8 @@ class ModernBertForMaskedLM(ModernBertPreTrainedModel):
         """``dense_logits`` False (with labels): the labelled rows' logits only, True: every position's, None:
         as ``config.sparse_prediction`` says; ``loss_reduction="sum"``: a summed loss, for a caller that
         normalises over a global batch."""
-        x = self.model(input_ids, attention_mask, position_ids=position_ids).last_hidden_state  # (B, T, C)
+        x = self.model(input_ids, attention_mask, position_ids=position_ids,
+                       dropout_keys=dropout_keys).last_hidden_state  # (B, T, C)
         sparse = not dense_logits if dense_logits is not None else self.config.sparse_prediction
         if labels is not None and sparse:
             labels = labels.reshape(-1)
@@ -626,14 +671,15 @@ class ModernBertForMaskedLM(ModernBertPreTrainedModel):
                                    ignore_index=-100, reduction=loss_reduction)
         return MaskedLMOutput(loss, logits)
 
-    def masked_lm_loss(self, input_ids, attention_mask, labels) -> torch.Tensor:
+    def masked_lm_loss(self, input_ids, attention_mask, labels, dropout_keys=None) -> torch.Tensor:
         """Pretraining's loss: the cross-entropy summed over the labelled tokens, the last layer, the head and
         the decoder run on those rows only (transformers' ``sparse_prediction`` runs the last two so)."""
         keep = labels != -100  # (B, T)
         if not keep.any():  # nothing to score: the whole encoder still runs, so that every weight takes part
-            x = self.model(input_ids, attention_mask).last_hidden_state[keep]  # (0, C)
+            x = self.model(input_ids, attention_mask, dropout_keys=dropout_keys).last_hidden_state[keep]  # (0, C)
             return F.cross_entropy(self.decoder(self.head(x)).float(), labels[keep], reduction="sum")
-        h = self.head(self.model.masked_rows(input_ids, attention_mask, keep))  # (N, C): the last layer for them only
+        h = self.head(self.model.masked_rows(input_ids, attention_mask, keep, dropout_keys))  # (N, C): the last
+        # layer for them only
         if self.decoder.bias is None:
             return F.cross_entropy(self.decoder(h).float(), labels[keep], reduction="sum")
         # the decoder fused with the loss (bertforge.ops): no (N, V) logits, log-probabilities and gradients apart
@@ -651,9 +697,17 @@ class _ModernBertClassifier(ModernBertPreTrainedModel):
         self.num_labels = config.num_labels
         self.model = ModernBertModel(config)
         self.head = ModernBertPredictionHead(config)
-        self.drop = nn.Dropout(config.classifier_dropout)
+        self.drop = Dropout(config.classifier_dropout)
         self.classifier = nn.Linear(config.hidden_size, self.num_labels)
         self.init_weights()
+
+    def dropped(self, h: torch.Tensor, attention_mask, dropout_keys) -> torch.Tensor:
+        """The head's output (B, T, C) after dropout: keyed by sequence, over the real tokens, given keys in
+        training (the padding's rows then zero: no loss reads them)."""
+        if dropout_keys is None or not self.training or self.drop.p == 0:
+            return self.drop(h)
+        layout = Layout(attention_mask, *h.shape[:2], dropout_keys)
+        return layout.pad(self.drop(layout.unpad(h), layout))
 
 
 class ModernBertForSequenceClassification(_ModernBertClassifier):
@@ -663,7 +717,8 @@ class ModernBertForSequenceClassification(_ModernBertClassifier):
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None,
                 labels=None, dropout_keys=None) -> SequenceClassifierOutput:
-        x = self.model(input_ids, attention_mask, position_ids=position_ids).last_hidden_state  # (B, T, C)
+        x = self.model(input_ids, attention_mask, position_ids=position_ids,
+                       dropout_keys=dropout_keys).last_hidden_state  # (B, T, C)
         if self.config.classifier_pooling == "cls":
             pooled = x[:, 0]  # (B, C)
         else:
@@ -671,7 +726,8 @@ class ModernBertForSequenceClassification(_ModernBertClassifier):
                 attention_mask = torch.ones(x.shape[:2], dtype=x.dtype, device=x.device)
             m = attention_mask.to(x.dtype)[..., None]  # (B, T, 1)
             pooled = (x * m).sum(dim=1) / m.sum(dim=1)  # (B, C)
-        logits = self.classifier(self.drop(self.head(pooled)))  # (B, labels)
+        keys = dropout_keys if self.training else None  # one row of each sequence
+        logits = self.classifier(self.drop(self.head(pooled), Layout.one_row_each(keys, len(pooled))))  # (B, labels)
         loss = None
         if labels is not None:
             if self.num_labels == 1:
@@ -687,8 +743,9 @@ class ModernBertForTokenClassification(_ModernBertClassifier):
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None,
                 labels=None, dropout_keys=None) -> TokenClassifierOutput:
-        x = self.model(input_ids, attention_mask, position_ids=position_ids).last_hidden_state  # (B, T, C)
-        logits = self.classifier(self.drop(self.head(x)))  # (B, T, labels)
+        x = self.model(input_ids, attention_mask, position_ids=position_ids,
+                       dropout_keys=dropout_keys).last_hidden_state  # (B, T, C)
+        logits = self.classifier(self.dropped(self.head(x), attention_mask, dropout_keys))  # (B, T, labels)
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits.reshape(-1, self.num_labels), labels.reshape(-1), ignore_index=-100)
@@ -702,8 +759,10 @@ class ModernBertForQuestionAnswering(_ModernBertClassifier):
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, start_positions=None,
                 end_positions=None, dropout_keys=None) -> QuestionAnsweringOutput:
-        x = self.model(input_ids, attention_mask, position_ids=position_ids).last_hidden_state  # (B, T, C)
-        start_logits, end_logits = self.classifier(self.drop(self.head(x))).unbind(-1)  # 2 x (B, T)
+        x = self.model(input_ids, attention_mask, position_ids=position_ids,
+                       dropout_keys=dropout_keys).last_hidden_state  # (B, T, C)
+        h = self.dropped(self.head(x), attention_mask, dropout_keys)  # (B, T, C)
+        start_logits, end_logits = self.classifier(h).unbind(-1)  # 2 x (B, T)
         if attention_mask is not None:
             pad, lowest = ~attention_mask.bool(), torch.finfo(start_logits.dtype).min
             start_logits, end_logits = start_logits.masked_fill(pad, lowest), end_logits.masked_fill(pad, lowest)

@@ -257,5 +257,5 @@ def pretraining_objective(cfg, plan: StartPlan, config, tok):
         if mc.attention_init == "local":
             local_attention_heads_(objective.model)
     if mc.dropout is not None or mc.arch == "modernbert":  # pretraining's own; config.json keeps the model's
-        set_dropout(objective.model, mc.dropout or 0.0)  # (a ModernBERT's would not be keyed by sequence: none)
+        set_dropout(objective.model, mc.dropout or 0.0)  # (a ModernBERT's: none unless asked, as its recipe)
     return objective

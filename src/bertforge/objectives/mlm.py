@@ -6,7 +6,7 @@ The training step runs the model's fast path (:func:`bertforge.ops.rows.pretrain
 encoder layer and the vocabulary projection only where the loss looks (the masked tokens, and [CLS] for
 NSP); the loss equals the dense computation.  A ModernBERT (``--arch modernbert``) trains by masked LM alone,
 its head and decoder on the masked rows only
-(:meth:`~bertforge.modernbert.ModernBertForMaskedLM.masked_lm_loss`), without dropout."""
+(:meth:`~bertforge.modernbert.ModernBertForMaskedLM.masked_lm_loss`), without dropout unless ``--dropout`` asks."""
 
 from __future__ import annotations
 
@@ -34,8 +34,6 @@ class MaskedLM(PretrainingObjective):
         if cfg.data.nsp:
             raise UserError("ModernBERT pretrains by masked LM alone (next sentence prediction needs BERT's pooler and "
                             "token types); pass --no-nsp")
-        if cfg.model.dropout:  # (its masks would come from torch's stream, not keyed by sequence as BERT's)
-            raise UserError("ModernBERT pretrains without dropout here; leave --dropout out or pass --dropout 0")
 
     @classmethod
     def build(cls, cfg: PretrainConfig, config: BertConfig, from_init: bool) -> MaskedLM:
@@ -50,7 +48,8 @@ class MaskedLM(PretrainingObjective):
 
     def forward(self, b: dict, step: int) -> dict:
         if self.cfg.model.arch == "modernbert":
-            return {"mlm": self.model.masked_lm_loss(b["input_ids"], b["attention_mask"], b["labels"]), "nsp": None}
+            return {"mlm": self.model.masked_lm_loss(b["input_ids"], b["attention_mask"], b["labels"],
+                                                     batch_keys(b, self.seed, step)), "nsp": None}
         mlm, nsp = pretraining_losses(self.model, b["input_ids"], b["attention_mask"], b["token_type_ids"],
                                       b["labels"], b.get("next_sentence_label"),
                                       dropout_keys=batch_keys(b, self.seed, step))
