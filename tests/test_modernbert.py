@@ -320,7 +320,9 @@ def test_keyed_dropout_gives_each_sequence_its_masks_in_any_batch(head):
         (out if head == "mlm" else out.pow(2).sum()).backward()
         return out.detach(), {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
 
+    rng = torch.get_rng_state()
     together, grads = run([0, 1, 2], 20)
+    assert torch.equal(torch.get_rng_state(), rng)  # no mask came from torch's generator
     alone = [run([i], n) for i, n in enumerate(lengths)]
     if head == "mlm":  # (the rows-only last layer: masked rows as its queries)
         torch.testing.assert_close(together, sum(a for a, _ in alone), atol=1e-4, rtol=1e-5)

@@ -45,7 +45,7 @@ Departures from transformers (5.x; the maths is meant to be the same):
   own generator, so that a run gives the same result on any number of processes.  Then attention dropout
   runs its own softmax (SDPA's draws from torch's generator), a local layer always by blocks (its masks drawn
   for the blocks of a sequence's real tokens, whatever the batch's padded length), and the token heads'
-  dropout over the real tokens.
+  dropout over the real tokens.  While ``torch.compile`` traces (``--compile``) there are no keys, as for BERT.
 * Pretraining's loss (:meth:`ModernBertForMaskedLM.masked_lm_loss`) runs the last layer for the masked rows
   only (they alone are queries; every token stays a key and a value), and the decoder fused with the
   cross-entropy (:func:`bertforge.ops.linear_cross_entropy_sum`), as bertforge's BERT does: the loss and its
@@ -317,7 +317,9 @@ class ModernBertAttention(nn.Module):
     def rows(self, x, keep, cos, sin, mask, selection: Layout):
         """What ``forward`` gives at the rows ``keep`` (B, T) selects, (N, C) in row-major order, with only those
         rows as queries (every token is still a key and a value): the last layer of pretraining's fast path.
-        ``selection`` holds the dropout keys and how many of the rows each sequence has (``counts``)."""
+        ``selection`` holds the dropout keys and how many of the rows each sequence has (``counts``); keyed
+        dropout draws its masks for those rows, so in training with keys the result is ``forward``'s in
+        distribution, not value."""
         B, T, C = x.shape
         H, hs = self.n_head, self.head_dim
         w, b = self.Wqkv.weight, self.Wqkv.bias
@@ -604,8 +606,9 @@ class ModernBertModel(ModernBertPreTrainedModel):
                 for t in set(self.config.layer_types)}
 
     def masked_rows(self, input_ids, attention_mask, keep, dropout_keys=None) -> torch.Tensor:
-        """The final states (N, C) of the rows ``keep`` (B, T) selects, row-major, equal to ``forward``'s there,
-        with the last layer run for those rows only (pretraining's fast path: only masked tokens are scored)."""
+        """The final states (N, C) of the rows ``keep`` (B, T) selects, row-major, equal to ``forward``'s there
+        (without dropout), with the last layer run for those rows only (pretraining's fast path: only masked
+        tokens are scored)."""
         B, T = input_ids.shape
         x, layout = self.embed(input_ids, attention_mask, dropout_keys)  # (N, C) or (B, T, C)
         masks = self._masks(attention_mask, T, x, layout)
