@@ -291,12 +291,11 @@ def test_keyed_dropout_gives_each_sequence_its_masks_in_any_batch(head):
     feed-forward, head) do not depend on the others in its batch nor on the batch's padded length: each
     sequence's output and loss, and every gradient, equal those of the sequences run alone (20 tokens by blocks
     of the local window, 13 and 3 densely before keyed dropout banded them all)."""
+    from bertforge.initialization import set_dropout
     from bertforge.ops.dropout import DropoutKeys
 
     cls = {"mlm": ModernBertForMaskedLM, "sequence": ModernBertForSequenceClassification,
            "token": ModernBertForTokenClassification, "span": ModernBertForQuestionAnswering}[head]
-    from bertforge.initialization import set_dropout
-
     torch.manual_seed(0)
     model = cls(tiny(id2label={0: "a", 1: "b"}))
     perturb(model)

@@ -80,7 +80,8 @@ from .errors import UserError, shown
 from .model import (BaseModelOutput, MaskedLMOutput, QuestionAnsweringOutput, SequenceClassifierOutput,
                     TokenClassifierOutput)
 from .ops import Dropout, Layout, head_buffer, linear_cross_entropy_sum, tracing
-from .ops.dropout import dropout_mask, keyed_attention_dropout
+from .ops.attention import attention_with_dropout
+from .ops.dropout import dropout_mask
 
 ACT2FN = {
     "gelu": F.gelu,  # exact erf GELU: transformers' "gelu", ModernBERT's hidden and classifier activation
@@ -306,11 +307,12 @@ class ModernBertAttention(nn.Module):
         q, k, v = (t.transpose(1, 2) for t in qkv.unbind(dim=2))  # 3 x (B, H, T, hs)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         p = self.dropout_p if self.training else 0.0
-        keyed = (layout.keys, layout.counts) if p > 0 and layout.keys is not None else None
+        keys = layout.keys if p > 0 else None  # each sequence's real tokens: layout.counts
         if isinstance(mask, Band):  # a local layer on a long sequence: each query's window only
-            y = banded_attention(q, k, v, mask, p, keyed)  # (B, H, T, hs)
+            y = banded_attention(q, k, v, mask, p, None if keys is None else (keys, layout.counts))  # (B, H, T, hs)
         else:
-            y = attention(q, k, v, mask, p, keyed and (keyed[0], keyed[1], keyed[1]))  # (B, H, T, hs)
+            keyed = None if keys is None else (keys, layout.counts, layout.counts)
+            y = attention(q, k, v, mask, p, keyed)  # (B, H, T, hs)
         y = layout.unpad(y.transpose(1, 2).reshape(B, T, C))  # (N, C) or (B, T, C)
         return self.out_drop(self.Wo(y), layout)
 
@@ -423,10 +425,7 @@ def attention(q, k, v, mask, p: float, keyed=None) -> torch.Tensor:
     generator (:func:`~bertforge.ops.dropout.keyed_attention_dropout`)."""
     if keyed is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
-    att = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5  # (B, H, Tq, Tk)
-    if mask is not None:
-        att = att + mask
-    return keyed_attention_dropout(att.softmax(-1), p, *keyed) @ v
+    return attention_with_dropout(q * q.shape[-1] ** -0.5, k, v, mask, p, keyed)  # (bertforge.ops: BERT's)
 
 
 def banded_attention(q, k, v, band: Band, p: float, keyed=None) -> torch.Tensor:
@@ -681,8 +680,8 @@ class ModernBertForMaskedLM(ModernBertPreTrainedModel):
         if not keep.any():  # nothing to score: the whole encoder still runs, so that every weight takes part
             x = self.model(input_ids, attention_mask, dropout_keys=dropout_keys).last_hidden_state[keep]  # (0, C)
             return F.cross_entropy(self.decoder(self.head(x)).float(), labels[keep], reduction="sum")
-        h = self.head(self.model.masked_rows(input_ids, attention_mask, keep, dropout_keys))  # (N, C): the last
-        # layer for them only
+        # (N, C): the last layer for those rows only
+        h = self.head(self.model.masked_rows(input_ids, attention_mask, keep, dropout_keys))
         if self.decoder.bias is None:
             return F.cross_entropy(self.decoder(h).float(), labels[keep], reduction="sum")
         # the decoder fused with the loss (bertforge.ops): no (N, V) logits, log-probabilities and gradients apart

@@ -58,11 +58,14 @@ def pick_kernel(device: torch.device, p: float, layout: Layout | None = None) ->
 
 def attention_with_dropout(q, k, v, key_mask, p: float, keyed=None) -> torch.Tensor:
     """softmax(q k^T) with dropout ``p`` on the probabilities, times v: (B, nh, T, hs).  ``q`` comes already
-    scaled by 1/sqrt(hs).  ``keyed`` = (keys, real queries, real keys per sequence) draws each sequence's
-    mask from its own generator (:func:`~bertforge.ops.dropout.keyed_attention_dropout`)."""
+    scaled by 1/sqrt(hs).  ``key_mask``: boolean (True: attend), or additive (added to the scores).  ``keyed`` =
+    (keys, real queries, real keys per sequence) draws each sequence's mask from its own generator
+    (:func:`~bertforge.ops.dropout.keyed_attention_dropout`)."""
     att = q @ k.transpose(-2, -1)  # (B, nh, Tq, Tk)
-    if key_mask is not None:
+    if key_mask is not None and key_mask.dtype == torch.bool:
         att.masked_fill_(~key_mask, float("-inf"))
+    elif key_mask is not None:
+        att += key_mask
     att = att.softmax(-1)
     if p == 0.0:
         return att @ v
