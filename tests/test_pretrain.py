@@ -227,7 +227,7 @@ def test_max_time_schedule_ends_on_time_at_zero_lr(small_text_corpus, story_tok_
     t0 = time.time()
     assert main(["--quiet", *_args(small_text_corpus, story_tok_dir, out, "--max-time", "3s", "--eval-every", "0", "--log-every", "1")]) == 0
     took = time.time() - t0
-    assert json.loads((out / "metrics.json").read_text())["wall_seconds"] <= 3 * 1.1  # final evaluation and save in
+    assert json.loads((out / "metrics.json").read_text())["wall_seconds"] <= 3 * 1.2  # final evaluation and save in
     assert took < 3 + 3  # (besides: the plots, the model card)
     rows = [r for r in _metric_rows(out) if r["type"] == "train"]
     assert rows[-1]["lr"] < 0.1 * 1e-3
@@ -522,12 +522,13 @@ def test_torchrun_says_things_once_and_ends_a_timed_run_on_every_process_togethe
     assert r.returncode != 0 and r.stderr.count("error: data path not found") == 1, r.stderr[-3000:]
     out = tmp_path / "timed"
     r = subprocess.run([*torchrun(2), "-m", "bertforge",
-                        *_args(small_text_corpus, story_tok_dir, out, "--max-time", "4s", "--eval-every", "10")],
+                        *_args(small_text_corpus, story_tok_dir, out, "--max-time", "4s", "--eval-every", "4")],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stderr.count("pretraining BertForPreTraining") == 1 and r.stderr.count("done: ") == 1
     m = json.loads((out / "metrics.json").read_text())
-    assert m["wall_seconds"] <= 4 * 1.25 and m["steps"] > 10  # (the end reached together: no process left waiting)
+    # the end reached together (no process left waiting), evaluating on the way: a slow host steps 2.5 times a second
+    assert m["wall_seconds"] <= 4 * 1.25 and m["steps"] > 4
 
 
 def test_a_config_file_in_sections_with_its_out_and_a_runs_own_settings_repeat_it(small_text_corpus, story_tok_dir,
