@@ -17,16 +17,17 @@ $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check --no-compile $(TORCH_PIN)
 	$(PY) -m pip install -q --disable-pip-version-check --no-compile -e '.[test]' $(TORCH_PIN)
-	@# the bytecode pip would write one file at a time, on every core: half the install on two cores.  Like
-	@# pip's, it skips the files that do not compile (templates, Python 2 leftovers in some packages).
-	$(PY) -m compileall -q -j 0 $$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))') >/dev/null || true
+	@# Bytecode for what bertforge imports only (pip would compile every file of the dependencies, one at a
+	@# time), also where the host sets PYTHONDONTWRITEBYTECODE: without it each process compiles its imports.
+	env -u PYTHONDONTWRITEBYTECODE $(PY) -c 'import bertforge.cli, bertforge.pretrain, bertforge.finetune'
 	touch $@
 
 demo: install
 	$(VENV)/bin/bertforge demo
 
+# the tests write the bytecode of their own imports (transformers, sentence-transformers) once, as above
 test: install
-	$(PY) -m pytest -q -n $(TEST_WORKERS)
+	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q -n $(TEST_WORKERS)
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache
