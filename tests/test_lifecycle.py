@@ -12,7 +12,6 @@ import pathlib
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -95,16 +94,39 @@ def test_a_second_training_run_in_the_same_process_is_refused(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
-def test_a_timed_run_ends_on_time_with_its_final_evaluation_and_no_steps_in_the_learning_rate(tmp_path):
+class VirtualClock:
+    """The run's clock without the host's speed: time passes only while the toy sleeps (its steps, evaluations)."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    monotonic = perf_counter
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_a_timed_run_ends_on_time_with_its_final_evaluation_and_no_steps_in_the_learning_rate(tmp_path,
+                                                                                              monkeypatch):
     """--max-time bounds the whole run, and the time its evaluations take shortens what is left of the
     learning rate's decay instead of cutting it in steps (an evaluation here costs as much as 30 steps)."""
+    import bertforge.engine
+
+    from . import toy_run
+
+    clock = VirtualClock()
+    for module in (lifecycle, bertforge.engine, toy_run):
+        monkeypatch.setattr(module, "time", clock)
     (tmp_path / "o").mkdir()
     run = ToyRun(tmp_path / "o", toy_train(max_steps=None, max_time=2.0, eval_every=50, save_every=0),
                  pace=0.01, eval_pace=0.3)
-    t0 = time.perf_counter()
+    t0 = clock.now
     run.fit()
-    took = time.perf_counter() - t0
-    assert 0.9 * 2.0 <= took <= 1.08 * 2.0, took  # (the final evaluation alone would add 15%)
+    took = clock.now - t0
+    assert 2.0 - 1e-6 <= took <= 2.0 + 0.01 + 1e-6, took  # to a step; the final evaluation alone would add 15%
     assert len(run.evaluations) >= 2 and run.evaluations[-1] == run.engine.state.step
     rows = [json.loads(line) for line in (tmp_path / "o" / "metrics.jsonl").read_text().splitlines()]
     lr = [r["lr"] for r in rows if r["type"] == "train"]
