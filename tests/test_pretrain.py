@@ -225,14 +225,15 @@ def test_max_time_schedule_ends_on_time_at_zero_lr(small_text_corpus, story_tok_
     assert s.lr(99, 0.99) == pytest.approx(0.01 / 0.9) and s.done(99, 1.0) and not s.done(99, 0.99)
     out = tmp_path / "timed"
     t0 = time.time()
-    # small steps, so that a slow host makes many: the last step's learning rate is about its share of the time
-    assert main(["--quiet", *tiny_pretrain(small_text_corpus, out, "--recipe", "bert", "--lr", "1e-3", "--max-time", "3s",
+    # small steps, so that a slow host makes many: the last step's learning rate is about its share of the time;
+    # a budget well over the set-up, which it includes, however loaded the host
+    assert main(["--quiet", *tiny_pretrain(small_text_corpus, out, "--recipe", "bert", "--lr", "1e-3", "--max-time", "5s",
                                            "--eval-every", "0", "--log-every", "1", "--max-eval-instances", "64",
                                            tokenizer=story_tok_dir, length=32, batch=4, steps=None)]) == 0
     took = time.time() - t0
     wall = json.loads((out / "metrics.json").read_text())["wall_seconds"]
-    assert wall <= 3 * 1.2  # final evaluation and save in (to a step: test_lifecycle's timed run)
-    assert took - wall < 6  # (besides: the plots, the model card)
+    assert wall <= 5 * 1.2  # final evaluation and save in (to a step: test_lifecycle's timed run)
+    assert took - wall < 15  # (besides: the plots, the model card)
     rows = [r for r in _metric_rows(out) if r["type"] == "train"]
     assert len(rows) > 20 and rows[-1]["lr"] < 0.1 * 1e-3
 
