@@ -28,10 +28,10 @@ def story_tok_dir(small_text_corpus, tmp_path_factory):
     return str(d)
 
 
-def _args(corpus, tok, out, *extra, recipe="bert"):
+def _args(corpus, tok, out, *extra, recipe="bert", length=64, batch=16):
     """BERT's recipe (NSP and dropout on) by default: the machinery under its heaviest load."""
     return tiny_pretrain(corpus, out, "--recipe", recipe, "--lr", "1e-3", "--log-every", "5",
-                         "--max-eval-instances", "64", *extra, tokenizer=tok, length=64, batch=16, steps=None)
+                         "--max-eval-instances", "64", *extra, tokenizer=tok, length=length, batch=batch, steps=None)
 
 
 def _weights(path):
@@ -227,9 +227,8 @@ def test_max_time_schedule_ends_on_time_at_zero_lr(small_text_corpus, story_tok_
     t0 = time.time()
     # small steps, so that a slow host makes many: the last step's learning rate is about its share of the time;
     # a budget well over the set-up, which it includes, however loaded the host
-    assert main(["--quiet", *tiny_pretrain(small_text_corpus, out, "--recipe", "bert", "--lr", "1e-3", "--max-time", "5s",
-                                           "--eval-every", "0", "--log-every", "1", "--max-eval-instances", "64",
-                                           tokenizer=story_tok_dir, length=32, batch=4, steps=None)]) == 0
+    assert main(["--quiet", *_args(small_text_corpus, story_tok_dir, out, "--max-time", "5s", "--eval-every", "0",
+                                   "--log-every", "1", length=32, batch=4)]) == 0
     took = time.time() - t0
     wall = json.loads((out / "metrics.json").read_text())["wall_seconds"]
     assert wall <= 5 * 1.2  # final evaluation and save in (to a step: test_lifecycle's timed run)
