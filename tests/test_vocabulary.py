@@ -151,6 +151,19 @@ def test_resume_keeps_the_extended_vocabulary(inputs, tmp_path):
     assert json.loads((out / "config.json").read_text())["vocab_size"] == 30524
 
 
+def test_a_checkpointed_run_resumes_without_its_init_folder(inputs, tmp_path, capsys):
+    """The grown tokenizer and model are in the run's own checkpoint: --init's folder may move (issue 69)."""
+    init = tmp_path / "init"
+    shutil.copytree(inputs / "model", init)
+    args = [str(init) if a == str(inputs / "model") else a for a in _pretrain(inputs, tmp_path / "run", "--add-vocab",
+                                                                              "2", "--max-steps", "1", "--save-every", "1")]
+    assert main(args) == 0
+    init.rename(tmp_path / "moved")
+    assert main(["--quiet", "pretrain", "--out", str(tmp_path / "run"), "--resume", "--max-steps", "2",
+                 "--no-progress"]) == 0, capsys.readouterr().err
+    assert json.loads((tmp_path / "run" / "metrics.json").read_text())["steps"] == 2
+
+
 def test_continuation_entries_are_usable_and_start_from_continuation_pieces(minilm_dir):
     old = load_tokenizer(minilm_dir)
     n = old.get_vocab_size()

@@ -205,8 +205,8 @@ class Pretraining(TrainingRun):
         for said in (recipe_said(self.cfg, model.config), new_head_said(model, self.cfg.model.init)):
             if said:  # in train.log, which opens only now
                 log.info("%s", said)
-        if self.cfg.model.add_vocab and self.d.is_main:  # in train.log, which opens only now
-            before = model_config(self.cfg.model.init).vocab_size
+        if self.cfg.model.add_vocab and self.d.is_main and not self.plan.continued:  # (a continued run said it,
+            before = model_config(self.cfg.model.init).vocab_size  # and needs nothing of --init's folder)
             log.info("%s", vocabulary.describe(self.tok, before, self.cfg.model.add_vocab))
         return self.fit()
 
