@@ -1,6 +1,8 @@
 """Corpus readers and sentence splitting."""
 
 import gzip
+import os
+import random
 import json
 
 import pytest
@@ -127,3 +129,54 @@ def test_a_runs_own_files_are_never_its_input(tmp_path, capsys):
     assert expand_paths([str(data / "run" / "*.txt")]) == [str(data / "run" / "vocab.txt")]  # (asked for by name)
     (data / "more.txt").unlink()
     assert run(3, "--resume") == 0, capsys.readouterr().err
+
+
+def test_every_command_that_reads_a_folder_passes_over_bertforge_outputs_inside_it(tmp_path, monkeypatch, capsys):
+    """Outputs written inside the corpus' own folder, whatever their names, are never read back as its text: by
+    tokenizer training (with --overwrite into the same folder), prepare, pretrain, --add-vocab and evaluate mlm
+    (issue 69)."""
+    import shutil
+
+    from bertforge import corpus, prepared
+    from bertforge.cli import main
+    from bertforge.outputs import MARKER
+    from bertforge.demo_corpus import write_story_corpus
+
+    from .helpers import tiny_pretrain
+
+    dt = tmp_path / "DT"
+    dt.mkdir()
+    write_story_corpus(dt / "stories.jsonl", n_docs=60, seed=0)
+    rng = random.Random(0)  # words of many equal counts: ties the tokenizers library breaks differently each run
+    words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 6))) for _ in range(400)]
+    (dt / "more.txt").write_text("".join(" ".join(rng.choice(words) for _ in range(10)) + ".\n" for _ in range(100)))
+    clean = tmp_path / "clean"
+    shutil.copytree(dt, clean)
+
+    read: list[str] = []
+    real = corpus.expand_paths
+
+    def spy(paths):
+        found = real(paths)
+        read.extend(found)
+        return found
+
+    monkeypatch.setattr(corpus, "expand_paths", spy)
+    monkeypatch.setattr(prepared, "expand_paths", spy)
+
+    def run(*argv):
+        assert main(["--quiet", *map(str, argv)]) == 0, capsys.readouterr().err
+
+    tok = ["tokenizer", "train", "--input", dt, "--vocab-size", "300"]
+    run(*tok, "--out", dt / "notes")  # a tokenizer folder with a name a corpus could have
+    run(*tok, "--out", dt / "notes", "--overwrite")
+    run("tokenizer", "train", "--input", clean, "--vocab-size", "300", "--out", tmp_path / "clean_tok")
+    assert (dt / "notes" / "vocab.txt").read_text() == (tmp_path / "clean_tok" / "vocab.txt").read_text()
+    run("prepare", "--data", dt, "--tokenizer", dt / "notes", "--out", dt / "chapter2", "--workers", "1",
+        "--no-progress")
+    run(*tiny_pretrain(dt, dt / "texts", tokenizer=dt / "notes"))
+    run(*tiny_pretrain(dt, tmp_path / "grown", "--init", dt / "texts", "--add-vocab", "5", preset=None))
+    run("evaluate", "mlm", "--model", dt / "texts", "--data", dt, "--max-seq-length", "32")
+    outputs = [p for p in dt.iterdir() if (p / MARKER).is_file()]
+    assert sorted(p.name for p in outputs) == ["chapter2", "notes", "texts"]
+    assert read and {os.path.dirname(f) for f in read} == {str(dt), str(clean)}, sorted(set(read))

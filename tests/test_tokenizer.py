@@ -139,12 +139,19 @@ def test_cli_tokenizer_train(tmp_path, small_text_corpus):
     assert not (tmp_path / "x").exists()
 
 
-def test_the_same_text_gives_the_same_vocabulary_file(tmp_path):
-    """The trainers order tokens of equal frequency as a hash map iterates; the saved order does not depend on
-    it.  (WordPiece's merges can still differ between runs where pair counts tie: a limit of the tokenizers
-    library's trainer.)"""
-    from bertforge.tokenizer import train_vocabulary, vocab_tokens
+@pytest.mark.parametrize("kind", ["wordpiece", "wordlevel"])
+def test_the_same_text_gives_the_same_vocabulary(kind):
+    """The trainers number tokens and break ties between equal counts as a hash map iterates (differently in every
+    process and every run): the same text must still give the same vocabulary, in the same order, every time
+    (``tokenizer train --overwrite`` into the corpus' own folder gave another one, issue 69)."""
+    import random
 
-    texts = ["The cat sat on the mat. The dog ran far away.", "A bird sang a lovely song today."] * 3
-    runs = {tuple(vocab_tokens(train_vocabulary(texts, 300, kind="wordlevel", min_frequency=1))) for _ in range(4)}
+    from bertforge.tokenizer import vocab_tokens
+
+    rng = random.Random(0)
+    words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 6))) for _ in range(400)]
+    texts = [" ".join(rng.choice(words) for _ in range(10)) for _ in range(100)]
+    runs = {tuple(vocab_tokens(train_vocabulary(texts, 300, kind=kind, min_frequency=1))) for _ in range(6)}
     assert len(runs) == 1
+    once = iter(texts)  # a one-shot iterator is read twice all the same
+    assert tuple(vocab_tokens(train_vocabulary(once, 300, kind=kind, min_frequency=1))) in runs

@@ -257,10 +257,16 @@ def iter_documents(paths: list[str], text_field: str = "text", doc_separator: st
         yield from file_documents(f, text_field, doc_separator)
 
 
-def iter_texts(paths: list[str], text_field: str = "text", doc_separator: str = "file") -> Iterator[str]:
-    """Sentences of the corpus one by one (what a tokenizer is trained on)."""
-    for doc in iter_documents(paths, text_field, doc_separator):
-        yield from doc
+class iter_texts:  # noqa: N801 (used as the function it was: iter_texts(paths) gives the sentences)
+    """Sentences of the corpus one by one (what a tokenizer is trained on), read again from the files each time
+    it is iterated (a tokenizer's training reads them twice)."""
+
+    def __init__(self, paths: list[str], text_field: str = "text", doc_separator: str = "file"):
+        self.paths, self.text_field, self.doc_separator = paths, text_field, doc_separator
+
+    def __iter__(self) -> Iterator[str]:
+        for doc in iter_documents(self.paths, self.text_field, self.doc_separator):
+            yield from doc
 
 
 def input_signature(paths: list[str]) -> list[tuple[str, int, int, int, int]]:

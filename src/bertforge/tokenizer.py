@@ -119,6 +119,25 @@ def from_vocab(vocab: dict[str, int] | list[str], kind: str = "wordpiece", lower
     return _configure(Tokenizer(model), lowercase, strip_accents)
 
 
+def _trainer(kind: str, vocab_size: int, min_frequency: int, special_tokens: list[str], show_progress: bool):
+    if kind == "wordpiece":
+        return trainers.WordPieceTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
+                                         special_tokens=special_tokens, continuing_subword_prefix="##",
+                                         limit_alphabet=1000, show_progress=show_progress)
+    return trainers.WordLevelTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
+                                     special_tokens=special_tokens, show_progress=show_progress)
+
+
+def _learn(texts: Iterable[str], kind: str, lowercase: bool, trainer, length: int | None) -> dict[str, int]:
+    model = WordPiece(unk_token=UNK, continuing_subword_prefix="##", max_input_chars_per_word=100) \
+        if kind == "wordpiece" else WordLevel(unk_token=UNK)
+    tok = Tokenizer(model)
+    tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, lowercase=lowercase)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.train_from_iterator(iter(texts), trainer=trainer, length=length)
+    return tok.get_vocab()
+
+
 def train_vocabulary(
     texts: Iterable[str],
     vocab_size: int,
@@ -128,36 +147,34 @@ def train_vocabulary(
     length: int | None = None,
     show_progress: bool = False,
 ) -> Tokenizer:
-    """Learn a vocabulary of at most ``vocab_size`` tokens (special tokens included, at ids 0-4)."""
+    """Learn a vocabulary of at most ``vocab_size`` tokens (special tokens included, at ids 0-4), the same one
+    for the same text in every process.
+
+    ``texts`` is read twice for WordPiece: give a list or a re-iterable (:func:`bertforge.corpus.iter_texts`); a
+    one-shot iterator is held in memory.  The ``tokenizers`` WordPiece trainer numbers the ``##`` continuations
+    of the alphabet as a hash map iterates (differently in every process), and breaks ties between pairs of
+    equal count by those numbers, so the same text could give another vocabulary.  A first pass without merges
+    finds the alphabet and its continuations; the second pass is given them, sorted, ahead of its merges (as
+    special tokens of the trainer only: the tokenizer is rebuilt from the learned vocabulary), so every tie is
+    broken the same way.  (One tie is left to the library: which of equally rare characters a corpus of over
+    1,000 distinct ones drops from its alphabet.)"""
     if vocab_size < len(SPECIAL_TOKENS) + 1:
         raise UserError(f"vocab size {vocab_size} is too small")
-    if kind == "wordpiece":
-        tok = Tokenizer(WordPiece(unk_token=UNK, continuing_subword_prefix="##", max_input_chars_per_word=100))
-        trainer = trainers.WordPieceTrainer(
-            vocab_size=vocab_size,
-            min_frequency=min_frequency,
-            special_tokens=SPECIAL_TOKENS,
-            continuing_subword_prefix="##",
-            limit_alphabet=1000,
-            show_progress=show_progress,
-        )
-    elif kind == "wordlevel":
-        tok = Tokenizer(WordLevel(unk_token=UNK))
-        trainer = trainers.WordLevelTrainer(
-            vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=SPECIAL_TOKENS,
-            show_progress=show_progress,
-        )
-    else:
+    if kind not in ("wordpiece", "wordlevel"):
         raise UserError(f"unknown tokenizer model {kind!r}; expected wordpiece or wordlevel")
-    tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, lowercase=lowercase)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tok.train_from_iterator(iter(texts), trainer=trainer, length=length)
-    if tok.get_vocab_size() <= len(SPECIAL_TOKENS):
+    if kind == "wordpiece" and iter(texts) is texts:
+        texts = list(texts)
+    specials = SPECIAL_TOKENS
+    if kind == "wordpiece":
+        alphabet = _learn(texts, kind, lowercase, _trainer(kind, 1, min_frequency, specials, show_progress), length)
+        specials = SPECIAL_TOKENS + sorted(t for t in alphabet if t not in SPECIAL_TOKENS)
+    learned = _learn(texts, kind, lowercase, _trainer(kind, vocab_size, min_frequency, specials, show_progress),
+                     length)
+    if len(learned) <= len(SPECIAL_TOKENS):
         raise UserError("no vocabulary could be learned: the training text is empty")
-    # Rebuild from the learned vocabulary so that a trained and a loaded tokenizer are configured alike.  The
-    # trainers order tokens of equal frequency as a hash map iterates (differently in every process): the
-    # special tokens first, then the others sorted, so that the same text gives the same vocabulary file.
-    learned = tok.get_vocab()
+    # Rebuild from the learned vocabulary so that a trained and a loaded tokenizer are configured alike: the
+    # special tokens first, then the others sorted (the trainers order tokens of equal frequency as a hash map
+    # iterates), so that the same text gives the same vocabulary file.
     return from_vocab(SPECIAL_TOKENS + sorted(t for t in learned if t not in SPECIAL_TOKENS), kind, lowercase)
 
 
