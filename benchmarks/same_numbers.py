@@ -8,7 +8,8 @@ compared bit for bit with another's: the weights (``torch.equal``) and every ``m
 The runs (one thread, so that the float summation order is the same): BERT's recipe with NSP and 2
 accumulation steps, the budget recipe, ELECTRA, fine-tuning a classifier with and without checkpoints,
 continued pretraining (``--init``) with and without ``--add-vocab``, a run stopped half-way and resumed, a run
-from a ``prepare``d folder, and a SQuAD fine-tune.
+from a ``prepare``d folder, a SQuAD, a NER and an embeddings fine-tune, and ModernBERT pretrained and fine-tuned
+as a classifier.  Every run goes through the command line only, so that the script runs on older trees.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import re
 import sys
 
 RUNS = ("bert", "budget", "electra", "electra/generator", "cls", "cls_ckpt", "init", "wp", "add_vocab", "resumed",
-        "prepared", "squad")
+        "prepared", "squad", "ner", "embed", "modern", "modern_cls")
 TIMES = {"elapsed", "tokens_per_second", "train_seconds", "wall_seconds"}
 
 
@@ -77,6 +78,28 @@ def run(root: str) -> None:
                  "--epochs", "2", "--batch-size", "8", "--max-seq-length", "64", "--doc-stride", "16",
                  "--max-query-length", "16", "--no-progress", "--seed", "1", "--out",
                  os.path.join(root, "squad")]) == 0
+    ner = os.path.join(root, "ner.conll")
+    _conll(corpus, ner)
+    short_ft = ["--epochs", "2", "--batch-size", "8", "--max-seq-length", "32", "--no-progress", "--seed", "2"]
+    for task, data in (("ner", ner), ("embed", squad)):
+        assert main(["--quiet", "finetune", task, "--model", budget, "--train", data, "--validation", data, *short_ft,
+                     "--out", os.path.join(root, task)]) == 0, task
+    modern = os.path.join(root, "modern")
+    assert main(["--quiet", "pretrain", "--out", modern, *base, "--arch", "modernbert", "--recipe", "budget"]) == 0
+    modern_ft = [modern if a == os.path.join(root, "bert") else a for a in finetune]
+    assert main([*modern_ft, "--out", os.path.join(root, "modern_cls"), "--eval-every", "5"]) == 0
+
+
+def _conll(corpus: str, out: str) -> None:
+    """A NER file of the stories' sentences: each story's hero (its first word) is a name (B-name)."""
+    with open(os.path.join(corpus, "stories.jsonl"), encoding="utf-8") as f, open(out, "w", encoding="utf-8") as o:
+        for i, line in enumerate(f):
+            if i == 24:
+                break
+            sentences = [s.split() for s in json.loads(line)["text"].split(".") if s.strip()]
+            hero = sentences[0][0]
+            for words in sentences[:4]:
+                o.write("".join(f"{w}\t{'B-name' if w.strip(',') == hero else 'O'}\n" for w in words) + "\n")
 
 
 def _wordpiece_vocab(tok: str, out: str) -> None:
