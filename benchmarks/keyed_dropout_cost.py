@@ -15,12 +15,13 @@ import time
 import torch
 
 from bertforge.bench import pretraining_batch
-from bertforge.config import BertConfig, ImplConfig, PretrainConfig, PretrainModelConfig, TrainConfig
+from bertforge.config import ImplConfig, PretrainConfig, PretrainModelConfig, TrainConfig
+from bertforge.models import BertConfig
 from bertforge.devices import resolve_device, setup_backend
 from bertforge.engine import Engine
-from bertforge.initialization import set_dropout
-from bertforge.model import BertForPreTraining
-from bertforge.modernbert import ModernBertConfig, ModernBertForMaskedLM
+from bertforge.models.initialization import set_dropout
+from bertforge.models import BertForPreTraining
+from bertforge.models.modernbert import ModernBertConfig, ModernBertForMaskedLM
 from bertforge.objectives import MaskedLM
 
 

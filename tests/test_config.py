@@ -3,7 +3,8 @@ import json
 import pytest
 
 from bertforge import BertConfig, UserError
-from bertforge.config import PRESETS, PretrainConfig, parse_duration
+from bertforge.config import PretrainConfig, parse_duration
+from bertforge.models.bert import PRESETS
 
 
 @pytest.mark.parametrize("name,layers,hidden,heads", [("tiny", 2, 128, 2), ("mini", 4, 256, 4), ("small", 4, 512, 8),

@@ -16,7 +16,7 @@ from bertforge import BertConfig
 from bertforge.cli import main
 from bertforge.config import RECIPES
 from bertforge.errors import UserError
-from bertforge.model import BertForMaskedLM, BertModel
+from bertforge.models import BertForMaskedLM, BertModel
 from bertforge.settings import pretrain_settings
 from bertforge.tokenizer import train_vocabulary
 from .helpers import DOCUMENTS

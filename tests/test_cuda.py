@@ -277,7 +277,7 @@ def test_attention_dropout_on_the_flash_kernel(report, padded):
     eval mode), one seed gives one output (what exact resume relies on), and its backward pass runs."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from bertforge.model import BertSelfAttention
+    from bertforge.models.bert import BertSelfAttention
 
     torch.manual_seed(0)
     cfg = BertConfig.preset("mini", vocab_size=100, attention_probs_dropout_prob=0.1)

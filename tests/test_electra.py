@@ -14,9 +14,10 @@ from safetensors.torch import load_file
 
 from bertforge.checkpoint import list_checkpoints, load_checkpoint
 from bertforge.cli import main
-from bertforge.config import BertConfig, TrainConfig
+from bertforge.config import TrainConfig
+from bertforge.models import BertConfig
 from bertforge.engine import build_optimizer
-from bertforge.electra import ElectraForMaskedLM, ElectraPretraining, generator_config, sample
+from bertforge.models.electra import ElectraForMaskedLM, ElectraPretraining, generator_config, sample
 from bertforge.ops.dropout import DropoutKeys
 from .helpers import tiny_pretrain, torchrun
 
@@ -92,7 +93,7 @@ def test_outputs_metrics_and_transformers_loading(electra_run, tok_dir):
     assert {"loss.png", "accuracy.png"} <= {p.name for p in (out / "plots").iterdir()}
 
     transformers = pytest.importorskip("transformers")
-    from bertforge.model import BertModel
+    from bertforge.models import BertModel
 
     ids = torch.tensor([[2, 40, 41, 42, 43, 3, 0, 0], [2, 50, 51, 3, 60, 61, 62, 3]])
     am = (ids != 0).long()
@@ -129,7 +130,7 @@ def test_fill_mask_on_the_generator_and_finetuning_from_the_discriminator(electr
                  "--validation", str(tmp_path / "t.tsv"), "--out", str(tmp_path / "cls"), "--epochs", "1",
                  "--no-progress"]) == 0
     assert 0 <= json.loads((tmp_path / "cls" / "metrics.json").read_text())["accuracy"] <= 1
-    from bertforge.model import BertForQuestionAnswering  # what finetune squad loads: only its head is new
+    from bertforge.models import BertForQuestionAnswering  # what finetune squad loads: only its head is new
 
     assert set(BertForQuestionAnswering.from_pretrained(electra_run).loading_info["newly_initialized"]) <= {
         "qa_outputs.weight", "qa_outputs.bias"}

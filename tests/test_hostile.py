@@ -269,7 +269,7 @@ def test_squad_questions_without_answers_are_counted_not_fatal(world, tmp_path, 
 
 
 def test_a_new_run_that_fails_before_its_first_checkpoint_leaves_nothing(world, tmp_path, capsys, monkeypatch):
-    import bertforge.model as model_mod
+    import bertforge.models.bert as model_mod
 
     real = model_mod.BertEmbeddings.forward
 

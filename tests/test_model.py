@@ -153,7 +153,7 @@ def test_tiny_model_overfits_one_batch():
 
 def test_gelu_variants():
     x = torch.linspace(-4, 4, 101)
-    from bertforge.model import ACT2FN
+    from bertforge.models.bert import ACT2FN
 
     exact = 0.5 * x * (1 + torch.erf(x / 2**0.5))
     assert torch.allclose(ACT2FN["gelu"](x), exact, atol=1e-6)
@@ -266,7 +266,7 @@ def test_keyed_dropout_of_the_task_heads_does_not_depend_on_the_batch():
 
 @pytest.mark.parametrize("preset", ["tiny", "mini"])
 def test_local_attention_heads_start_on_the_neighbours_and_load_in_transformers(tmp_path, preset):
-    from bertforge.initialization import local_attention_heads_, sinusoidal_positions_
+    from bertforge.models.initialization import local_attention_heads_, sinusoidal_positions_
 
     torch.manual_seed(0)
     ours = BertForMaskedLM(BertConfig.preset(preset, vocab_size=500)).eval()

@@ -1,4 +1,4 @@
-"""ModernBERT (bertforge.modernbert): parity with transformers both ways, config dialects, heads.
+"""ModernBERT (bertforge.models.modernbert): parity with transformers both ways, config dialects, heads.
 
 Both of transformers' attention paths (eager and sdpa) are compared.
 """
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bertforge.modernbert import (
+from bertforge.models.modernbert import (
     GLOBAL,
     LOCAL,
     ModernBertConfig,
@@ -291,7 +291,7 @@ def test_keyed_dropout_gives_each_sequence_its_masks_in_any_batch(head):
     feed-forward, head) do not depend on the others in its batch nor on the batch's padded length: each
     sequence's output and loss, and every gradient, equal those of the sequences run alone (20 tokens by blocks
     of the local window, 13 and 3 densely before keyed dropout banded them all)."""
-    from bertforge.initialization import set_dropout
+    from bertforge.models.initialization import set_dropout
     from bertforge.ops.dropout import DropoutKeys
 
     cls = {"mlm": ModernBertForMaskedLM, "sequence": ModernBertForSequenceClassification,
@@ -749,7 +749,7 @@ def test_banded_attention_equals_the_dense_masked_attention(T, w):
     query, T a multiple of w or not, with padding."""
     import torch.nn.functional as F
 
-    from bertforge.modernbert import Band, additive, banded_attention
+    from bertforge.models.modernbert import Band, additive, banded_attention
 
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(3, 2, T, 8, generator=g) for _ in range(3))

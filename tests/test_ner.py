@@ -120,7 +120,7 @@ def test_transformers_loads_the_token_classifier(setup, tmp_path, capsys):
     transformers = pytest.importorskip("transformers")
     out = tmp_path / "o"
     assert main(_args(setup, out, "--epochs", "1", "--batch-size", "8")) == 0
-    from bertforge.model import BertForTokenClassification
+    from bertforge.models import BertForTokenClassification
 
     ours = BertForTokenClassification.from_pretrained(str(out)).eval()
     theirs = transformers.BertForTokenClassification.from_pretrained(str(out)).eval()

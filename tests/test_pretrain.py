@@ -250,7 +250,7 @@ def test_init_from_a_transformers_checkpoint(small_text_corpus, minilm_dir, tmp_
 
 def test_non_finite_loss_stops_with_the_step(small_text_corpus, story_tok_dir, tmp_path, capsys, monkeypatch):
     out = tmp_path / "nan"
-    import bertforge.model as model_mod
+    import bertforge.models.bert as model_mod
 
     real = model_mod.BertEmbeddings.forward
     calls = {"n": 0}
@@ -322,9 +322,10 @@ def test_compiled_objective_equals_eager():
     """``--compile``: the compiled objective gives the eager losses and gradients (the CPU fast paths that
     inductor cannot lower step aside while compiling)."""
     from bertforge.bench import pretraining_batch
-    from bertforge.config import BertConfig, ImplConfig, PretrainConfig
+    from bertforge.config import ImplConfig, PretrainConfig
+    from bertforge.models import BertConfig
     from bertforge.engine import maybe_compile
-    from bertforge.model import BertForPreTraining
+    from bertforge.models import BertForPreTraining
     from bertforge.objectives import MaskedLM
 
     torch.manual_seed(0)
@@ -359,7 +360,7 @@ def test_compiled_objective_equals_eager():
         assert (a - b).abs().max() < 1e-5
     # with dropout the CPU's fast masks step aside while tracing (their 64-bit view does not trace); tracing is
     # what this checks, so inductor's code generation, a minute of the suite on two cores, is left out
-    from bertforge.initialization import set_dropout
+    from bertforge.models.initialization import set_dropout
 
     set_dropout(model, 0.1)
     with_dropout = run(torch.compile(objective, dynamic=True, backend="aot_eager"))
@@ -429,9 +430,9 @@ def test_budget_training_runs_without_dropout_and_saves_the_models_own(monkeypat
 
 def test_mask_only_accuracy_counts_the_mask_positions_only():
     """``mlm_accuracy_masked`` is the accuracy over the selected positions whose input is [MASK]."""
-    from bertforge.config import BertConfig
+    from bertforge.models import BertConfig
     from bertforge.evaluation import evaluate_pretraining
-    from bertforge.model import BertForMaskedLM
+    from bertforge.models import BertForMaskedLM
 
     torch.manual_seed(0)
     model = BertForMaskedLM(BertConfig.preset("tiny", vocab_size=50))
@@ -450,9 +451,9 @@ def test_mask_only_accuracy_counts_the_mask_positions_only():
 
 
 def test_local_attention_heads_are_applied_to_new_models_only(small_text_corpus, story_tok_dir, tmp_path):
-    from bertforge.config import BertConfig
-    from bertforge.electra import ElectraPretraining
-    from bertforge.initialization import local_attention_heads_, sinusoidal_positions_
+    from bertforge.models import BertConfig
+    from bertforge.models.electra import ElectraPretraining
+    from bertforge.models.initialization import local_attention_heads_, sinusoidal_positions_
 
     torch.manual_seed(0)
     electra = ElectraPretraining(BertConfig.preset("mini", vocab_size=50)).eval()
@@ -472,7 +473,7 @@ def test_local_attention_heads_are_applied_to_new_models_only(small_text_corpus,
     assert d.shape[1] == 4 and g.shape[1] == 1  # the generator: a quarter of the width, one head (looking back)
     for a, h, off in ((d, 0, -1), (d, 1, 1), (g, 0, -1)):
         assert a[:, h].diagonal(off, -2, -1).mean() > 0.5
-    from bertforge.model import BertForMaskedLM
+    from bertforge.models import BertForMaskedLM
 
     cols = local_attention_heads_(BertForMaskedLM(BertConfig.preset("tiny", vocab_size=50)))  # the runs' columns
     out = tmp_path / "local"
@@ -495,9 +496,9 @@ def test_local_attention_heads_are_applied_to_new_models_only(small_text_corpus,
 
 
 def test_sinusoidal_positions_start_from_sines_and_stay_learned(small_text_corpus, story_tok_dir, tmp_path):
-    from bertforge.config import BertConfig
-    from bertforge.electra import ElectraPretraining
-    from bertforge.initialization import sinusoidal_positions_
+    from bertforge.models import BertConfig
+    from bertforge.models.electra import ElectraPretraining
+    from bertforge.models.initialization import sinusoidal_positions_
 
     model = ElectraPretraining(BertConfig.preset("tiny", vocab_size=50))
     sinusoidal_positions_(model)

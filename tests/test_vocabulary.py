@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from bertforge import BertConfig
 from bertforge.cli import main
 from bertforge.errors import UserError
-from bertforge.model import BertForMaskedLM
+from bertforge.models import BertForMaskedLM
 from bertforge.tokenizer import load_tokenizer, vocab_tokens
 from bertforge.vocabulary import check_extensible, extend_tokenizer, new_tokens, old_pieces
 from .helpers import DOCUMENTS
@@ -80,7 +80,7 @@ def test_added_vocabulary_loads_in_transformers_with_old_ids_and_mean_rows(input
 
 def test_a_modernbert_grows_its_vocabulary_as_bert_does(inputs, tmp_path):
     transformers = pytest.importorskip("transformers")
-    from bertforge.modernbert import ModernBertConfig, ModernBertForMaskedLM
+    from bertforge.models.modernbert import ModernBertConfig, ModernBertForMaskedLM
     from bertforge.tokenizer import special_ids
 
     tok, base = load_tokenizer(str(inputs / "model")), tmp_path / "modern"
@@ -116,7 +116,7 @@ def test_an_untied_decoder_grows_its_own_rows_and_a_bpe_vocabulary_is_refused(mi
     from tokenizers import Tokenizer
     from tokenizers.models import BPE
 
-    from bertforge.modernbert import ModernBertConfig, ModernBertForMaskedLM
+    from bertforge.models.modernbert import ModernBertConfig, ModernBertForMaskedLM
     from bertforge.vocabulary import extend_model
 
     old = load_tokenizer(minilm_dir)

@@ -20,9 +20,9 @@ from .api import (
     run_pretraining,
     train_tokenizer,
 )
-from .config import BertConfig
 from .errors import UserError
-from .model import (
+from .models import (
+    BertConfig,
     BertForMaskedLM,
     BertForPreTraining,
     BertForQuestionAnswering,

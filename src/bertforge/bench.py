@@ -33,12 +33,12 @@ import time
 
 import torch
 
-from .config import BertConfig, ImplConfig, PretrainConfig, TrainConfig
+from .config import ImplConfig, PretrainConfig, TrainConfig
 from .devices import autocast_context, resolve_device, setup_backend
 from .engine import Engine, build_optimizer
 from .errors import UserError
-from .flops import flops_per_token
-from .model import BertForPreTraining, BertModel
+from .models.flops import flops_per_token
+from .models import FAMILIES, BertConfig, BertForPreTraining, BertModel, family
 from .objectives import MaskedLM
 
 
@@ -211,24 +211,24 @@ def run_bench(preset: str = "mini", batch_size: int = 32, seq_len: int = 128, st
               threads: int | None = None, out=print, text: str | None = None, tokenizer: str | None = None,
               precision: str = "auto", compile: bool = False, arch: str = "bert") -> dict:  # noqa: A002
     """Alternate bertforge and transformers; print per-round figures and return the medians.  With
-    ``compile``, also alternate the pretraining step compiled (``--compile``) and eager.  ``arch``
-    "modernbert": the masked-LM step of a ModernBERT against transformers' ``ModernBertForMaskedLM`` (with its
-    ``sparse_prediction``: the head on the masked tokens only, as ours), training only."""
+    ``compile``, also alternate the pretraining step compiled (``--compile``) and eager.  ``arch``: the model
+    family; one that pretrains by masked LM alone times that step against transformers' class of the same name
+    (with ``sparse_prediction``: the head on the masked tokens only, as ours), training only."""
     if (text is None) != (tokenizer is None):
         raise UserError("--text and --tokenizer go together")
-    if arch not in ("bert", "modernbert"):
-        raise UserError(f"--arch must be bert or modernbert, not {arch!r}")
+    if arch not in FAMILIES:
+        raise UserError(f"--arch must be {' or '.join(FAMILIES)}, not {arch!r}")
     transformers = _import_transformers()
     impl, dev, autocast = _backend(device, threads, precision)
     batch, vocab_size, source = _training_batch(text, tokenizer, batch_size, seq_len, vocab_size)
-    if arch == "modernbert":
+    if not family(arch).next_sentence:
         if compile:
-            raise UserError("bench --arch modernbert times the eager step; --compile is BERT's here")
+            raise UserError(f"bench --arch {arch} times the eager step; --compile is BERT's here")
         from .tokenizer import load_tokenizer, special_ids
 
         ids = special_ids(load_tokenizer(tokenizer)) if tokenizer else None
-        return _modern_bench(preset, batch, vocab_size, source, ids, transformers, impl, dev, autocast, steps, rounds,
-                             out)
+        return _masked_lm_bench(family(arch), preset, batch, vocab_size, source, ids, transformers, impl, dev,
+                                autocast, steps, rounds, out)
     cfg = BertConfig.preset(preset, vocab_size=vocab_size)
     peak, peak_name = _matmul_peak_of_run(dev, autocast)
     fpt = flops_per_token(cfg, seq_len, 0.15)
@@ -308,31 +308,31 @@ def _pretraining_rounds(cfg: BertConfig, hf_cfg, transformers, batch: dict, toke
     return _alternate(rounds, *(_rate(dev, fn, steps, tokens) for fn in (step_ours, step_theirs)), "train", out)
 
 
-def _modern_bench(preset: str, batch: dict, vocab_size: int, source: str, sp, transformers, impl: ImplConfig,
-                  dev: torch.device, autocast, steps: int, rounds: int, out) -> dict:
-    """``bench --arch modernbert``: our ModernBERT's masked-LM step (:class:`~bertforge.objectives.MaskedLM`)
-    against transformers' on the same weights and batch, alternating rounds; ``sp``: the special ids of the
-    tokenizer of ``--text`` (None: random tokens, :func:`pretraining_batch`'s 0, 2 and 3)."""
-    from .modernbert import ModernBertConfig, ModernBertForMaskedLM
+def _masked_lm_bench(fam, preset: str, batch: dict, vocab_size: int, source: str, sp, transformers,
+                     impl: ImplConfig, dev: torch.device, autocast, steps: int, rounds: int, out) -> dict:
+    """``bench --arch`` of a family ``fam`` that pretrains by masked LM alone: our masked-LM step
+    (:class:`~bertforge.objectives.MaskedLM`) against transformers' on the same weights and batch, alternating
+    rounds; ``sp``: the special ids of the tokenizer of ``--text`` (None: random tokens, :func:`pretraining_batch`'s
+    0, 2 and 3)."""
+    from .tokenizer import SpecialIds
 
     B, T = batch["input_ids"].shape
-    pad, cls, sep = (sp.pad, sp.cls, sp.sep) if sp is not None else (0, 2, 3)
-    ids = dict(pad_token_id=pad, cls_token_id=cls, bos_token_id=cls, sep_token_id=sep, eos_token_id=sep)
-    cfg = ModernBertConfig.preset(preset, vocab_size=vocab_size, **ids)
+    cfg = fam.config_class.preset(preset, vocab_size=vocab_size)
+    cfg.adopt_special_ids(sp if sp is not None else SpecialIds(pad=0, unk=1, cls=2, sep=3, mask=4))
     peak, peak_name = _matmul_peak_of_run(dev, autocast)
     fpt = flops_per_token(cfg, T, 0.15)
     out(_versions(dev, transformers))
-    out(f"config {preset} (ModernBERT): {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, intermediate "
+    out(f"config {preset} ({fam.label}): {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, intermediate "
         f"{cfg.intermediate_size}, vocabulary {vocab_size}; batch {B} x {T} of {source}; {fpt / 1e6:.1f} "
         f"MFLOP/token; {peak_name} matmul peak {peak / 1e9:.0f} GFLOP/s")
     torch.manual_seed(0)
-    ours = ModernBertForMaskedLM(cfg).to(dev).train()
+    ours = fam.head("masked_lm")(cfg).to(dev).train()
     run = PretrainConfig()
-    run.model.arch, run.data.nsp = "modernbert", False
+    run.model.arch, run.data.nsp = fam.name, False
     engine = Engine(MaskedLM(ours, run), TrainConfig(lr=1e-4), impl, dev)
-    hf_cfg = transformers.ModernBertConfig.from_dict({**cfg.to_dict(), "sparse_prediction": True})
+    hf_cfg = getattr(transformers, type(cfg).__name__).from_dict({**cfg.to_dict(), "sparse_prediction": True})
     hf_cfg._attn_implementation = "sdpa"
-    theirs = transformers.ModernBertForMaskedLM(hf_cfg).to(dev)
+    theirs = getattr(transformers, type(ours).__name__)(hf_cfg).to(dev)
     theirs.load_state_dict(ours.state_dict())
     theirs.train()
     opt_theirs = _transformers_optimizer(theirs, 1e-4, dev)
@@ -349,7 +349,7 @@ def _modern_bench(preset: str, batch: dict, vocab_size: int, source: str, sp, tr
         rate(1)
     rows = _alternate(rounds, *rates, "train", out)
     ours_tps, theirs_tps, speedup = _medians(rows)
-    res = {"device": str(dev), "arch": "modernbert", "preset": preset, "batch_size": B, "seq_len": T,
+    res = {"device": str(dev), "arch": fam.name, "preset": preset, "batch_size": B, "seq_len": T,
            "batch_source": source, "vocab_size": vocab_size, "parameters": ours.num_parameters(),
            "loss_difference": abs(a - b) / max(1.0, abs(b)), "train_tokens_per_second": ours_tps,
            "transformers_train_tokens_per_second": theirs_tps, "train_speedup_vs_transformers": speedup,
@@ -445,8 +445,8 @@ def run_finetune_bench(task: str, model: str | None = None, preset: str = "mini"
                        group_by_length: bool = False, threads: int | None = None, precision: str = "auto",
                        arch: str = "bert", out=print) -> dict:
     """A real fine-tuning step of ``bertforge finetune TASK`` (its batches, loss and :class:`Engine` step) against
-    transformers' class of the same name (``BertFor...``, or ``ModernBertFor...`` for a ModernBERT folder or
-    ``arch`` "modernbert"; SDPA attention, AdamW, clipping) on the
+    transformers' class of the same name (of the folder's model family, or of ``arch``'s for a random preset;
+    SDPA attention, AdamW, clipping) on the
     same model weights and the same variable-length batches (each padded to its longest example, as both
     tools' dynamic padding; ``group_by_length`` sorts them by length first, as the Trainer's option), in one
     process, alternating round by round; the medians of real tokens per second are compared."""
@@ -476,7 +476,8 @@ def run_finetune_bench(task: str, model: str | None = None, preset: str = "mini"
     real = [sum(int(m.sum()) for m in ms) for ms in masks]
     padded = sum(m.numel() for ms in masks for m in ms)
     out(_versions(dev, transformers))
-    out(f"fine-tuning {task}: {model or preset} ({type(ours).__name__}, {config.num_hidden_layers} layers, hidden {config.hidden_size}), "
+    out(f"fine-tuning {task}: {model or preset} ({type(ours).__name__}, {config.num_hidden_layers} layers, hidden "
+        f"{config.hidden_size}), "
         f"{len(batches)} batches of {batch_size} from {os.path.basename(train_file)} (up to {seq_len} tokens, "
         f"{1 - sum(real) / padded:.0%} padding{', grouped by length' if group_by_length else ''})")
     logit_diff = _logit_difference(t, ours, theirs, batches[0])
@@ -499,7 +500,7 @@ def _finetune_setup(kind, cfg, transformers, tmp: str, random_preset: str | None
     model's config, the batches on ``dev``) of the task ``kind`` as ``bertforge finetune`` reads and encodes it;
     with ``random_preset``, the model is that preset of family ``arch``, randomly initialised, written to
     ``cfg.model`` first."""
-    from .loading import in_family
+    from .loading import for_folder
     from .tokenizer import load_tokenizer
 
     t = kind(kind.settings_class())
@@ -507,7 +508,7 @@ def _finetune_setup(kind, cfg, transformers, tmp: str, random_preset: str | None
     if random_preset is not None:
         _random_model(t, cfg.model, random_preset, arch)
     tok = load_tokenizer(cfg.model)
-    model_class, config = in_family(cfg.model, kind.model_class)
+    model_class, config = for_folder(cfg.model, kind.model_class)
     reinit = t.configure(config)
     batches = _finetune_batches(t, tok, cfg, batch_size, n_batches, group_by_length, dev)
     torch.manual_seed(0)
@@ -527,20 +528,15 @@ def _finetune_setup(kind, cfg, transformers, tmp: str, random_preset: str | None
 def _random_model(t, folder: str, preset: str, arch: str) -> None:
     """A randomly initialised ``preset`` of family ``arch`` with a WordPiece vocabulary of the task's training
     text, saved to ``folder``."""
-    from .modernbert import ModernBertConfig, ModernBertForMaskedLM
     from .tokenizer import save_tokenizer, special_ids, train_vocabulary
 
     tok = train_vocabulary(t.texts(), 8000, kind="wordpiece")
     save_tokenizer(tok, folder)
     torch.manual_seed(0)
-    if arch == "modernbert":
-        sp = special_ids(tok)
-        model = ModernBertForMaskedLM(ModernBertConfig.preset(
-            preset, vocab_size=tok.get_vocab_size(), pad_token_id=sp.pad, cls_token_id=sp.cls, bos_token_id=sp.cls,
-            sep_token_id=sp.sep, eos_token_id=sp.sep))
-    else:
-        model = BertForPreTraining(BertConfig.preset(preset, vocab_size=tok.get_vocab_size()))
-    model.save_pretrained(folder, tokenizer=tok)
+    fam = family(arch)
+    config = fam.config_class.preset(preset, vocab_size=tok.get_vocab_size())
+    config.adopt_special_ids(special_ids(tok))
+    fam.head("pretraining" if fam.next_sentence else "masked_lm")(config).save_pretrained(folder, tokenizer=tok)
 
 
 def _finetune_batches(t, tok, cfg, batch_size: int, n_batches: int, group_by_length: bool,

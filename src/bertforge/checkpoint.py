@@ -12,7 +12,7 @@
 
 This module knows models only through what every model family's base class has (``config``,
 ``config_class``, ``state_dict``, ``base_model_prefix``, ``encoder_prefixes``, ``head_prefixes``): it imports
-nothing from :mod:`bertforge.model` or :mod:`bertforge.modernbert`.
+nothing from :mod:`bertforge.models`.
 """
 
 from __future__ import annotations

@@ -594,6 +594,7 @@ def _add_predict_parsers(sub) -> None:
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
     from .config import TOKENIZER_MODELS, PretrainDataConfig
+    from .models import FAMILIES
 
     p = _Parser(prog="bertforge", description="Pretrain BERT from scratch and fine-tune it.")
     p.add_argument("--version", action="version", version=f"bertforge {__version__}")
@@ -640,11 +641,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="pretrain (training step and inference), or a fine-tuning step of classify, squad, ner or "
                         "embed (against sentence-transformers)")
     b.add_argument("--preset", default="mini")
-    b.add_argument("--arch", default="bert", choices=("bert", "modernbert"),
-                   help="the model family of the random --preset model (pretrain with modernbert: the masked-LM "
-                        "step, training only)")
+    b.add_argument("--arch", choices=tuple(FAMILIES),
+                   help="the model family of the random --preset model (default: bert; pretrain with a family "
+                        "without next sentence prediction: its masked-LM step, training only)")
     b.add_argument("--model",
-                   help="fine-tuning tasks: a BERT or ModernBERT directory to fine-tune (default: a random --preset "
+                   help="fine-tuning tasks: a model directory of any family to fine-tune (default: a random --preset "
                         "model of --arch)")
     b.add_argument("--train", help="fine-tuning tasks: the training file (default: SST-2, SQuAD train-8k or WNUT-16 "
                                    "under --data-dir)")
@@ -681,16 +682,16 @@ def cmd_bench(a: argparse.Namespace) -> int:
     from .bench import run_bench, run_finetune_bench
 
     if a.task != "pretrain":
-        if a.arch != "bert" and a.model:
+        if a.arch is not None and a.model:
             raise UserError("bench --arch names the family of a random --preset model; --model's family is read "
                             "from its config.json")
         run_finetune_bench(a.task, a.model, a.preset, a.batch_size, a.seq_len, a.steps, a.rounds, a.device, a.data_dir,
                            a.train, group_by_length=a.group_by_length, threads=a.threads, precision=a.precision,
-                           arch=a.arch, out=lambda line: print(line, flush=True))
+                           arch=a.arch or "bert", out=lambda line: print(line, flush=True))
         return 0
     run_bench(a.preset, a.batch_size, a.seq_len or 128, a.steps, a.rounds, a.vocab_size, a.device, a.data_dir,
               a.inference, a.threads, out=lambda line: print(line, flush=True), text=a.text, tokenizer=a.tokenizer,
-              precision=a.precision, compile=a.compile, arch=a.arch)
+              precision=a.precision, compile=a.compile, arch=a.arch or "bert")
     return 0
 
 

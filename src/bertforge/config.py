@@ -11,184 +11,17 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import sys
 from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import UserError, require_type, shown, type_parts
+from .models import FAMILIES, check_preset, family
+from .models.registry import families_said, presets_said, pretraining_dropouts_said
 
-# name -> (layers, hidden, heads); intermediate = 4 x hidden.  tiny/mini/small/medium are the sizes of
-# Turc et al. (2019) "Well-Read Students Learn Better"; base is BERT-base.
-PRESETS: dict[str, tuple[int, int, int]] = {
-    "tiny": (2, 128, 2),
-    "mini": (4, 256, 4),
-    "small": (4, 512, 8),
-    "medium": (8, 512, 8),
-    "base": (12, 768, 12),
-}
-# the ModernBERT family (``--arch modernbert``) takes every size above (intermediate 1.5 x hidden, its GeGLU input
-# projection twice that), and ModernBERT-base's own shape
-MODERN_PRESETS: dict[str, tuple[int, int, int]] = {**PRESETS, "modernbert-base": (22, 768, 12)}
-ARCHS = ("bert", "modernbert")
-
-SUPPORTED_ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
 TOKENIZER_MODELS = ("wordpiece", "wordlevel")
 OBJECTIVES = ("mlm", "electra")
 DOC_SEPARATORS = ("file", "blank-line", "line")
-
-
-class ModelConfigJson:
-    """A model family's config.json: each family writes its own keys (``to_dict``/``from_dict``); the fields,
-    saving and loading are shared."""
-
-    extra: dict[str, Any]
-
-    def fields_dict(self, skip: tuple[str, ...] = ()) -> dict[str, Any]:
-        """The unread keys, then every field but ``extra`` and ``skip`` (the label maps when set, id2label's
-        keys as strings, as JSON holds them)."""
-        d: dict[str, Any] = dict(self.extra)
-        for f in dataclasses.fields(self):  # type: ignore[arg-type]
-            v = getattr(self, f.name)
-            if f.name == "extra" or f.name in skip or (f.name in ("id2label", "label2id") and v is None):
-                continue
-            d[f.name] = {str(k): lab for k, lab in v.items()} if f.name == "id2label" else v
-        return d
-
-    def to_dict(self, architectures: list[str] | None = None) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def save(self, path: str, architectures: list[str] | None = None) -> None:
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(self.to_dict(architectures), f, indent=2, sort_keys=True)
-            f.write("\n")
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Any:
-        raise NotImplementedError
-
-    @classmethod
-    def load(cls, path: str) -> Any:
-        if os.path.isdir(path):
-            path = os.path.join(path, "config.json")
-        if not os.path.isfile(path):
-            raise UserError(f"no config.json at {path}")
-        from .files import read_json_object
-
-        d = read_json_object(path, "config.json")
-        try:
-            return cls.from_dict(d)
-        except UserError as e:  # the file is what a user needs to know
-            raise UserError(f"{path}: {e}") from None
-
-
-@dataclass
-class BertConfig(ModelConfigJson):
-    """The BERT architecture.  Field names are transformers' so that ``config.json`` interchanges."""
-
-    vocab_size: int = 30522
-    hidden_size: int = 768
-    num_hidden_layers: int = 12
-    num_attention_heads: int = 12
-    intermediate_size: int = 3072
-    hidden_act: str = "gelu"
-    hidden_dropout_prob: float = 0.1
-    attention_probs_dropout_prob: float = 0.1
-    max_position_embeddings: int = 512
-    type_vocab_size: int = 2
-    layer_norm_eps: float = 1e-12
-    pad_token_id: int = 0
-    initializer_range: float = 0.02
-    classifier_dropout: float | None = None
-    id2label: dict[int, str] | None = None
-    label2id: dict[str, int] | None = None
-    # Keys of a config.json we do not interpret (transformers_version, use_cache, ...), kept so that a
-    # directory we load and save again loses nothing.
-    extra: dict[str, Any] = field(default_factory=dict, repr=False)
-
-    @property
-    def dropouts(self) -> tuple[float, float]:
-        """(the hidden states' dropout, the attention probabilities'), as every family's config says them."""
-        return self.hidden_dropout_prob, self.attention_probs_dropout_prob
-
-    def __post_init__(self) -> None:
-        # the one place where an architecture (a preset, a config.json) is checked before a model is built of it
-        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-                     "max_position_embeddings", "type_vocab_size"):
-            require_type(getattr(self, name), int, name, at_least=1)
-        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout"):
-            v = getattr(self, name)
-            if v is not None and not 0 <= require_type(v, float, name) < 1:
-                raise UserError(f"{name} must be in [0, 1), not {shown(v)}")
-        for name in ("layer_norm_eps", "initializer_range"):
-            if not require_type(getattr(self, name), float, name) > 0:
-                raise UserError(f"{name} must be positive, not {shown(getattr(self, name))}")
-        if not 0 <= require_type(self.pad_token_id, int, "pad_token_id") < self.vocab_size:
-            raise UserError(f"pad_token_id {self.pad_token_id} must be a token id below vocab_size {self.vocab_size}")
-        require_type(self.id2label, dict | None, "id2label")
-        if self.id2label and not all(isinstance(k, int) or str(k).isdigit() for k in self.id2label):
-            raise UserError(f"id2label's keys must be label ids (integers), not {shown(list(self.id2label))}")
-        if self.hidden_size % self.num_attention_heads:
-            raise UserError(
-                f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads "
-                f"{self.num_attention_heads}"
-            )
-        if self.hidden_act not in SUPPORTED_ACTIVATIONS:
-            raise UserError(f"unsupported hidden_act {shown(self.hidden_act)}; expected one of "
-                            f"{SUPPORTED_ACTIVATIONS}")
-        if self.id2label is not None:
-            self.id2label = {int(k): str(v) for k, v in self.id2label.items()}
-            if self.label2id is None:
-                self.label2id = {v: k for k, v in self.id2label.items()}
-        if self.label2id is not None:
-            self.label2id = {str(k): int(v) for k, v in self.label2id.items()}
-
-    @property
-    def num_labels(self) -> int:
-        return len(self.id2label) if self.id2label else 2
-
-    @classmethod
-    def preset(cls, name: str, **overrides: Any) -> BertConfig:
-        """A named size: tiny (2 layers/128), mini (4/256), small (4/512), medium (8/512), base (12/768)."""
-        layers, hidden, heads = check_preset(name)
-        kw: dict[str, Any] = dict(
-            num_hidden_layers=layers,
-            hidden_size=hidden,
-            num_attention_heads=heads,
-            intermediate_size=4 * hidden,
-        )
-        kw.update(overrides)
-        return cls(**kw)
-
-    # ----------------------------------------------------------------------------------------- json
-    def to_dict(self, architectures: list[str] | None = None) -> dict[str, Any]:
-        d = self.fields_dict()
-        d["model_type"] = "bert"
-        d["position_embedding_type"] = "absolute"
-        if architectures:
-            d["architectures"] = list(architectures)
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> BertConfig:
-        d = dict(d)
-        model_type = d.pop("model_type", "bert")
-        if model_type != "bert":
-            raise UserError(f"config model_type is {shown(model_type)}, not 'bert'")
-        if d.get("position_embedding_type", "absolute") != "absolute":
-            raise UserError(f"position_embedding_type {shown(d['position_embedding_type'])} is not supported")
-        if d.get("is_decoder"):
-            raise UserError("is_decoder=True (a causal BERT) is not supported")
-        names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
-        kw = {k: d.pop(k) for k in list(d) if k in names}
-        if kw.get("pad_token_id") is None:
-            kw.pop("pad_token_id", None)
-        # transformers writes num_labels implicitly through id2label; keep what is not ours untouched
-        d.pop("num_labels", None)
-        try:
-            return cls(**kw, extra=d)
-        except TypeError as e:  # a field of the wrong type
-            raise UserError(f"invalid BERT config: {e}") from None
 
 
 def dataclass_from_dict(base: Any, d: dict[str, Any], where: str = "config") -> Any:
@@ -254,14 +87,6 @@ def validate_fields(obj: Any) -> None:
             raise UserError(f"{flag} must be {CHECKS[check][1]}, not {shown(v)}")
         if choices and v is not None and v not in choices:  # (None: where the type allows it, the default)
             raise UserError(f"{flag} must be one of {', '.join(choices)}, not {shown(v)}")
-
-
-def check_preset(name: str, arch: str | None = "bert") -> tuple[int, int, int]:
-    presets = MODERN_PRESETS if arch == "modernbert" else PRESETS
-    if name not in presets:
-        hint = " (with --arch modernbert)" if name in MODERN_PRESETS else ""
-        raise UserError(f"unknown preset {shown(name)}{hint}; expected one of {', '.join(presets)}")
-    return presets[name]
 
 
 # ================================================================================================ shared
@@ -411,13 +236,10 @@ class PretrainDataConfig:
 class PretrainModelConfig:
     """Which model: a preset, a config.json, or a BERT directory to continue from (``init``)."""
 
-    preset: str | None = setting("mini", "model size: " + ", ".join(PRESETS) + ", and with --arch modernbert also "
-                                 "modernbert-base (a model from --init or --model-config has its own; the run records "
-                                 "none)")
-    arch: str | None = setting(None, "model family: bert (BERT's architecture) or modernbert (rotary positions, GeGLU, "
-                                     "pre-LayerNorm without biases, local and global attention; masked LM only) "
-                                     "(default: the family of --init or --model-config, else bert)",
-                               choices=ARCHS)
+    preset: str | None = setting("mini", f"model size: {presets_said()} (a model from --init or --model-config has its "
+                                 "own; the run records none)")
+    arch: str | None = setting(None, f"model family: {families_said()} (default: the family of --init or "
+                                     "--model-config, else bert)", choices=tuple(FAMILIES))
     model_config: str | None = setting(None, "a BERT config.json to build the model from")
     init: str | None = setting(None, "continue from a BERT directory (ours or a transformers checkpoint), by "
                                      "--recipe continue unless another is given")
@@ -429,8 +251,8 @@ class PretrainModelConfig:
                                     "the replaced tokens)", choices=OBJECTIVES)
     generator_size: float = setting(0.25, "ELECTRA: the generator's width as a fraction of the model's",
                                     check="open-fraction")
-    dropout: float | None = setting(None, "hidden and attention dropout during pretraining (none = the model's; a "
-                                          "ModernBERT's: 0, as its recipe); the saved config.json keeps the model's "
+    dropout: float | None = setting(None, "hidden and attention dropout during pretraining (none = the model's"
+                                          f"{pretraining_dropouts_said()}); the saved config.json keeps the model's "
                                           "own, for fine-tuning", check="fraction")
     position_init: str = setting("normal", "how a new model's position embeddings start: normal (BERT's: random) or "
                                            "sinusoidal (the Transformer's sines and cosines at the same scale, still "
@@ -447,7 +269,7 @@ class PretrainModelConfig:
         if self.preset is not None or not (self.init or self.model_config):
             check_preset(self.preset, self.arch)
         if self.attention_init == "local" and self.position_init != "sinusoidal" and not self.init \
-                and self.arch != "modernbert":  # (neither starting value applies to rotary positions)
+                and family(self.arch).position_table:  # (neither starting value applies to rotary positions)
             raise UserError("--attention-init local (the budget recipe's) reads the positions' sines and cosines: "
                             "with --position-init normal, pass --attention-init normal too")
         if self.add_vocab is not None and not self.init:

@@ -8,7 +8,7 @@ Everything random is a pure function of ``(seed, epoch, index)``: the instances 
 and each instance's masks.  So a loader restored to any position continues with exactly the batches an
 uninterrupted one would have produced, and N ranks together see exactly the batches of one process.
 
-Departures from Google's ``create_pretraining_data.py`` (the model's are listed in :mod:`bertforge.model`):
+Departures from Google's ``create_pretraining_data.py`` (the model's are listed in :mod:`bertforge.models.bert`):
 
 * The short-sequence target (probability ``short_seq_prob``) is drawn for every instance; Google draws it
   once per document, so that one book in ten yields only short sequences.
@@ -312,7 +312,7 @@ def _truncate_pair(a0: int, a1: int, b0: int, b1: int, max_num: int,
 # ------------------------------------------------------------------------------------------------ masking
 def continuation_pieces(vocab: list[str]) -> np.ndarray:
     """Which tokens continue a word (``--whole-word-mask``): WordPiece's ``##`` pieces; in a vocabulary that marks
-    word starts instead (byte-level BPE's ``Ġ``, SentencePiece's ``▁``: ModernBERT's, RoBERTa's), every token
+    word starts instead (byte-level BPE's ``Ġ``, SentencePiece's ``▁``: RoBERTa's and others'), every token
     without the mark.  The marking most of the vocabulary uses decides (a BPE vocabulary holds a few ``##``
     tokens of its own: hashtags, markdown)."""
     starts = ("\u0120", "\u2581")  # Ġ, ▁

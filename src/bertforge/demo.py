@@ -37,12 +37,12 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 
-from .config import BertConfig, ClassifyConfig, PretrainConfig
+from .config import ClassifyConfig, PretrainConfig
 from .corpus import iter_texts
 from .demo_corpus import generate_stories, write_sentiment, write_story_corpus
 from .outputs import Output, register_output, remove_output, write_marker
 from .finetune import finetune
-from .model import BertForPreTraining
+from .models import BertConfig, BertForPreTraining
 from .predict import pipeline
 from .pretrain import pretrain
 from .tasks.classify import ClassificationTask, evaluate_classifier_model

@@ -135,7 +135,7 @@ def tokenize(tok: Tokenizer, texts: list[str], settings: EmbeddingSettings, max_
 
 def encode(model, features: list[dict], pad_id: int, device, settings: EmbeddingSettings, batch_size: int = 64,
            desc: str | None = None) -> np.ndarray:
-    """(N, C) float32 vectors of ``features`` through ``model`` (a :class:`~bertforge.model.BertModel`), in
+    """(N, C) float32 vectors of ``features`` through ``model`` (a :class:`~bertforge.models.bert.BertModel`), in
     batches sorted by length."""
     def fn(out, b):
         return pool(out.last_hidden_state.float(), b["attention_mask"], settings).cpu().numpy()

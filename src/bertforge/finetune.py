@@ -37,7 +37,7 @@ from .embeddings import ST_FILES
 from .engine import Engine, LinearSchedule
 from .errors import TrainingError, UserError, shown
 from .lifecycle import TrainingRun, finish, preflight, run_folder, start_run
-from .loading import in_family, warn_untrained_positions
+from .loading import for_folder, warn_untrained_positions
 from .outputs import MODEL_FILES, register_output
 from .plots import plot_finetuning
 from .runfolder import COMMAND, CORPUS, SETTINGS_FILES, RunFolder
@@ -83,7 +83,7 @@ def finetune(task: FinetuneTask, cfg: FinetuneConfig, overwrite: bool = False, r
             raise UserError(f"--batch-size {cfg.train.batch_size} is smaller than processes x --grad-accum")
         task.read(cfg)
         tok = load_tokenizer(cfg.model)
-        model_class, config = in_family(cfg.model, task.model_class)  # BERT's, or ModernBERT's
+        model_class, config = for_folder(cfg.model, task.model_class)  # the task's head, of the folder's family
         check_vocab_fits(tok, config.vocab_size, cfg.model)
         if cfg.data.max_seq_length > config.max_position_embeddings:
             raise UserError(f"--max-seq-length {cfg.data.max_seq_length} exceeds the model's "

@@ -14,10 +14,10 @@ import torch
 from tokenizers import Tokenizer
 
 from .checkpoint import has_weight
-from .config import BertConfig, ImplConfig
+from .config import ImplConfig
+from .models import BertConfig, family, for_folder, load_config
 from .devices import resolve_device
 from .errors import UserError, require_type
-from .files import json_object_or_none
 from .tokenizer import check_vocab_fits, load_tokenizer
 
 log = logging.getLogger("bertforge")
@@ -29,39 +29,6 @@ def model_dir(path: str | os.PathLike) -> str:
     if not os.path.isdir(path):
         raise UserError(f"model directory not found: {path}")
     return path
-
-
-def family_of(path: str) -> str:
-    """'modernbert' when the config.json at ``path`` (a model folder, or the file) says ``model_type:
-    modernbert``, else 'bert'."""
-    found = json_object_or_none(os.path.join(path, "config.json") if os.path.isdir(path) else path) or {}
-    return "modernbert" if found.get("model_type") == "modernbert" else "bert"
-
-
-def config_class(arch: str | None) -> type:
-    """The config class of model family ``arch`` (None: BERT)."""
-    if arch == "modernbert":
-        from .modernbert import ModernBertConfig
-
-        return ModernBertConfig
-    return BertConfig
-
-
-def model_config(path: str) -> Any:
-    """The config of directory ``path``'s model, of its family: ModernBERT's when config.json says ``model_type:
-    modernbert``, else BERT's."""
-    return config_class(family_of(path)).load(path)
-
-
-def in_family(path: str, bert_class: type) -> tuple[type, Any]:
-    """(the class of directory ``path``'s model family that does what ``bert_class`` does, its config): BERT's
-    own, or ModernBERT's when config.json says ``model_type: modernbert``."""
-    config = model_config(path)
-    if isinstance(config, BertConfig):
-        return bert_class, config
-    from .modernbert import modern_class
-
-    return modern_class(bert_class, path), config
 
 
 class StoredMaskedLM(NamedTuple):
@@ -76,15 +43,22 @@ def masked_lm(path: str) -> StoredMaskedLM:
     """The masked LM stored in directory ``path``: one a pretraining objective saves as its own (an ELECTRA
     run's ``generator/``, through :meth:`~bertforge.objectives.base.PretrainingObjective.masked_lm_of`), else
     BERT's."""
-    from .model import BertForMaskedLM
     from .objectives import OBJECTIVES
 
     for objective in OBJECTIVES.values():
         found = objective.masked_lm_of(path)
         if found is not None:
             return StoredMaskedLM(*found)
-    cls, config = in_family(path, BertForMaskedLM)
+    cls, config = for_folder(path, "masked_lm")
     return StoredMaskedLM(cls, config, cls.head_weight)
+
+
+def refuse_other_head(path: str, model_class: type, config) -> None:
+    """A folder read as a question-answering model whose span head's weights are another task's head (a family
+    whose heads share one name, ``classifier``): one error naming what its config.json says it holds."""
+    other = model_class.other_head(config)
+    if other is not None:
+        raise UserError(f"{path} holds a {other} (its config.json says), not a question-answering model")
 
 
 def check_max_seq_length(config: BertConfig, max_seq_length: int | None, path: str, default: int = 512) -> int:
@@ -117,13 +91,13 @@ def load_for_inference(path: str | os.PathLike, model_class: type, device: str =
     tokenizer (checked to fit the model's vocabulary), on ``device`` in eval mode.  ``head``: (a weight the
     directory must store, the error when it does not)."""
     path = model_dir(path)
-    config = config if config is not None else BertConfig.load(path)
+    config = config if config is not None else load_config(path)
     tok = load_tokenizer(path)
     check_vocab_fits(tok, config.vocab_size, path)
     if head is not None and not has_weight(path, head[0]):
         raise UserError(head[1])
     dev = resolve_device(ImplConfig(device=device))
-    model = model_class.from_pretrained(path).to(dev).eval()
+    model = model_class.from_pretrained(path, config=config).to(dev).eval()
     return Loaded(path, config, tok, model, dev)
 
 
@@ -134,7 +108,7 @@ def pretrained_length(model_dir: str) -> int | None:
 
     try:
         saved = RunFolder(model_dir, "pretrain").saved()
-        if saved["model"].get("init") or saved["model"].get("arch") == "modernbert":  # (rotary: no position table)
+        if saved["model"].get("init") or not family(saved["model"].get("arch")).position_table:
             return None
         return int(saved["data"]["max_seq_length"])
     except (UserError, ValueError, KeyError, TypeError, AttributeError):

@@ -14,6 +14,7 @@ import re
 import shlex
 from typing import Any
 
+from . import models
 from .files import json_object_or_none
 
 COMMAND: list[str] | None = None  # the command line of this process (set by bertforge.cli.main)
@@ -158,7 +159,7 @@ def pretraining_card(cfg, objective, final: dict, command: list[str] | None) -> 
 
     c = objective.model.config
     what, load = objective.describe()
-    family = "ModernBERT" if cfg.model.arch == "modernbert" else "BERT"
+    family = models.family(cfg.model.arch).label
     summary = (f"A {family} of {c.num_hidden_layers} layers, hidden size {c.hidden_size}, {c.num_attention_heads} "
                f"heads ({final['parameters'] / 1e6:.1f}M parameters with its training heads), pretrained "
                f"{'from ' + cfg.model.init if cfg.model.init else 'from scratch'} by {what}: {final['steps']} "

@@ -32,11 +32,11 @@ import torch
 from tokenizers import Tokenizer
 
 from . import vocabulary
-from .config import ARCHS, progress_shown
+from .config import progress_shown
 from .corpus import iter_texts
 from .errors import UserError, shown
-from .initialization import local_attention_heads_, set_dropout, sinusoidal_positions_
-from .loading import config_class, family_of, model_config
+from .models.initialization import local_attention_heads_, set_dropout, sinusoidal_positions_
+from .models import FAMILIES, family, family_of, load_config
 from .objectives import objective_class
 from .prepared import is_prepared, prepared_settings, tokenizer_fingerprint
 from .tokenizer import check_vocab_fits, load_tokenizer, special_ids, train_vocabulary
@@ -101,21 +101,21 @@ def start_plan(g: Given) -> StartPlan:
 # ------------------------------------------------------------------------------------------------ the family
 def resolve_arch(cfg, saved: dict | None) -> None:
     """Set ``cfg.model.arch`` to the run's model family: a resumed run's own (``saved``: its settings), else the
-    family --init's or --model-config's config.json names, else --arch (bert when not given; the modernbert-base
-    preset says modernbert).  An --arch that names another family than the model's is refused."""
+    family --init's or --model-config's config.json names, else --arch (when not given: the family of a preset
+    only one family has, else bert).  An --arch that names another family than the model's is refused."""
     mc = cfg.model
     source = mc.init or mc.model_config
-    if mc.arch not in (None, *ARCHS):
+    if mc.arch not in (None, *FAMILIES):
         return  # (validation names the choices)
     if saved is not None:
         theirs = (saved.get("model") or {}).get("arch") or "bert"
         where = f"the run in {shown(cfg.out)} trains a {theirs} model"
     elif source and os.path.exists(source):
-        theirs = family_of(source)
+        theirs = family_of(source).name
         where = (f"{'--init' if mc.init else '--model-config'} {shown(source)} holds a {theirs} model (its "
                  "config.json's model_type)")
     else:
-        mc.arch = mc.arch or ("modernbert" if mc.preset == "modernbert-base" else "bert")
+        mc.arch = mc.arch or next((f.name for f in FAMILIES.values() if mc.preset in f.presets), "bert")
         return
     if mc.arch not in (None, theirs):
         raise UserError(f"--arch {mc.arch}: {where}; leave --arch out")
@@ -207,7 +207,7 @@ def _extended_tokenizer(cfg, tok, d):
     appended to its vocabulary (:mod:`bertforge.vocabulary`); :func:`pretraining_objective` grows the model."""
     mc, dc = cfg.model, cfg.data
     vocabulary.check_extensible(tok, f"the tokenizer of {shown(dc.tokenizer or mc.init)}")
-    check_vocab_fits(tok, model_config(mc.init).vocab_size, _vocab_pair(cfg))
+    check_vocab_fits(tok, load_config(mc.init).vocab_size, _vocab_pair(cfg))
     text = None
     if d.is_main:  # Pretraining.train says what was added, in train.log
         log.info("looking in the data for up to %d words and subwords that the vocabulary lacks", mc.add_vocab)
@@ -220,12 +220,10 @@ def _extended_tokenizer(cfg, tok, d):
 def pretraining_config(cfg, plan: StartPlan, tok):
     """The model's architecture, as ``plan`` says; checked against the tokenizer and the sequence length."""
     source = {"out": cfg.out, "init": cfg.model.init, "model_config": cfg.model.model_config}.get(plan.config)
-    cls, size = config_class(cfg.model.arch), tok.get_vocab_size(with_added_tokens=True)
+    cls, size = family(cfg.model.arch).config_class, tok.get_vocab_size(with_added_tokens=True)
     config = cls.preset(cfg.model.preset, vocab_size=size) if source is None else cls.load(source)
-    if cfg.model.arch == "modernbert" and plan.config in ("preset", "model_config"):  # a new model: ids of its own
-        sp = special_ids(tok)
-        config.pad_token_id, config.cls_token_id, config.sep_token_id = sp.pad, sp.cls, sp.sep
-        config.bos_token_id, config.eos_token_id = sp.cls, sp.sep
+    if plan.config in ("preset", "model_config"):  # a new model: the ids of its tokenizer, where its family keeps them
+        config.adopt_special_ids(special_ids(tok))
     if plan.grow:  # --init's model, grown to the extended vocabulary by pretraining_objective
         config.vocab_size = tok.get_vocab_size(with_added_tokens=True)
     check_vocab_fits(tok, config.vocab_size, "--tokenizer and the model" if plan.continued else _vocab_pair(cfg))
@@ -248,14 +246,16 @@ def pretraining_objective(cfg, plan: StartPlan, config, tok):
     checkpoint afterwards (:meth:`~bertforge.lifecycle.TrainingRun.restore`)."""
     mc = cfg.model
     torch.manual_seed(cfg.train.seed)
-    built = model_config(mc.init) if plan.grow else config
+    built = load_config(mc.init) if plan.grow else config
     objective = objective_class(mc.objective).build(cfg, built, plan.weights == "init")
     if plan.grow:
         vocabulary.extend_model(objective.model, tok)
-    if plan.starting_values and mc.position_init == "sinusoidal" and mc.arch != "modernbert":  # (rotary: no table)
+    fam = family(mc.arch)
+    if plan.starting_values and mc.position_init == "sinusoidal" and fam.position_table:
         sinusoidal_positions_(objective.model)
         if mc.attention_init == "local":
             local_attention_heads_(objective.model)
-    if mc.dropout is not None or mc.arch == "modernbert":  # pretraining's own; config.json keeps the model's
-        set_dropout(objective.model, mc.dropout or 0.0)  # (a ModernBERT's: none unless asked, as its recipe)
+    dropout = mc.dropout if mc.dropout is not None else fam.pretraining_dropout
+    if dropout is not None:  # pretraining's own (the family's recipe, or --dropout); config.json keeps the model's
+        set_dropout(objective.model, dropout)
     return objective

@@ -28,12 +28,12 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from .checkpoint import has_weight
-from .config import BertConfig, SquadConfig
+from .config import SquadConfig
 from .errors import UserError, checked, require_type, shown
 from .evaluation import by_length
-from .loading import check_max_seq_length, in_family, load_for_inference, masked_lm, model_dir
-from .model import (BertForPreTraining, BertForQuestionAnswering, BertForSequenceClassification,
-                    BertForTokenClassification, BertModel)
+from .loading import check_max_seq_length, for_folder, load_for_inference, masked_lm, model_dir, refuse_other_head
+from .models import (BertConfig, BertForPreTraining, BertForQuestionAnswering, BertForSequenceClassification,
+                     BertForTokenClassification, BertModel, head_class)
 from .tokenizer import special_ids
 
 log = logging.getLogger("bertforge")
@@ -80,9 +80,9 @@ class Pipeline:
         self._truncating.enable_truncation(self.max_length, strategy="longest_first")
 
     def _model_class(self, path: str) -> tuple[type, BertConfig, str]:
-        """(model class, config, the weight of the task's head) of directory ``path``: BERT's, or the same
-        task's in the folder's model family (ModernBERT)."""
-        cls, config = in_family(path, self.model_class)
+        """(model class, config, the weight of the task's head) of directory ``path``: the class of the folder's
+        model family that does what ``model_class`` does."""
+        cls, config = for_folder(path, self.model_class)
         return cls, config, _HEADS[self.task][0] if cls is self.model_class else cls.head_weight
 
     def _check(self, config: BertConfig) -> None:
@@ -212,10 +212,7 @@ class QAPipeline(Pipeline):
     model_class = BertForQuestionAnswering
 
     def _check(self, config: BertConfig) -> None:
-        if not isinstance(config, BertConfig):  # a ModernBERT's span head is a `classifier`, as other heads are
-            from .modernbert import refuse_other_head
-
-            refuse_other_head(self.dir, config)
+        refuse_other_head(self.dir, head_class(config, self.model_class), config)
 
     @checked(max_seq_length=3, top_k=1)
     def __call__(self, *inputs: Any, question: str | list[str] | None = None, context: str | list[str] | None = None,

@@ -18,7 +18,7 @@ The default recipe (``--recipe budget``, :data:`bertforge.config.RECIPES`) depar
 short runs on one machine, after cramming, RoBERTa and MosaicBERT (docs/log/budget-recipe.md): masked LM
 only, 30% of the tokens masked (80/10/10 as BERT), no dropout during pretraining (the saved ``config.json``
 keeps the model's, for fine-tuning), peak learning rate 1e-3, Adam beta2 0.98, clipping at 0.5, and a new
-model's starting values (:mod:`bertforge.initialization`): sinusoidal positions and first-layer heads that
+model's starting values (:mod:`bertforge.models.initialization`): sinusoidal positions and first-layer heads that
 look at the neighbouring tokens, where BERT starts every weight at random and leaves the most-frequent-token
 plateau only after thousands of steps.  ``--recipe bert`` restores BERT's; the architecture is BERT's under
 every recipe.  A run from a trained model (``--init``) defaults to ``--recipe continue``: masked LM only, 15%
@@ -50,7 +50,7 @@ from .engine import Engine, LinearSchedule
 from .errors import UserError, shown
 from .evaluation import fill_mask_samples
 from .lifecycle import TrainingRun, finish, preflight, run_folder, start_run
-from .loading import model_config
+from .models import load_config
 from .logs import rounded
 from .objectives import OBJECTIVES, objective_class
 from .objectives.mlm import new_head_said
@@ -206,7 +206,7 @@ class Pretraining(TrainingRun):
             if said:  # in train.log, which opens only now
                 log.info("%s", said)
         if self.cfg.model.add_vocab and self.d.is_main and not self.plan.continued:  # (a continued run said it,
-            before = model_config(self.cfg.model.init).vocab_size  # and needs nothing of --init's folder)
+            before = load_config(self.cfg.model.init).vocab_size  # and needs nothing of --init's folder)
             log.info("%s", vocabulary.describe(self.tok, before, self.cfg.model.add_vocab))
         return self.fit()
 

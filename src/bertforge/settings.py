@@ -39,6 +39,7 @@ from .config import (
     taken_by,
 )
 from .errors import UserError, shown
+from .models import family
 from .runfolder import COMMAND, CORPUS, RunFolder
 
 log = logging.getLogger("bertforge")
@@ -98,8 +99,8 @@ def recipe_said(cfg: PretrainConfig, config: Any) -> str:
         notes = [] if now == value else ["the recipe's: " + ("the model's" if value is None else _shown(value))]
         if name in NEW_MODEL_ONLY and cfg.model.init and now != "normal":
             notes.append("not used: --init's model starts from its own weights")
-        elif name in NEW_MODEL_ONLY and cfg.model.arch == "modernbert" and now != "normal":
-            notes.append("not used: ModernBERT has rotary positions")
+        elif name in NEW_MODEL_ONLY and not family(cfg.model.arch).position_table and now != "normal":
+            notes.append(f"not used: {family(cfg.model.arch).label} has rotary positions")
         parts.append(f"{name} {models if now is None else _shown(now)}" + (f" ({'; '.join(notes)})" if notes else ""))
     return f"the {cfg.recipe} recipe: {', '.join(parts)}"
 
@@ -267,9 +268,9 @@ def finetune_settings(task: str, model: str = "", train: str = "", validation: s
                       **{k: v for k, v in settings.items() if k not in own})
     _absolute_paths(cfg, ("model", "train_file", "validation_file"))
     if cfg.train.lr is None and cfg.model and isinstance(cfg.model, str) and os.path.isdir(cfg.model):
-        from .loading import model_config
+        from .models import load_config
 
-        cfg.train.lr = finetune_lr(model_config(cfg.model).hidden_size)  # the default: by the model's width
+        cfg.train.lr = finetune_lr(load_config(cfg.model).hidden_size)  # the default: by the model's width
     return cfg, task_settings
 
 

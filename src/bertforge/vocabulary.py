@@ -12,7 +12,7 @@ words and subwords of a new corpus, every old id kept.
   ids ``old size ...`` (real entries: transformers' "added tokens" are split out before WordPiece runs, so
   a ``##`` continuation could never be one); normaliser, pre-tokeniser and post-processor are the old ones.
 * :func:`extend_model`: the token embeddings, the MLM decoder (still tied to them) and its bias grown to the
-  tokenizer's size, in BERT or ModernBERT (the family's table through ``get_input_embeddings``).  A new
+  tokenizer's size, in every family (its table through ``get_input_embeddings``, its output layer through ``grow_output_layer``).  A new
   entry's embedding starts as the mean of the rows of the pieces the old tokenizer splits it into, and so
   does its decoder bias: the new token's logit then starts as the mean of its
   pieces' logits, never above the largest of them, so the new rows do not pull the predictions away from
@@ -127,14 +127,14 @@ def old_pieces(tok: Tokenizer, tokens: list[str], size: int | None = None) -> li
 
 
 def extend_model(model: nn.Module, tok: Tokenizer) -> list[str]:
-    """Grow ``model`` (a BERT or a ModernBERT, with or without its MLM head) to ``tok``'s vocabulary, which extends the
+    """Grow ``model`` (of any family, with or without its MLM head) to ``tok``'s vocabulary, which extends the
     model's; return the new entries.  New rows start as the mean of their old pieces' (module docstring)."""
     old_n, new_n = model.config.vocab_size, tok.get_vocab_size(with_added_tokens=True)
     if new_n == old_n:
         return []
     if new_n < old_n:
         raise UserError(f"the tokenizer has {new_n} tokens, fewer than the model's {old_n}: it does not extend it")
-    emb = model.get_input_embeddings()  # BERT's word_embeddings, ModernBERT's tok_embeddings
+    emb = model.get_input_embeddings()  # the family's token table
     if emb.num_embeddings != old_n:
         raise UserError(f"the model's embedding table has {emb.num_embeddings} rows, its config.json says "
                         f"vocab_size {old_n}")
@@ -142,29 +142,17 @@ def extend_model(model: nn.Module, tok: Tokenizer) -> list[str]:
     pieces = old_pieces(tok, tokens, old_n)
     with torch.no_grad():
         model.set_input_embeddings(_grown(emb, pieces))
-        bert_head = getattr(getattr(model, "cls", None), "predictions", None)
-        if bert_head is not None:  # BERT's decoder is bias-free: the bias is the head's own
-            bert_head.bias = nn.Parameter(torch.cat([bert_head.bias, _means(bert_head.bias[:, None], pieces)[:, 0]]))
-            bert_head.decoder = nn.Linear(emb.embedding_dim, new_n, bias=False).to(emb.weight)
-        elif getattr(model, "decoder", None) is not None:  # ModernBERT's decoder carries the bias
-            model.decoder = _grown(model.decoder, pieces)
+        model.grow_output_layer(lambda t: torch.cat([t, _means(t, pieces)]) if t.dim() == 2 else
+                                torch.cat([t, _means(t[:, None], pieces)[:, 0]]))
     model.config.vocab_size = new_n
     model.tie_weights()  # the decoder is the grown embedding matrix again
     return tokens
 
 
-def _grown(old: nn.Embedding | nn.Linear, pieces: list[list[int]]) -> nn.Embedding | nn.Linear:
-    """A copy of ``old`` (an embedding table, or a decoder over the vocabulary) with a row for each list of
-    ``pieces``: the mean of those pieces' rows (and biases)."""
-    n = old.weight.shape[0] + len(pieces)
-    if isinstance(old, nn.Embedding):
-        new = nn.Embedding(n, old.embedding_dim, padding_idx=old.padding_idx)
-    else:
-        new = nn.Linear(old.in_features, n, bias=old.bias is not None)
-    new = new.to(old.weight)
+def _grown(old: nn.Embedding, pieces: list[list[int]]) -> nn.Embedding:
+    """A copy of the token table ``old`` with a row for each list of ``pieces``: the mean of those pieces' rows."""
+    new = nn.Embedding(old.weight.shape[0] + len(pieces), old.embedding_dim, padding_idx=old.padding_idx).to(old.weight)
     new.weight.copy_(torch.cat([old.weight, _means(old.weight, pieces)]))
-    if getattr(old, "bias", None) is not None:
-        new.bias.copy_(torch.cat([old.bias, _means(old.bias[:, None], pieces)[:, 0]]))
     return new
 
 

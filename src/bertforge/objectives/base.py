@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from ..config import BertConfig, PretrainConfig
+from ..config import PretrainConfig
+from ..models import BertConfig
 from ..evaluation import evaluate_pretraining
 
 

@@ -1,5 +1,5 @@
 """ELECTRA (Clark et al., 2020) as a pretraining objective.  The model (the generator, the discriminator's head,
-the objective's pass), the run's folder and the departures from the paper are :mod:`bertforge.electra`'s; the
+the objective's pass), the run's folder and the departures from the paper are :mod:`bertforge.models.electra`'s; the
 generator it saves in ``generator/`` is also what ``predict fill-mask`` and ``evaluate mlm`` run
 (:meth:`Electra.masked_lm_of`)."""
 
@@ -12,12 +12,13 @@ import torch
 
 from .. import checkpoint as ckpt
 from ..batching import to_device
-from ..config import BertConfig, PretrainConfig
-from ..electra import (ElectraForMaskedLM, ElectraPretraining, generator_config, generator_config_of,
+from ..config import PretrainConfig
+from ..models.electra import (ElectraForMaskedLM, ElectraPretraining, generator_config, generator_config_of,
                        is_generator_dir)
 from ..errors import UserError
 from ..evaluation import eval_mode
-from ..flops import flops_per_token
+from ..models import BertConfig, family
+from ..models.flops import flops_per_token
 from ..ops.dropout import batch_keys
 from .base import PretrainingObjective
 
@@ -34,8 +35,9 @@ class Electra(PretrainingObjective):
 
     @classmethod
     def check(cls, cfg: PretrainConfig, from_init: bool) -> None:
-        if cfg.model.arch == "modernbert":
-            raise UserError("--objective electra is BERT's here; ModernBERT pretrains by masked LM (--objective mlm)")
+        fam = family(cfg.model.arch)
+        if cls.name not in fam.objectives:
+            raise UserError(f"--objective electra is BERT's here; {fam.label} pretrains by masked LM (--objective mlm)")
         if cfg.data.nsp:
             raise UserError("--objective electra trains without next sentence prediction; pass --no-nsp")
         if from_init:

@@ -4,9 +4,8 @@ without a masked-LM head gets a new one tied to its word embeddings (:func:`new_
 
 The training step runs the model's fast path (:func:`bertforge.ops.rows.pretraining_losses`): the last
 encoder layer and the vocabulary projection only where the loss looks (the masked tokens, and [CLS] for
-NSP); the loss equals the dense computation.  A ModernBERT (``--arch modernbert``) trains by masked LM alone,
-its head and decoder on the masked rows only
-(:meth:`~bertforge.modernbert.ModernBertForMaskedLM.masked_lm_loss`), without dropout unless ``--dropout`` asks."""
+NSP); the loss equals the dense computation.  A family without next sentence prediction trains by masked LM
+alone, through its own fast path (each pretraining model's ``pretraining_losses``)."""
 
 from __future__ import annotations
 
@@ -14,12 +13,11 @@ import torch
 import torch.nn as nn
 
 from .. import checkpoint as ckpt
-from ..config import BertConfig, PretrainConfig
+from ..config import PretrainConfig
 from ..errors import UserError
-from ..flops import flops_per_token
-from ..model import BertForMaskedLM, BertForPreTraining
+from ..models import BertConfig, family
+from ..models.flops import flops_per_token
 from ..ops.dropout import batch_keys
-from ..ops.rows import pretraining_losses
 from .base import PretrainingObjective
 
 
@@ -29,30 +27,22 @@ class MaskedLM(PretrainingObjective):
 
     @classmethod
     def check(cls, cfg: PretrainConfig, from_init: bool) -> None:
-        if cfg.model.arch != "modernbert":
-            return
-        if cfg.data.nsp:
-            raise UserError("ModernBERT pretrains by masked LM alone (next sentence prediction needs BERT's pooler and "
-                            "token types); pass --no-nsp")
+        fam = family(cfg.model.arch)
+        if cfg.data.nsp and not fam.next_sentence:
+            raise UserError(f"{fam.label} pretrains by masked LM alone (next sentence prediction needs BERT's pooler "
+                            "and token types); pass --no-nsp")
 
     @classmethod
     def build(cls, cfg: PretrainConfig, config: BertConfig, from_init: bool) -> MaskedLM:
-        model_cls = BertForPreTraining if cfg.data.nsp else BertForMaskedLM
-        if cfg.model.arch == "modernbert":
-            from ..modernbert import ModernBertForMaskedLM
-
-            model_cls = ModernBertForMaskedLM
+        model_cls = family(cfg.model.arch).head("pretraining" if cfg.data.nsp else "masked_lm")
         if from_init:
             return cls(model_cls.from_pretrained(cfg.model.init, config=config), cfg)
         return cls(model_cls(config), cfg)
 
     def forward(self, b: dict, step: int) -> dict:
-        if self.cfg.model.arch == "modernbert":
-            return {"mlm": self.model.masked_lm_loss(b["input_ids"], b["attention_mask"], b["labels"],
-                                                     batch_keys(b, self.seed, step)), "nsp": None}
-        mlm, nsp = pretraining_losses(self.model, b["input_ids"], b["attention_mask"], b["token_type_ids"],
-                                      b["labels"], b.get("next_sentence_label"),
-                                      dropout_keys=batch_keys(b, self.seed, step))
+        mlm, nsp = self.model.pretraining_losses(b["input_ids"], b["attention_mask"], b.get("token_type_ids"),
+                                                 b["labels"], b.get("next_sentence_label"),
+                                                 dropout_keys=batch_keys(b, self.seed, step))
         return {"mlm": mlm, "nsp": nsp}
 
     def loss(self, out: dict, totals: dict[str, float]) -> tuple[torch.Tensor, dict]:
@@ -90,7 +80,7 @@ def new_head_said(model: nn.Module, path: str | None) -> str | None:
     """What the log says of a masked-LM head that the directory ``path`` the model was loaded from lacked (a bare
     ``BertModel``, such as a sentence-embedding checkpoint); None when it had one, or the model was not loaded.
 
-    Such a head starts as a new BERT's (:meth:`~bertforge.model.BertPreTrainedModel.init_weights`, then
+    Such a head starts as a new BERT's (:meth:`~bertforge.models.bert.BertPreTrainedModel.init_weights`, then
     :func:`~bertforge.checkpoint.load_pretrained` ties it again after loading): its decoder is the word
     embeddings themselves, so that it predicts with what the model already knows of each word from the first
     step, and only its transform (dense at BERT's normal initialisation, LayerNorm at one and zero) and the output
@@ -98,8 +88,6 @@ def new_head_said(model: nn.Module, path: str | None) -> str | None:
     new = getattr(model, "loading_info", {}).get("newly_initialized", [])
     if path is None or not any(k.startswith(("cls.predictions.", "head.", "decoder.")) for k in new):
         return None
-    std = model.config.initializer_range
-    start = ("ModernBERT's initialisation (truncated normals)" if hasattr(model.config, "layer_types") else
-             f"BERT's initialisation (dense weights normal with std {std:g}, LayerNorm weights 1, biases 0)")
+    start = model.initialisation_said()
     return (f"{path} has no masked-LM head: a new one starts with its decoder tied to the word embeddings, its "
             f"transform at {start} and its output bias at 0")

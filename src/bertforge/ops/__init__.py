@@ -1,4 +1,4 @@
-"""The fast paths behind :mod:`bertforge.model`, each a file with an equality test against the plain path.
+"""The fast paths behind :mod:`bertforge.models.bert`, each a file with an equality test against the plain path.
 
 * :mod:`.layout`: where a batch's real tokens are (token-wise layers run on them only), its dropout keys,
   row selections, and the one place that asks whether ``torch.compile`` traces; row gathers with a cheap
@@ -12,7 +12,7 @@
 * :mod:`.rows`: the pretraining step's fast path (the last layer only at the rows that reach the loss).
 
 The model reads as the paper's maths; what these change (and do not) is listed in the docstring at the
-top of :mod:`bertforge.model`.
+top of :mod:`bertforge.models.bert`.
 """
 
 from .attention import attend, row_attention, self_attention

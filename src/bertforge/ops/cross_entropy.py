@@ -1,6 +1,6 @@
 """The masked-LM loss fused with its vocabulary projection, on the CPU.
 
-Departure (listed in :mod:`bertforge.model`): ``F.cross_entropy(F.linear(h, W, b), y, reduction="sum")``
+Departure (listed in :mod:`bertforge.models.bert`): ``F.cross_entropy(F.linear(h, W, b), y, reduction="sum")``
 computed without separate logit, log-probability and gradient buffers; loss and gradients are unchanged.
 """
 

@@ -1,6 +1,6 @@
 """Dropout with cheaper masks on the CPU, and masks keyed by sequence.
 
-Departures (listed in :mod:`bertforge.model`): on the CPU the mask comes from 16-bit random numbers, so the
+Departures (listed in :mod:`bertforge.models.bert`): on the CPU the mask comes from 16-bit random numbers, so the
 drop probability is ``p`` rounded to a multiple of 1/65536.  On other devices this is ``F.dropout``.
 
 In CPU training (pretraining and fine-tuning) each sequence's masks come from a generator of its own, keyed

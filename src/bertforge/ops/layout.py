@@ -1,6 +1,6 @@
 """The layout of a batch: where its real tokens are, and whose dropout masks they take.
 
-Departure (listed in :mod:`bertforge.model`): padding is removed before every token-wise computation
+Departure (listed in :mod:`bertforge.models.bert`): padding is removed before every token-wise computation
 (projections, feed-forward, LayerNorm) and put back only for attention (whose kernels, some of them over the
 real tokens only, are :mod:`bertforge.ops.attention`'s).
 

@@ -1,6 +1,6 @@
 """``F.linear`` through oneDNN's fp32 kernel on the CPU, for the encoder's large token-by-hidden projections.
 
-Departure (listed in :mod:`bertforge.model`): on the CPU, fp32 projections over ``DNN_MIN_ROWS`` rows or
+Departure (listed in :mod:`bertforge.models.bert`): on the CPU, fp32 projections over ``DNN_MIN_ROWS`` rows or
 more run through torch's oneDNN linear kernel (the one torch.compile's CPU backend emits); the values are
 those of ``F.linear`` up to float rounding order.  Everywhere else this is ``F.linear``.
 """

@@ -1,7 +1,7 @@
 """The pretraining step's fast path: the last encoder layer only at the rows that reach the loss, and the
 masked-LM loss fused with its vocabulary projection.
 
-Departure (listed in :mod:`bertforge.model`): in pretraining only [CLS] and the masked tokens reach the loss,
+Departure (listed in :mod:`bertforge.models.bert`): in pretraining only [CLS] and the masked tokens reach the loss,
 so the last layer computes its queries, attention output, output projection and feed-forward block only
 there (every token is still a key and a value), and the masked-LM head runs only at the masked tokens,
 through :func:`~bertforge.ops.cross_entropy.linear_cross_entropy_sum`.  Losses and gradients are those of
@@ -24,7 +24,7 @@ from .layout import Layout, gather_rows, tracing
 
 def hidden_at(bert, positions, input_ids, attention_mask=None, token_type_ids=None,
               dropout_keys=None) -> torch.Tensor:
-    """Final hidden states of the encoder ``bert`` (a :class:`~bertforge.model.BertModel`) at flat positions
+    """Final hidden states of the encoder ``bert`` (a :class:`~bertforge.models.bert.BertModel`) at flat positions
     (indices into the B*T tokens, repeats allowed): (M, C), equal to ``forward``'s there."""
     if tracing():  # the whole last layer: selecting its rows needs data-dependent shapes
         layout = bert.layout(input_ids, attention_mask, key_masked=True)  # padding left in
@@ -40,7 +40,7 @@ def hidden_at(bert, positions, input_ids, attention_mask=None, token_type_ids=No
 
 
 def layer_at_rows(layer, x: torch.Tensor, selection: Layout) -> torch.Tensor:
-    """The output (M, C) of ``layer`` (a :class:`~bertforge.model.BertLayer`) at the rows of ``selection``
+    """The output (M, C) of ``layer`` (a :class:`~bertforge.models.bert.BertLayer`) at the rows of ``selection``
     (sorted indices among the flat rows ``x`` (N, C)) only: queries, output projection and feed-forward block
     run there; attention still reads every token."""
     att = layer.attention.self
@@ -52,15 +52,15 @@ def layer_at_rows(layer, x: torch.Tensor, selection: Layout) -> torch.Tensor:
 
 
 def mlm_loss_sum(head, h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Summed cross-entropy of the masked-LM ``head`` (:class:`~bertforge.model.BertLMPredictionHead`) at
+    """Summed cross-entropy of the masked-LM ``head`` (:class:`~bertforge.models.bert.BertLMPredictionHead`) at
     hidden states ``h`` (M, C) against ``labels`` (M,), fused with the vocabulary projection."""
     return linear_cross_entropy_sum(head.transform(h), head.decoder.weight, head.bias, labels, head_buffer(head))
 
 
 def pretraining_losses(model, input_ids, attention_mask, token_type_ids, labels, next_sentence_label=None,
                        dropout_keys=None):
-    """(summed MLM loss, summed NSP loss or None) of a :class:`~bertforge.model.BertForPreTraining` or
-    :class:`~bertforge.model.BertForMaskedLM`: the training step's fast path, no logits kept.  The NSP loss
+    """(summed MLM loss, summed NSP loss or None) of a :class:`~bertforge.models.bert.BertForPreTraining` or
+    :class:`~bertforge.models.bert.BertForMaskedLM`: the training step's fast path, no logits kept.  The NSP loss
     needs the model's ``seq_relationship`` head and ``next_sentence_label``."""
     B, T = input_ids.shape
     flat = labels.reshape(-1)

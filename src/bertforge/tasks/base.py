@@ -12,7 +12,8 @@ from typing import Any, ClassVar
 import numpy as np
 from tokenizers import Tokenizer
 
-from ..config import BertConfig, FinetuneConfig
+from ..config import FinetuneConfig
+from ..models import BertConfig
 from ..errors import UserError
 
 

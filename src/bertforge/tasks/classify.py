@@ -14,13 +14,13 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from ..batching import pad_batch
-from ..config import BertConfig, ClassifyConfig, FinetuneConfig
+from ..config import ClassifyConfig, FinetuneConfig
 from ..errors import UserError, shown
 from ..evaluation import by_length, classification_metrics
 from ..corpus import table_rows
 from ..files import json_lines, read_text
-from ..model import BertForSequenceClassification
-from ..loading import check_max_seq_length, in_family, load_for_inference, model_dir
+from ..models import BertConfig, BertForSequenceClassification
+from ..loading import check_max_seq_length, for_folder, load_for_inference, model_dir
 from ..tokenizer import special_ids
 from .base import FinetuneTask, use_labels
 
@@ -229,7 +229,7 @@ class ClassificationTask(FinetuneTask):
 def evaluate_classifier_model(path: str, data: str, task: ClassifyConfig, max_seq_length: int | None = None,
                               batch_size: int = 64, device: str = "auto") -> dict:
     """``bertforge evaluate classify``: accuracy, macro-F1 and loss of a saved classifier on a labelled file."""
-    model_class, config = in_family(model_dir(path), BertForSequenceClassification)
+    model_class, config = for_folder(model_dir(path), BertForSequenceClassification)
     if not config.id2label:
         raise UserError(f"{path} is not a classifier (its config.json has no id2label)")
     max_seq_length = check_max_seq_length(config, max_seq_length, path, default=128)

@@ -10,10 +10,10 @@ import torch
 from tokenizers import Tokenizer
 
 from ..batching import pad_batch
-from ..config import BertConfig, EmbedConfig, FinetuneConfig
+from ..config import EmbedConfig, FinetuneConfig
 from ..embeddings import EmbeddingSettings, encode, settings_of, tokenize, write_settings
 from ..errors import UserError
-from ..model import BertModel
+from ..models import BertConfig, BertModel
 from ..retrieval import Pair, RetrievalSet, evaluate, pairs_set, read_pairs
 from ..tokenizer import special_ids
 from .base import FinetuneTask

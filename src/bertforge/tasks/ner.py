@@ -20,12 +20,12 @@ import torch
 from tokenizers import Tokenizer
 
 from ..batching import pad_batch
-from ..config import BertConfig, FinetuneConfig, NerConfig
+from ..config import FinetuneConfig, NerConfig
 from ..errors import UserError, shown
 from ..evaluation import by_length
 from ..files import json_lines, read_text
-from ..loading import check_max_seq_length, in_family, load_for_inference, model_dir
-from ..model import BertForTokenClassification
+from ..loading import check_max_seq_length, for_folder, load_for_inference, model_dir
+from ..models import BertConfig, BertForTokenClassification
 from ..tokenizer import special_ids
 from .base import FinetuneTask, use_labels
 
@@ -311,7 +311,7 @@ def evaluate_ner_model(path: str, data: str, settings: NerConfig, max_seq_length
     """``bertforge evaluate ner``: entity-level precision, recall, F1 (overall and per type) and token accuracy
     of a fine-tuned token classifier on a tagged file; a tag the model lacks is warned about and counted as
     missed."""
-    model_class, config = in_family(model_dir(path), BertForTokenClassification)
+    model_class, config = for_folder(model_dir(path), BertForTokenClassification)
     if not config.id2label:
         raise UserError(f"{path} is not a token classifier (its config.json has no id2label)")
     max_len = check_max_seq_length(config, max_seq_length, path, default=128)

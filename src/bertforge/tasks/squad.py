@@ -21,14 +21,14 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from ..batching import pad_batch
-from ..config import BertConfig, FinetuneConfig, SquadConfig
+from ..config import FinetuneConfig, SquadConfig
 from ..corpus import table_rows
 from ..errors import UserError, shown
 from ..evaluation import by_length, squad_evaluate
 from ..atomic import atomic_write_text
 from ..files import read_json
-from ..model import BertForQuestionAnswering
-from ..loading import check_max_seq_length, in_family, load_for_inference, model_dir
+from ..models import BertForQuestionAnswering, head_class
+from ..loading import check_max_seq_length, for_folder, load_for_inference, model_dir, refuse_other_head
 from ..tokenizer import special_ids
 from .base import FinetuneTask
 
@@ -292,13 +292,9 @@ class SquadTask(FinetuneTask):
         return [e.context + " " + e.question for e in self.train_ex]
 
     def configure(self, config) -> bool:
-        """BERT's span head has its own weights (``qa_outputs``); a ModernBERT's is a ``classifier``: from a folder
-        whose classifier is another task's (a sentence or token classifier's), a new one of 2 outputs."""
-        if isinstance(config, BertConfig) or config.id2label is None:
-            return False
-        from ..modernbert import holds_span_head
-
-        if holds_span_head(config):
+        """A family whose span head shares its weights' name with other heads (a ``classifier``): from a folder
+        whose head is another task's (a sentence or token classifier's), a new one of 2 outputs."""
+        if config.id2label is None or head_class(config, self.model_class).other_head(config) is None:
             return False
         config.id2label = config.label2id = None
         return True
@@ -346,13 +342,10 @@ class SquadTask(FinetuneTask):
 def evaluate_squad_model(path: str, data: str, task: SquadConfig, max_seq_length: int | None = None,
                          batch_size: int = 64, device: str = "auto", predictions_out: str | None = None) -> dict:
     """``bertforge evaluate squad --model``: official EM/F1 of a saved QA model on a SQuAD file."""
-    model_class, config = in_family(model_dir(path), BertForQuestionAnswering)
+    model_class, config = for_folder(model_dir(path), BertForQuestionAnswering)
     max_seq_length = check_max_seq_length(config, max_seq_length, path, default=384)
     examples, data_list = read_examples(data)
-    if model_class is not BertForQuestionAnswering:  # a ModernBERT's span head is a `classifier`, as other heads are
-        from ..modernbert import refuse_other_head
-
-        refuse_other_head(path, config)
+    refuse_other_head(path, model_class, config)
     head = getattr(model_class, "head_weight", "qa_outputs.weight")
     m = load_for_inference(path, model_class, device, config,
                            head=(head, f"{path} has no trained question-answering head ({head.split('.')[0]})"))

@@ -6,10 +6,10 @@ feed-forward block, a pooler (dense + tanh over [CLS]), and the pretraining head
 decoder tied to the word embeddings, and next sentence prediction).  Module and parameter names are
 transformers', so that state dicts interchange without a mapping table.  The fast kernels live in
 :mod:`bertforge.ops` (each tested equal to the plain computation), start values beyond BERT's in
-:mod:`bertforge.initialization`, the FLOP count in :mod:`bertforge.flops`.
+:mod:`bertforge.models.initialization`, the FLOP count in :mod:`bertforge.models.flops`.
 
 Departures of the model from the paper, Google's code and transformers (the data's are listed in
-:mod:`bertforge.data`, ELECTRA's in :mod:`bertforge.electra`):
+:mod:`bertforge.data`, ELECTRA's in :mod:`bertforge.models.electra`):
 
 * Attention runs through ``F.scaled_dot_product_attention`` (flash / memory-efficient kernels where
   available), variable-length over nested jagged tensors for a padded batch on CUDA; on the CPU in training
@@ -43,15 +43,20 @@ Departures of the model from the paper, Google's code and transformers (the data
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import checkpoint
-from .config import BertConfig
-from .ops import Dropout, Layout, Linear, self_attention
+from ..errors import UserError, require_type, shown
+from ..ops import Dropout, Layout, Linear, self_attention
+from ..ops.rows import pretraining_losses
+from .base import (BaseModelOutput, MaskedLMOutput, ModelConfigJson, PreTrainedModel, PreTrainingOutput,
+                   QuestionAnsweringOutput, SequenceClassifierOutput, TokenClassifierOutput, check_preset)
+from .registry import Family, register
 
 ACT2FN = {
     "gelu": F.gelu,  # exact: x * Phi(x), as BERT
@@ -61,45 +66,102 @@ ACT2FN = {
 }
 
 
-# ------------------------------------------------------------------------------------------------ outputs
-@dataclass
-class BaseModelOutput:
-    last_hidden_state: torch.Tensor  # (B, T, C)
-    pooler_output: torch.Tensor | None = None  # (B, C)
-
-
-@dataclass
-class PreTrainingOutput:
-    loss: torch.Tensor | None = None  # mlm_loss + nsp_loss, each present when its labels are given
-    prediction_logits: torch.Tensor | None = None  # (B, T, V), or (N_labelled, V) when sparse
-    seq_relationship_logits: torch.Tensor | None = None  # (B, 2)
-    mlm_loss: torch.Tensor | None = None
-    nsp_loss: torch.Tensor | None = None
-
+# ------------------------------------------------------------------------------------------------ config
+# name -> (layers, hidden, heads); intermediate = 4 x hidden.  tiny/mini/small/medium are the sizes of
+# Turc et al. (2019) "Well-Read Students Learn Better"; base is BERT-base.
+PRESETS: dict[str, tuple[int, int, int]] = {
+    "tiny": (2, 128, 2),
+    "mini": (4, 256, 4),
+    "small": (4, 512, 8),
+    "medium": (8, 512, 8),
+    "base": (12, 768, 12),
+}
 
 @dataclass
-class MaskedLMOutput:
-    loss: torch.Tensor | None = None
-    logits: torch.Tensor | None = None  # (B, T, V), or (N_labelled, V) when sparse
+class BertConfig(ModelConfigJson):
+    """The BERT architecture.  Field names are transformers' so that ``config.json`` interchanges."""
 
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    layer_norm_eps: float = 1e-12
+    pad_token_id: int = 0
+    initializer_range: float = 0.02
+    classifier_dropout: float | None = None
+    id2label: dict[int, str] | None = None
+    label2id: dict[str, int] | None = None
+    # Keys of a config.json we do not interpret (transformers_version, use_cache, ...), kept so that a
+    # directory we load and save again loses nothing.
+    extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
-@dataclass
-class SequenceClassifierOutput:
-    loss: torch.Tensor | None = None
-    logits: torch.Tensor | None = None  # (B, num_labels)
+    dropout_fields = ("hidden_dropout_prob", "attention_probs_dropout_prob")
+    sizes = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+             "max_position_embeddings", "type_vocab_size")
+    fractions = ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout")
+    positives = ("layer_norm_eps", "initializer_range")
 
+    def __post_init__(self) -> None:
+        # the one place where an architecture (a preset, a config.json) is checked before a model is built of it
+        self.check_fields()
+        if not 0 <= require_type(self.pad_token_id, int, "pad_token_id") < self.vocab_size:
+            raise UserError(f"pad_token_id {self.pad_token_id} must be a token id below vocab_size {self.vocab_size}")
+        if self.hidden_act not in ACT2FN:
+            raise UserError(f"unsupported hidden_act {shown(self.hidden_act)}; expected one of {tuple(ACT2FN)}")
 
-@dataclass
-class TokenClassifierOutput:
-    loss: torch.Tensor | None = None
-    logits: torch.Tensor | None = None  # (B, T, num_labels)
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> BertConfig:
+        """A named size: tiny (2 layers/128), mini (4/256), small (4/512), medium (8/512), base (12/768)."""
+        layers, hidden, heads = check_preset(name, PRESETS)
+        kw: dict[str, Any] = dict(
+            num_hidden_layers=layers,
+            hidden_size=hidden,
+            num_attention_heads=heads,
+            intermediate_size=4 * hidden,
+        )
+        kw.update(overrides)
+        return cls(**kw)
 
+    def encoder_flops(self, seq_len: int) -> int:
+        """The encoder's forward FLOPs per token (:func:`bertforge.models.flops.flops_per_token`)."""
+        C, Ff = self.hidden_size, self.intermediate_size
+        return self.num_hidden_layers * (2 * (4 * C * C + 2 * C * Ff) + 2 * 2 * seq_len * C)
 
-@dataclass
-class QuestionAnsweringOutput:
-    loss: torch.Tensor | None = None
-    start_logits: torch.Tensor | None = None  # (B, T)
-    end_logits: torch.Tensor | None = None  # (B, T)
+    # ----------------------------------------------------------------------------------------- json
+    def to_dict(self, architectures: list[str] | None = None) -> dict[str, Any]:
+        d = self.fields_dict()
+        d["model_type"] = "bert"
+        d["position_embedding_type"] = "absolute"
+        if architectures:
+            d["architectures"] = list(architectures)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> BertConfig:
+        d = dict(d)
+        model_type = d.pop("model_type", "bert")
+        if model_type != "bert":
+            raise UserError(f"config model_type is {shown(model_type)}, not 'bert'")
+        if d.get("position_embedding_type", "absolute") != "absolute":
+            raise UserError(f"position_embedding_type {shown(d['position_embedding_type'])} is not supported")
+        if d.get("is_decoder"):
+            raise UserError("is_decoder=True (a causal BERT) is not supported")
+        names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+        kw = {k: d.pop(k) for k in list(d) if k in names}
+        if kw.get("pad_token_id") is None:
+            kw.pop("pad_token_id", None)
+        # transformers writes num_labels implicitly through id2label; keep what is not ours untouched
+        d.pop("num_labels", None)
+        try:
+            return cls(**kw, extra=d)
+        except TypeError as e:  # a field of the wrong type
+            raise UserError(f"invalid BERT config: {e}") from None
 
 
 # ------------------------------------------------------------------------------------------------ encoder
@@ -225,19 +287,14 @@ class BertPooler(nn.Module):
 
 
 # ------------------------------------------------------------------------------------------------ base
-class BertPreTrainedModel(nn.Module):
-    """Weight initialisation, tying, and loading/saving of Hugging Face model directories."""
+class BertPreTrainedModel(PreTrainedModel):
+    """BERT's initialisation and names (:class:`~bertforge.models.base.PreTrainedModel` loads, saves and ties)."""
 
     config: BertConfig
     config_class = BertConfig
     base_model_prefix = "bert"  # the encoder's attribute in task models, and its prefix in their checkpoints
     encoder_prefixes = ("embeddings.", "encoder.", "pooler.")  # a bare encoder's names, without the prefix
-    # parameter-name prefixes of the task head: missing from a checkpoint, they are freshly initialised
-    head_prefixes: tuple[str, ...] = ()
-
-    def __init__(self, config: BertConfig):
-        super().__init__()
-        self.config = config
+    embeddings_name = "word_embeddings"
 
     def _init_weights(self, module: nn.Module) -> None:
         std = self.config.initializer_range
@@ -256,48 +313,34 @@ class BertPreTrainedModel(nn.Module):
         elif isinstance(module, BertLMPredictionHead):
             nn.init.zeros_(module.bias)
 
-    def init_weights(self) -> None:
-        self.apply(self._init_weights)
-        self.tie_weights()
+    def initialisation_said(self) -> str:
+        return (f"BERT's initialisation (dense weights normal with std {self.config.initializer_range:g}, LayerNorm "
+                "weights 1, biases 0)")
 
-    def tie_weights(self) -> None:
-        """Tie the MLM decoder to the word embeddings (no-op for models without an MLM head)."""
+    def pretraining_losses(self, input_ids, attention_mask, token_type_ids, labels, next_sentence_label=None,
+                           dropout_keys=None):
+        """(summed masked-LM loss, summed NSP loss or None): pretraining's fast path
+        (:func:`bertforge.ops.rows.pretraining_losses`), for the models with a masked-LM head."""
+        return pretraining_losses(self, input_ids, attention_mask, token_type_ids, labels, next_sentence_label,
+                                  dropout_keys=dropout_keys)
+
+    def grow_output_layer(self, rows) -> None:
+        head = getattr(getattr(self, "cls", None), "predictions", None)
+        if head is not None:  # the decoder is bias-free and tied (a new one, tied again): the bias is the head's own
+            head.bias = nn.Parameter(rows(head.bias))
+            emb = self.get_input_embeddings()
+            head.decoder = nn.Linear(emb.embedding_dim, emb.num_embeddings, bias=False).to(emb.weight)
+
+    def tied_decoder(self) -> nn.Linear | None:
         cls = getattr(self, "cls", None)
-        if cls is not None and hasattr(cls, "predictions"):
-            cls.predictions.decoder.weight = self.get_input_embeddings().weight
-
-    def get_input_embeddings(self) -> nn.Embedding:
-        """The token embedding table (transformers' name for it, in every family)."""
-        return self.base_model.embeddings.word_embeddings
-
-    def set_input_embeddings(self, table: nn.Embedding) -> None:
-        self.base_model.embeddings.word_embeddings = table
-
-    @property
-    def base_model(self) -> BertModel:
-        return getattr(self, self.base_model_prefix, self)
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.parameters()).device
-
-    def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.parameters())
-
-    @classmethod
-    def from_pretrained(cls, path, config: BertConfig | None = None, reinit_head: bool = False, **kw):
-        """Load a model directory (ours or transformers', with or without the ``bert.`` prefix); see
-        :func:`bertforge.checkpoint.load_pretrained`."""
-        return checkpoint.load_pretrained(cls, path, config=config, reinit_head=reinit_head, **kw)
-
-    def save_pretrained(self, path, tokenizer=None) -> None:
-        """Write ``config.json`` + ``model.safetensors`` (and tokenizer files) atomically to ``path``."""
-        checkpoint.save_pretrained(self, path, tokenizer=tokenizer)
+        return cls.predictions.decoder if cls is not None and hasattr(cls, "predictions") else None
 
 
 class BertModel(BertPreTrainedModel):
     """The bare encoder: ``forward(input_ids, attention_mask, token_type_ids)`` gives ``last_hidden_state``
     (B, T, C) and ``pooler_output`` (B, C).  Loads any BERT checkpoint, with or without the ``bert.`` prefix."""
+
+    role = "encoder"
 
     head_prefixes = ("pooler.",)
 
@@ -389,6 +432,8 @@ class BertForPreTraining(BertPreTrainedModel):
     """The encoder with BERT's two pretraining heads: masked-LM ``prediction_logits`` and next-sentence
     ``seq_relationship_logits`` (0 = IsNext); losses when ``labels`` / ``next_sentence_label`` are given."""
 
+    role = "pretraining"
+
     head_prefixes = ("cls.", "bert.pooler.")
 
     def __init__(self, config: BertConfig):
@@ -415,6 +460,8 @@ class BertForPreTraining(BertPreTrainedModel):
 class BertForMaskedLM(BertPreTrainedModel):
     """The encoder with the masked-LM head only (``logits`` (B, T, V); a loss when ``labels`` are given)."""
 
+    role = "masked_lm"
+
     head_prefixes = ("cls.",)
     head_weight = "cls.predictions.transform.dense.weight"  # what a folder that can fill masks stores
 
@@ -434,6 +481,8 @@ class BertForMaskedLM(BertPreTrainedModel):
 class BertForSequenceClassification(BertPreTrainedModel):
     """The encoder with a classifier over the pooled [CLS] state: ``logits`` (B, num_labels), the labels named
     by ``config.id2label``; cross-entropy with ``labels`` (mean squared error with one label)."""
+
+    role = "sequence_classification"
 
     head_prefixes = ("classifier.", "bert.pooler.")
 
@@ -463,6 +512,8 @@ class BertForTokenClassification(BertPreTrainedModel):
     """The encoder with a classifier over every token: ``logits`` (B, T, num_labels), the labels named by
     ``config.id2label``; cross-entropy over the tokens whose ``labels`` are not -100."""
 
+    role = "token_classification"
+
     head_prefixes = ("classifier.",)
 
     def __init__(self, config: BertConfig):
@@ -490,7 +541,13 @@ class BertForQuestionAnswering(BertPreTrainedModel):
     """The encoder with a span head: ``start_logits`` and ``end_logits`` (B, T) for extractive question
     answering; a loss with ``start_positions`` / ``end_positions``."""
 
+    role = "question_answering"
     head_prefixes = ("qa_outputs.",)
+
+    @staticmethod
+    def other_head(config: BertConfig) -> str | None:
+        """None: BERT's span head has weights of its own (``qa_outputs``), which no other task's head shares."""
+        return None
 
     def __init__(self, config: BertConfig):
         super().__init__(config)
@@ -517,5 +574,12 @@ class BertForQuestionAnswering(BertPreTrainedModel):
         return QuestionAnsweringOutput(loss, start_logits.contiguous(), end_logits.contiguous())
 
 
-__all__ = ["BertModel", "BertForPreTraining", "BertForMaskedLM", "BertForSequenceClassification",
+register(Family(
+    name="bert", label="BERT", config_class=BertConfig, summary="BERT's architecture",
+    heads={c.role: c for c in (BertModel, BertForPreTraining, BertForMaskedLM, BertForSequenceClassification,
+                               BertForTokenClassification, BertForQuestionAnswering)},
+    presets=PRESETS, objectives=("mlm", "electra"), next_sentence=True, position_table=True,
+    pretraining_dropout=None))
+
+__all__ = ["BertConfig", "BertModel", "BertForPreTraining", "BertForMaskedLM", "BertForSequenceClassification",
            "BertForTokenClassification", "BertForQuestionAnswering"]

@@ -58,7 +58,7 @@ Departures from transformers (5.x; the maths is meant to be the same):
   variable-length on CUDA).
 
 Where it is used: ``bertforge pretrain --arch modernbert`` (masked LM, :mod:`bertforge.objectives.mlm`), and
-a folder whose config.json says ``model_type: modernbert`` is read by :func:`bertforge.loading.in_family`, so
+a folder whose config.json says ``model_type: modernbert`` is read by :func:`bertforge.models.for_folder`, so
 that fine-tuning (classify, ner, squad, embed), ``evaluate`` (mlm, classify, ner, squad) and prediction (the
 pipelines and ``bertforge predict``: fill-mask, classify, ner, qa, embed) take it as they take a BERT folder.
 """
@@ -74,14 +74,14 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import checkpoint
-from .config import ModelConfigJson, check_preset
-from .errors import UserError, shown
-from .model import (BaseModelOutput, MaskedLMOutput, QuestionAnsweringOutput, SequenceClassifierOutput,
-                    TokenClassifierOutput)
-from .ops import Dropout, Layout, head_buffer, linear_cross_entropy_sum, tracing
-from .ops.attention import attention_with_dropout
-from .ops.dropout import dropout_mask
+from ..errors import UserError, shown
+from ..ops import Dropout, Layout, head_buffer, linear_cross_entropy_sum, tracing
+from ..ops.attention import attention_with_dropout
+from ..ops.dropout import dropout_mask
+from .base import (BaseModelOutput, MaskedLMOutput, ModelConfigJson, PreTrainedModel, QuestionAnsweringOutput,
+                   SequenceClassifierOutput, TokenClassifierOutput, check_preset)
+from .bert import PRESETS
+from .registry import Family, register
 
 ACT2FN = {
     "gelu": F.gelu,  # exact erf GELU: transformers' "gelu", ModernBERT's hidden and classifier activation
@@ -92,6 +92,9 @@ ACT2FN = {
 }
 
 GLOBAL, LOCAL = "full_attention", "sliding_attention"  # transformers 5.x's layer types
+# every size of BERT's presets (intermediate 1.5 x hidden, its GeGLU input projection twice that), and
+# ModernBERT-base's own shape
+MODERN_PRESETS: dict[str, tuple[int, int, int]] = {**PRESETS, "modernbert-base": (22, 768, 12)}
 
 
 # ------------------------------------------------------------------------------------------------ config
@@ -142,19 +145,16 @@ class ModernBertConfig(ModelConfigJson):
     # keys of a config.json we do not interpret (transformers_version, dtype, ...), written back unchanged
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
-    @property
-    def dropouts(self) -> tuple[float, float]:
-        """(the hidden states' dropout, the attention probabilities'), as every family's config says them."""
-        return self.mlp_dropout, self.attention_dropout
+    dropout_fields = ("mlp_dropout", "attention_dropout")
+    sizes = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+             "max_position_embeddings", "global_attn_every_n_layers", "local_attention")
+    fractions = ("attention_dropout", "embedding_dropout", "mlp_dropout", "classifier_dropout")
+    positives = ("initializer_range", "norm_eps")
 
     def __post_init__(self) -> None:
-        if self.hidden_size % self.num_attention_heads:
-            raise UserError(f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads "
-                            f"{self.num_attention_heads}")
+        self.check_fields()
         if (self.hidden_size // self.num_attention_heads) % 2:
             raise UserError("rotary embeddings need an even head size (hidden_size / num_attention_heads)")
-        if self.global_attn_every_n_layers < 1:
-            raise UserError(f"global_attn_every_n_layers must be at least 1, not {self.global_attn_every_n_layers}")
         if self.layer_types is None:
             n = self.global_attn_every_n_layers
             self.layer_types = [GLOBAL if i % n == 0 else LOCAL for i in range(self.num_hidden_layers)]
@@ -169,19 +169,13 @@ class ModernBertConfig(ModelConfigJson):
         for name in ("hidden_activation", "classifier_activation"):
             if getattr(self, name) not in ACT2FN:
                 raise UserError(f"unsupported {name} {shown(getattr(self, name))}; expected one of {tuple(ACT2FN)}")
-        if self.id2label is not None:
-            self.id2label = {int(k): str(v) for k, v in self.id2label.items()}
-            if self.label2id is None:
-                self.label2id = {v: k for k, v in self.id2label.items()}
-        if self.label2id is not None:
-            self.label2id = {str(k): int(v) for k, v in self.label2id.items()}
 
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> ModernBertConfig:
-        """A named size (:data:`bertforge.config.MODERN_PRESETS`): BERT's layers, hidden size and heads for
+        """A named size (:data:`MODERN_PRESETS`): BERT's layers, hidden size and heads for
         tiny to base, ModernBERT-base's for modernbert-base; the intermediate width 1.5 x hidden (the GeGLU input
         projection twice that), ModernBERT-base's ratio.  ``overrides``: the vocabulary's size and special ids."""
-        layers, hidden, heads = check_preset(name, "modernbert")
+        layers, hidden, heads = check_preset(name, MODERN_PRESETS)
         kw: dict[str, Any] = dict(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
                                   intermediate_size=hidden * 3 // 2)
         return cls(**{**kw, **overrides})
@@ -195,9 +189,16 @@ class ModernBertConfig(ModelConfigJson):
         """Half the window: a local layer's token sees keys at distance <= this (5.x's name)."""
         return self.local_attention // 2
 
-    @property
-    def num_labels(self) -> int:
-        return len(self.id2label) if self.id2label else 2
+    def adopt_special_ids(self, ids) -> None:
+        self.pad_token_id, self.cls_token_id, self.sep_token_id = ids.pad, ids.cls, ids.sep
+        self.bos_token_id, self.eos_token_id = ids.cls, ids.sep
+
+    def encoder_flops(self, seq_len: int) -> int:
+        """The encoder's forward FLOPs per token: a GeGLU's input projection is 2 x the intermediate width, and a
+        local layer's token attends to its window's keys only."""
+        C, Ff = self.hidden_size, self.intermediate_size
+        seen = [seq_len if t == GLOBAL else min(seq_len, 2 * self.sliding_window + 1) for t in self.layer_types]
+        return sum(2 * (4 * C * C + 3 * C * Ff) + 2 * 2 * n * C for n in seen)
 
     def rope_theta(self, layer_type: str) -> float:
         return self.global_rope_theta if layer_type == GLOBAL else self.local_rope_theta
@@ -468,18 +469,15 @@ def banded_attention(q, k, v, band: Band, p: float, keyed=None) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------------------------------ base
-class ModernBertPreTrainedModel(nn.Module):
-    """Weight initialisation (transformers' truncated normals), tying, loading and saving model directories."""
+class ModernBertPreTrainedModel(PreTrainedModel):
+    """ModernBERT's initialisation (transformers' truncated normals) and names
+    (:class:`~bertforge.models.base.PreTrainedModel` loads, saves and ties)."""
 
     config: ModernBertConfig
     config_class = ModernBertConfig
     base_model_prefix = "model"  # the encoder's attribute in task models, and its prefix in their checkpoints
     encoder_prefixes = ("embeddings.", "layers.", "final_norm.")  # a bare encoder's names, without the prefix
-    head_prefixes: tuple[str, ...] = ()  # weights a checkpoint may lack: the task head, freshly initialised
-
-    def __init__(self, config: ModernBertConfig):
-        super().__init__()
-        self.config = config
+    embeddings_name = "tok_embeddings"
 
     def _init_weights(self, module: nn.Module) -> None:
         cfg = self.config
@@ -516,48 +514,37 @@ class ModernBertPreTrainedModel(nn.Module):
         elif isinstance(module, _ModernBertClassifier):
             init(module.classifier, stds["final_out"])
 
-    def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.parameters())
-
     def init_weights(self) -> None:
         self.tie_weights()
         self.apply(self._init_weights)  # children before parents, as transformers'
 
-    def tie_weights(self) -> None:
-        """Tie the MLM decoder to the token embeddings (no-op for models without one, or untied configs)."""
+    def initialisation_said(self) -> str:
+        return "ModernBERT's initialisation (truncated normals)"
+
+    def grow_output_layer(self, rows) -> None:
+        old = getattr(self, "decoder", None)
+        if old is not None:  # the decoder carries the bias
+            n = self.get_input_embeddings().num_embeddings
+            new = nn.Linear(old.in_features, n, bias=old.bias is not None).to(old.weight)
+            new.weight.copy_(rows(old.weight))
+            if old.bias is not None:
+                new.bias.copy_(rows(old.bias))
+            self.decoder = new
+
+    def tied_decoder(self) -> nn.Linear | None:
         decoder = getattr(self, "decoder", None)
-        if decoder is not None and self.config.tie_word_embeddings:
-            decoder.weight = self.get_input_embeddings().weight
-
-    def get_input_embeddings(self) -> nn.Embedding:
-        """The token embedding table (transformers' name for it, in every family)."""
-        return self.base_model.embeddings.tok_embeddings
-
-    def set_input_embeddings(self, table: nn.Embedding) -> None:
-        self.base_model.embeddings.tok_embeddings = table
-
-    @property
-    def base_model(self) -> ModernBertModel:
-        return getattr(self, self.base_model_prefix, self)
+        return decoder if decoder is not None and self.config.tie_word_embeddings else None
 
     def tied_keys(self) -> set[str]:
         """State-dict keys that are views of another parameter: left out when saving, as transformers does."""
         return {"decoder.weight"} if getattr(self, "decoder", None) is not None and self.config.tie_word_embeddings \
             else set()
 
-    @classmethod
-    def from_pretrained(cls, path, config: ModernBertConfig | None = None, reinit_head: bool = False, **kw):
-        """Load a model directory (ours or transformers', a task model's or a bare encoder's); a head the
-        directory lacks starts fresh and is reported (:func:`bertforge.checkpoint.load_pretrained`)."""
-        return checkpoint.load_pretrained(cls, path, config=config, reinit_head=reinit_head, **kw)
-
-    def save_pretrained(self, path, tokenizer=None) -> None:
-        """Write ``config.json`` + ``model.safetensors`` (and tokenizer files) atomically to ``path``."""
-        checkpoint.save_pretrained(self, path, tokenizer=tokenizer)
-
 
 class ModernBertModel(ModernBertPreTrainedModel):
     """The bare encoder: ``forward(input_ids, attention_mask)`` gives ``last_hidden_state`` (B, T, C)."""
+
+    role = "encoder"
 
     head_weight = "embeddings.tok_embeddings.weight"
 
@@ -643,6 +630,8 @@ class ModernBertForMaskedLM(ModernBertPreTrainedModel):
     ``config.sparse_prediction`` and labels, the logits are only the labelled positions' (N, V), in
     row-major order, as transformers'."""
 
+    role = "masked_lm"
+
     head_prefixes = ("head.", "decoder.")
     head_weight = "head.dense.weight"  # what a folder that can fill masks stores
 
@@ -672,6 +661,11 @@ class ModernBertForMaskedLM(ModernBertPreTrainedModel):
             loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1),
                                    ignore_index=-100, reduction=loss_reduction)
         return MaskedLMOutput(loss, logits)
+
+    def pretraining_losses(self, input_ids, attention_mask, token_type_ids, labels, next_sentence_label=None,
+                           dropout_keys=None):
+        """(summed masked-LM loss, None): no next sentence prediction in this family."""
+        return self.masked_lm_loss(input_ids, attention_mask, labels, dropout_keys), None
 
     def masked_lm_loss(self, input_ids, attention_mask, labels, dropout_keys=None) -> torch.Tensor:
         """Pretraining's loss: the cross-entropy summed over the labelled tokens, the last layer, the head and
@@ -717,6 +711,8 @@ class ModernBertForSequenceClassification(_ModernBertClassifier):
     dropout -> classifier: ``logits`` (B, num_labels); cross-entropy with ``labels`` (mean squared error
     with one label)."""
 
+    role = "sequence_classification"
+
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None,
                 labels=None, dropout_keys=None) -> SequenceClassifierOutput:
         x = self.model(input_ids, attention_mask, position_ids=position_ids,
@@ -743,6 +739,8 @@ class ModernBertForTokenClassification(_ModernBertClassifier):
     """head -> dropout -> classifier over every token: ``logits`` (B, T, num_labels); cross-entropy over
     the tokens whose ``labels`` are not -100."""
 
+    role = "token_classification"
+
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None,
                 labels=None, dropout_keys=None) -> TokenClassifierOutput:
         x = self.model(input_ids, attention_mask, position_ids=position_ids,
@@ -758,6 +756,14 @@ class ModernBertForQuestionAnswering(_ModernBertClassifier):
     """head -> dropout -> classifier (2 outputs) over every token: ``start_logits`` and ``end_logits`` (B, T);
     a loss with ``start_positions`` / ``end_positions``.  As bertforge's BERT, padding is no answer: its logits
     are the dtype's lowest, out of the loss's softmax (transformers leaves them computed)."""
+
+    role = "question_answering"
+
+    @staticmethod
+    def other_head(config: ModernBertConfig) -> str | None:
+        """What a folder's ``classifier`` is when it is another task's (a sentence or token classifier's, as its
+        config.json says), not a span head; None when it is one (:func:`holds_span_head`)."""
+        return None if holds_span_head(config) else (config.extra.get("architectures") or ["a classifier"])[0]
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, start_positions=None,
                 end_positions=None, dropout_keys=None) -> QuestionAnsweringOutput:
@@ -784,24 +790,13 @@ def holds_span_head(config: ModernBertConfig) -> bool:
     return any(str(a).endswith("ForQuestionAnswering") for a in named) or (not named and config.num_labels == 2)
 
 
-def refuse_other_head(path: str, config: ModernBertConfig) -> None:
-    """A ModernBERT folder read as a question-answering model whose ``classifier`` is another task's."""
-    if not holds_span_head(config):
-        named = config.extra.get("architectures") or ["a classifier"]
-        raise UserError(f"{path} holds a {named[0]} (its config.json says), not a question-answering model")
-
-
-def modern_class(bert_class: type, path: str) -> type:
-    """The ModernBERT class that does what BERT's ``bert_class`` does (a folder at ``path`` holds one)."""
-    found = {"BertForMaskedLM": ModernBertForMaskedLM, "BertForSequenceClassification":
-             ModernBertForSequenceClassification, "BertForTokenClassification": ModernBertForTokenClassification,
-             "BertForQuestionAnswering": ModernBertForQuestionAnswering, "BertModel": ModernBertModel,
-             }.get(bert_class.__name__)
-    if found is None:
-        raise UserError(f"{path} holds a ModernBERT, which bertforge does not use as a {bert_class.__name__} yet "
-                        "(ModernBERT folders: fill-mask, classify, ner, squad, embed)")
-    return found
-
+register(Family(
+    name="modernbert", label="ModernBERT", config_class=ModernBertConfig,
+    summary="rotary positions, GeGLU, pre-LayerNorm without biases, local and global attention; masked LM only",
+    heads={c.role: c for c in (ModernBertModel, ModernBertForMaskedLM, ModernBertForSequenceClassification,
+                               ModernBertForTokenClassification, ModernBertForQuestionAnswering)},
+    presets=MODERN_PRESETS, objectives=("mlm",), next_sentence=False, position_table=False,
+    pretraining_dropout=0.0))  # (none unless --dropout asks, as its recipe)
 
 __all__ = ["ModernBertConfig", "ModernBertModel", "ModernBertForMaskedLM", "ModernBertForSequenceClassification",
            "ModernBertForTokenClassification", "ModernBertForQuestionAnswering"]

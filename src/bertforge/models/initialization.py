@@ -1,6 +1,6 @@
 """Start values beyond BERT's random ones, and the dropout a run trains with.
 
-BERT starts every weight at random (:meth:`bertforge.model.BertPreTrainedModel.init_weights`).  The budget
+BERT starts every weight at random (:meth:`bertforge.models.bert.BertPreTrainedModel.init_weights`).  The budget
 recipe starts a new model's position embeddings from the Transformer's sines and cosines
 (:func:`sinusoidal_positions_`) and the first layer's heads 0 and 1 looking at the previous and the next
 token (:func:`local_attention_heads_`).  The architecture stays BERT's: only starting values differ, and
@@ -14,7 +14,7 @@ import math
 import torch
 import torch.nn as nn
 
-from .model import BertEmbeddings, BertSelfAttention
+from .bert import BertEmbeddings, BertSelfAttention
 from .modernbert import ModernBertAttention
 
 

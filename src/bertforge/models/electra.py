@@ -16,7 +16,7 @@ feed-forward block; the two share the token, position and segment embeddings and
 generator projects the shared embeddings to its width (``embeddings_project``) and back before its tied
 output layer (``generator_predictions``), the names of transformers' ``ElectraForMaskedLM``.
 
-Departures from the paper (the model's are listed in :mod:`bertforge.model`): the shared embeddings are
+Departures from the paper (the model's are listed in :mod:`bertforge.models.bert`): the shared embeddings are
 as wide as the discriminator (ELECTRA-Small's are 128 for a 256-wide model), so that the discriminator is a
 plain BERT; the default generator is a quarter of the model's width (the paper's Small and Base settings;
 its released Base used a third); the masked positions are
@@ -37,12 +37,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import checkpoint
-from .config import BertConfig
-from .errors import UserError
-from .files import json_object_or_none, read_json_object
-from .model import ACT2FN, BertEmbeddings, BertModel, BertPreTrainedModel, MaskedLMOutput, _mlm_logits
-from .ops.rows import hidden_at
+from .. import checkpoint
+from .bert import BertConfig
+from ..errors import UserError
+from ..files import json_object_or_none, read_json_object
+from .bert import ACT2FN, BertEmbeddings, BertModel, BertPreTrainedModel, MaskedLMOutput, _mlm_logits
+from ..ops.rows import hidden_at
 
 
 def generator_config(disc: BertConfig, size: float) -> BertConfig:
@@ -91,7 +91,7 @@ class OutputBias(nn.Module):
 
 class ElectraForMaskedLM(BertPreTrainedModel):
     """The generator: a masked LM with transformers' ``ElectraForMaskedLM`` names.  ``logits`` (B, T, V), or
-    with ``labels`` only at the labelled positions (as :class:`~bertforge.model.BertForMaskedLM`)."""
+    with ``labels`` only at the labelled positions (as :class:`~bertforge.models.bert.BertForMaskedLM`)."""
 
     base_model_prefix = "electra"
 

@@ -1,0 +1,229 @@
+"""What every model family shares (transformers' ``PretrainedConfig`` and ``PreTrainedModel`` in small): the
+config.json base, with its label maps and the type and range checks of its sizes, one base class for the
+models (loading, saving, tying, the token embeddings, the parameter count), and the output types.  A family
+(:mod:`bertforge.models.bert`, :mod:`bertforge.models.modernbert`) brings its own fields, modules and
+initialisation, and registers itself (:mod:`bertforge.models.registry`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+import torch.nn as nn
+
+from .. import checkpoint
+from ..errors import UserError, require_type, shown
+from ..files import read_json_object
+
+
+# ------------------------------------------------------------------------------------------------ config
+def check_preset(name: str, presets: dict[str, tuple[int, int, int]], hint: str = "") -> tuple[int, int, int]:
+    """(layers, hidden, heads) of preset ``name`` among a family's ``presets``; ``hint`` follows the error's name."""
+    if name not in presets:
+        raise UserError(f"unknown preset {shown(name)}{hint}; expected one of {', '.join(presets)}")
+    return presets[name]
+
+
+class ModelConfigJson:
+    """A model family's config.json: each family writes its own keys (``to_dict``/``from_dict``); the fields,
+    saving and loading, the label maps and the type and range checks of the sizes are shared.
+
+    A family's config names its fields by kind: ``sizes`` (integers of at least 1), ``fractions`` (dropouts, in
+    [0, 1) or None) and ``positives`` (floats above 0); :meth:`check_fields` checks them, before any size is
+    used, in the family's ``__post_init__``."""
+
+    extra: dict[str, Any]
+    id2label: dict[int, str] | None
+    label2id: dict[str, int] | None
+    dropout_fields: ClassVar[tuple[str, str]]  # the hidden states' dropout, the attention probabilities'
+    sizes: ClassVar[tuple[str, ...]] = ()
+    fractions: ClassVar[tuple[str, ...]] = ()
+    positives: ClassVar[tuple[str, ...]] = ()
+
+    def check_fields(self) -> None:
+        """The shared checks: every size, dropout and positive number of its kind, the heads dividing the hidden
+        size, and the label maps (id2label's keys label ids; label2id made from it when absent)."""
+        for name in self.sizes:
+            require_type(getattr(self, name), int, name, at_least=1)
+        for name in self.fractions:
+            v = getattr(self, name)
+            if v is not None and not 0 <= require_type(v, float, name) < 1:
+                raise UserError(f"{name} must be in [0, 1), not {shown(v)}")
+        for name in self.positives:
+            if not require_type(getattr(self, name), float, name) > 0:
+                raise UserError(f"{name} must be positive, not {shown(getattr(self, name))}")
+        hidden, heads = getattr(self, "hidden_size"), getattr(self, "num_attention_heads")
+        if hidden % heads:
+            raise UserError(f"hidden_size {hidden} is not a multiple of num_attention_heads {heads}")
+        require_type(self.id2label, dict | None, "id2label")
+        if self.id2label and not all(isinstance(k, int) or str(k).isdigit() for k in self.id2label):
+            raise UserError(f"id2label's keys must be label ids (integers), not {shown(list(self.id2label))}")
+        if self.id2label is not None:
+            self.id2label = {int(k): str(v) for k, v in self.id2label.items()}
+            if self.label2id is None:
+                self.label2id = {v: k for k, v in self.id2label.items()}
+        if self.label2id is not None:
+            self.label2id = {str(k): int(v) for k, v in self.label2id.items()}
+
+    @property
+    def dropouts(self) -> tuple[float, float]:
+        """(the hidden states' dropout, the attention probabilities'), whatever the family calls them."""
+        return getattr(self, self.dropout_fields[0]), getattr(self, self.dropout_fields[1])
+
+    @property
+    def num_labels(self) -> int:
+        return len(self.id2label) if self.id2label else 2
+
+    def adopt_special_ids(self, ids) -> None:
+        """A new model's config takes its tokenizer's special ids (``ids``: :class:`~bertforge.tokenizer.SpecialIds`)
+        where its family records them; BERT's records none but the padding's, which stays at its default."""
+
+    def fields_dict(self, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+        """The unread keys, then every field but ``extra`` and ``skip`` (the label maps when set, id2label's
+        keys as strings, as JSON holds them)."""
+        d: dict[str, Any] = dict(self.extra)
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            v = getattr(self, f.name)
+            if f.name == "extra" or f.name in skip or (f.name in ("id2label", "label2id") and v is None):
+                continue
+            d[f.name] = {str(k): lab for k, lab in v.items()} if f.name == "id2label" else v
+        return d
+
+    def to_dict(self, architectures: list[str] | None = None) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def save(self, path: str, architectures: list[str] | None = None) -> None:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(self.to_dict(architectures), f, indent=2, sort_keys=True)
+            f.write("\n")
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Any:
+        raise NotImplementedError
+
+    @classmethod
+    def load(cls, path: str) -> Any:
+        if os.path.isdir(path):
+            path = os.path.join(path, "config.json")
+        if not os.path.isfile(path):
+            raise UserError(f"no config.json at {path}")
+
+        d = read_json_object(path, "config.json")
+        try:
+            return cls.from_dict(d)
+        except UserError as e:  # the file is what a user needs to know
+            raise UserError(f"{path}: {e}") from None
+
+
+# ------------------------------------------------------------------------------------------------ outputs
+@dataclass
+class BaseModelOutput:
+    last_hidden_state: torch.Tensor  # (B, T, C)
+    pooler_output: torch.Tensor | None = None  # (B, C)
+
+
+@dataclass
+class PreTrainingOutput:
+    loss: torch.Tensor | None = None  # mlm_loss + nsp_loss, each present when its labels are given
+    prediction_logits: torch.Tensor | None = None  # (B, T, V), or (N_labelled, V) when sparse
+    seq_relationship_logits: torch.Tensor | None = None  # (B, 2)
+    mlm_loss: torch.Tensor | None = None
+    nsp_loss: torch.Tensor | None = None
+
+
+@dataclass
+class MaskedLMOutput:
+    loss: torch.Tensor | None = None
+    logits: torch.Tensor | None = None  # (B, T, V), or (N_labelled, V) when sparse
+
+
+@dataclass
+class SequenceClassifierOutput:
+    loss: torch.Tensor | None = None
+    logits: torch.Tensor | None = None  # (B, num_labels)
+
+
+@dataclass
+class TokenClassifierOutput:
+    loss: torch.Tensor | None = None
+    logits: torch.Tensor | None = None  # (B, T, num_labels)
+
+
+@dataclass
+class QuestionAnsweringOutput:
+    loss: torch.Tensor | None = None
+    start_logits: torch.Tensor | None = None  # (B, T)
+    end_logits: torch.Tensor | None = None  # (B, T)
+
+
+# ------------------------------------------------------------------------------------------------ models
+class PreTrainedModel(nn.Module):
+    """Loading, saving, tying and the token embeddings of every family's models.  A family's base sets
+    ``config_class``, ``base_model_prefix`` (the encoder's attribute in task models, its checkpoints' prefix),
+    ``encoder_prefixes`` (a bare encoder's names), ``embeddings_name`` (the token table's attribute in its
+    embeddings) and ``_init_weights``; a head sets ``head_prefixes`` (weights a checkpoint may lack: the task
+    head, freshly initialised) and, with a decoder tied to the embeddings, ``decoder_path``."""
+
+    config_class: ClassVar[type]
+    base_model_prefix: ClassVar[str]
+    encoder_prefixes: ClassVar[tuple[str, ...]]
+    embeddings_name: ClassVar[str]
+    head_prefixes: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+
+    def _init_weights(self, module: nn.Module) -> None:
+        raise NotImplementedError
+
+    def init_weights(self) -> None:
+        self.apply(self._init_weights)
+        self.tie_weights()
+
+    def tied_decoder(self) -> nn.Linear | None:
+        """The output layer tied to the token embeddings (None: this model has none, or its config unties it)."""
+        return None
+
+    def tie_weights(self) -> None:
+        """Tie the masked-LM decoder to the token embeddings (no-op for models without one)."""
+        decoder = self.tied_decoder()
+        if decoder is not None:
+            decoder.weight = self.get_input_embeddings().weight
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        """The token embedding table (transformers' name for it, in every family)."""
+        return getattr(self.base_model.embeddings, self.embeddings_name)
+
+    def set_input_embeddings(self, table: nn.Embedding) -> None:
+        setattr(self.base_model.embeddings, self.embeddings_name, table)
+
+    def grow_output_layer(self, rows) -> None:
+        """With a masked-LM head, its output layer grown to the token table's new rows (the table is grown first):
+        ``rows(t)`` is a weight or bias ``t`` with the new rows appended.  Without one, nothing."""
+
+    @property
+    def base_model(self) -> nn.Module:
+        return getattr(self, self.base_model_prefix, self)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    @classmethod
+    def from_pretrained(cls, path, config=None, reinit_head: bool = False, **kw):
+        """Load a model directory (ours or transformers', a task model's or a bare encoder's, with or without the
+        encoder's prefix); a head the directory lacks starts fresh and is reported
+        (:func:`bertforge.checkpoint.load_pretrained`)."""
+        return checkpoint.load_pretrained(cls, path, config=config, reinit_head=reinit_head, **kw)
+
+    def save_pretrained(self, path, tokenizer=None) -> None:
+        """Write ``config.json`` + ``model.safetensors`` (and tokenizer files) atomically to ``path``."""
+        checkpoint.save_pretrained(self, path, tokenizer=tokenizer)
