@@ -82,7 +82,7 @@ def main() -> int:
     ap.add_argument("--sides", nargs="+", default=["bertforge", "transformers"])
     a = ap.parse_args()
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from bertforge.config import NerConfig
+    from bertforge.tasks.ner import NerConfig
     from bertforge.tasks.ner import read_ner
 
     if a.model is None:

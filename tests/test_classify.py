@@ -171,7 +171,7 @@ def test_freeze_embeddings_keeps_the_word_embeddings(tmp_path, capsys):
 
 
 def test_text_columns_must_hold_text_and_labels_may_be_numbers(tmp_path):
-    from bertforge.config import ClassifyConfig
+    from bertforge.tasks.classify import ClassifyConfig
     from bertforge.errors import UserError
     from bertforge.tasks.classify import read_table, resolve_columns
 

@@ -9,7 +9,7 @@ import torch
 
 from bertforge import BertConfig, BertForPreTraining
 from bertforge.cli import main
-from bertforge.config import NerConfig
+from bertforge.tasks.ner import NerConfig
 from bertforge.errors import UserError
 from bertforge.tasks.ner import Sentence, best_windows, read_ner, scheme_of, training_features, windows
 from bertforge.tokenizer import train_vocabulary

@@ -81,7 +81,7 @@ def test_classify_pipeline_equals_transformers(tmp_path):
 
 def test_qa_equals_finetuning_postprocessing_on_real_minilm(minilm_dir, tmp_path, capsys):
     from bertforge import BertForQuestionAnswering
-    from bertforge.config import SquadConfig
+    from bertforge.tasks.squad import SquadConfig
     from bertforge.tasks.squad import Example, predict_answers
     from bertforge.tokenizer import load_tokenizer
 

@@ -109,7 +109,8 @@ def evaluate_classifier(model: str | os.PathLike, data: str | os.PathLike, max_s
     """``bertforge evaluate classify``: accuracy, macro-F1 and loss of a fine-tuned classifier on ``data``;
     ``columns``: ``text_column``, ``text_pair_column``, ``label_column``; ``max_seq_length`` by default 128, or
     the model's positions when it has fewer."""
-    from .config import ClassifyConfig, dataclass_from_dict, validate_fields
+    from .config import dataclass_from_dict, validate_fields
+    from .tasks.classify import ClassifyConfig
     from .tasks.classify import evaluate_classifier_model
 
     settings = dataclass_from_dict(ClassifyConfig(), columns, "evaluate_classifier's columns")
@@ -126,7 +127,8 @@ def evaluate_squad(data: str | os.PathLike, predictions: str | os.PathLike | Non
     """``bertforge evaluate squad``: official SQuAD v1.1 exact match and F1 of a predictions file, or of a
     fine-tuned question-answering model's predictions (``max_seq_length`` by default 384, or the model's
     positions when it has fewer)."""
-    from .config import SquadConfig, dataclass_from_dict, validate_fields
+    from .config import dataclass_from_dict, validate_fields
+    from .tasks.squad import SquadConfig
     from .outputs import check_output_file
     from .tasks import squad
 
@@ -177,7 +179,8 @@ def evaluate_ner(model: str | os.PathLike, data: str | os.PathLike, max_seq_leng
     """``bertforge evaluate ner``: entity precision, recall and F1 (overall and ``per_type``, by seqeval) and token
     accuracy of a fine-tuned token classifier on ``data``; ``settings``: ``token_column``, ``tag_column``,
     ``labels_file``, ``strict``."""
-    from .config import NerConfig, dataclass_from_dict, validate_fields
+    from .config import dataclass_from_dict, validate_fields
+    from .tasks.ner import NerConfig
     from .tasks.ner import evaluate_ner_model
 
     cfg = dataclass_from_dict(NerConfig(), settings, "evaluate_ner's settings")

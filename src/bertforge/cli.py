@@ -348,7 +348,10 @@ def _embedding_flags(p) -> None:
 
 
 def _add_evaluate_parsers(sub) -> None:
-    from .config import ClassifyConfig, NerConfig, PretrainDataConfig, SquadConfig
+    from .config import PretrainDataConfig
+    from .tasks.classify import ClassifyConfig
+    from .tasks.ner import NerConfig
+    from .tasks.squad import SquadConfig
 
     ev = sub.add_parser("evaluate", help="score predictions or a saved model")
     evs = ev.add_subparsers(dest="task", metavar="TASK", parser_class=_Parser)
@@ -418,7 +421,7 @@ def _texts(a: argparse.Namespace) -> list[str]:
         raise UserError("give texts or --input, not both")
     if a.input:
         if a.input.endswith((".tsv", ".csv", ".jsonl", ".json")):
-            from .config import ClassifyConfig
+            from .tasks.classify import ClassifyConfig
             from .tasks.classify import read_table, resolve_columns
 
             rows = read_table(a.input)
@@ -511,7 +514,7 @@ def cmd_predict(a: argparse.Namespace) -> int:
         _emit(a, [{"text": t, **r} if a.top_k == 1 else {"text": t, "labels": r} for t, r in zip(texts, res)]
               if a.json else res, table)
     else:
-        from .config import SquadConfig
+        from .tasks.squad import SquadConfig
 
         cfg = _task_settings(a, SquadConfig)
         if a.input:
@@ -532,7 +535,7 @@ def cmd_predict(a: argparse.Namespace) -> int:
 
 
 def _add_predict_parsers(sub) -> None:
-    from .config import SquadConfig
+    from .tasks.squad import SquadConfig
     from .predict import AGGREGATIONS
 
     pr = sub.add_parser("predict", help="use a trained model: fill-mask, next-sentence, classify, qa, ner, embed")

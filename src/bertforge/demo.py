@@ -37,7 +37,8 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 
-from .config import ClassifyConfig, PretrainConfig
+from .config import PretrainConfig
+from .tasks.classify import ClassifyConfig
 from .corpus import iter_texts
 from .demo_corpus import generate_stories, write_sentiment, write_story_corpus
 from .outputs import Output, register_output, remove_output, write_marker

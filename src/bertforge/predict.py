@@ -28,7 +28,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from .checkpoint import has_weight
-from .config import SquadConfig
+from .tasks.squad import SquadConfig
 from .errors import UserError, checked, require_type, shown
 from .evaluation import by_length
 from .loading import check_max_seq_length, for_folder, load_for_inference, masked_lm, model_dir, refuse_other_head

@@ -9,12 +9,13 @@ import io
 import json
 import logging
 import os
+from dataclasses import dataclass
 
 import numpy as np
 from tokenizers import Tokenizer
 
 from ..batching import pad_batch
-from ..config import ClassifyConfig, FinetuneConfig
+from ..config import FinetuneConfig, setting
 from ..errors import UserError, shown
 from ..evaluation import by_length, classification_metrics
 from ..corpus import table_rows
@@ -25,6 +26,14 @@ from ..tokenizer import special_ids
 from .base import FinetuneTask, use_labels
 
 log = logging.getLogger("bertforge")
+
+
+@dataclass
+class ClassifyConfig:
+    text_column: str | None = setting(None, "text column (default: sentence, text or sentence1, whichever exists)")
+    text_pair_column: str | None = setting(None, "second sentence of a pair (e.g. sentence2)")
+    label_column: str = setting("label", "label column")
+
 
 TEXT_COLUMNS = ("sentence", "text", "sentence1", "question", "premise")
 

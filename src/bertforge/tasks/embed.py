@@ -5,12 +5,13 @@ is also a sentence-transformers folder (:mod:`bertforge.embeddings`)."""
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import torch
 from tokenizers import Tokenizer
 
 from ..batching import pad_batch
-from ..config import EmbedConfig, FinetuneConfig
+from ..config import FinetuneConfig, setting
 from ..embeddings import EmbeddingSettings, encode, settings_of, tokenize, write_settings
 from ..errors import UserError
 from ..models import BertConfig, BertModel
@@ -19,6 +20,17 @@ from ..tokenizer import special_ids
 from .base import FinetuneTask
 
 log = logging.getLogger("bertforge")
+
+
+@dataclass
+class EmbedConfig:
+    pooling: str = setting("auto", "how a text's vector is made: mean (of the last layer over its tokens) or cls (the "
+                                   "[CLS] state); auto: the model folder's sentence-transformers pooling, else mean",
+                           choices=("auto", "mean", "cls"))
+    scale: float = setting(20.0, "similarities are multiplied by this before the softmax over the batch (1/temperature;"
+                                 " 20 as sentence-transformers' MultipleNegativesRankingLoss)", check="positive")
+    symmetric: bool = setting(False, "add the loss of each positive picking its query among the batch's queries")
+
 
 
 class EmbedTask(FinetuneTask):

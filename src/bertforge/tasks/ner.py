@@ -20,7 +20,7 @@ import torch
 from tokenizers import Tokenizer
 
 from ..batching import pad_batch
-from ..config import FinetuneConfig, NerConfig
+from ..config import FinetuneConfig, setting
 from ..errors import UserError, shown
 from ..evaluation import by_length
 from ..files import json_lines, read_text
@@ -30,6 +30,19 @@ from ..tokenizer import special_ids
 from .base import FinetuneTask, use_labels
 
 log = logging.getLogger("bertforge")
+
+
+@dataclass
+class NerConfig:
+    token_column: int = setting(0, "column of the token in CoNLL-style files (0: the first)")
+    tag_column: int = setting(-1, "column of the tag in CoNLL-style files (-1: the last)")
+    labels_file: str = setting("", "the tag names of JSONL ner_tags integers, one per line, in id order",
+                               flag="--labels")
+    label_all_tokens: bool = setting(False, "train on every sub-token of a word (the later ones with the I- form of "
+                                            "its tag), as run_ner's option; evaluation stays per word")
+    strict: bool = setting(False, "score entities as seqeval's mode='strict' with the file's scheme (default: "
+                                  "seqeval's default mode, as conlleval)")
+
 
 PREFIXES = ("B", "I", "E", "S")
 

@@ -21,7 +21,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from ..batching import pad_batch
-from ..config import FinetuneConfig, SquadConfig
+from ..config import FinetuneConfig, setting
 from ..corpus import table_rows
 from ..errors import UserError, shown
 from ..evaluation import by_length, squad_evaluate
@@ -33,6 +33,16 @@ from ..tokenizer import special_ids
 from .base import FinetuneTask
 
 log = logging.getLogger("bertforge")
+
+
+@dataclass
+class SquadConfig:
+    doc_stride: int = setting(128, "tokens shared by consecutive windows of a long context (transformers' "
+                                   "convention)", check="non-negative")
+    max_query_length: int = setting(64, "question tokens kept", check="positive")
+    n_best: int = setting(20, "start and end candidates per window", check="positive")
+    max_answer_length: int = setting(30, "longest answer in tokens", check="positive")
+
 
 
 @dataclass
