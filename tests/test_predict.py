@@ -127,7 +127,7 @@ def test_refusals(minilm_dir, pretrained_tiny, tmp_path, capsys):
 
 
 def test_qa_answers_are_whole_words():
-    from bertforge.predict import whole_words
+    from bertforge.tasks.squad import whole_words
 
     c = "The singers were singing loudly, near St. Paul's."
     assert whole_words(c, c.index("ing"), c.index("ing") + 3) == (c.index("singers"), c.index("singers") + 7)

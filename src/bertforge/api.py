@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from . import tasks
 from .errors import UserError, checked
 from .predict import pipeline
 
@@ -103,49 +104,6 @@ def run_finetuning(task: str, model: str | os.PathLike = "", train: str | os.Pat
     return finetune(TASKS[task](task_settings), cfg, overwrite=overwrite, resume=resume)
 
 
-@checked(batch_size=1)
-def evaluate_classifier(model: str | os.PathLike, data: str | os.PathLike, max_seq_length: int | None = None,
-                        batch_size: int = 64, device: str = "auto", **columns: Any) -> dict:
-    """``bertforge evaluate classify``: accuracy, macro-F1 and loss of a fine-tuned classifier on ``data``;
-    ``columns``: ``text_column``, ``text_pair_column``, ``label_column``; ``max_seq_length`` by default 128, or
-    the model's positions when it has fewer."""
-    from .config import dataclass_from_dict, validate_fields
-    from .tasks.classify import ClassifyConfig
-    from .tasks.classify import evaluate_classifier_model
-
-    settings = dataclass_from_dict(ClassifyConfig(), columns, "evaluate_classifier's columns")
-    validate_fields(settings)
-    model, data = os.fspath(model), os.fspath(data)
-    return evaluate_classifier_model(model, data, settings, max_seq_length, batch_size, device)
-
-
-@checked(batch_size=1)
-def evaluate_squad(data: str | os.PathLike, predictions: str | os.PathLike | None = None,
-                   model: str | os.PathLike | None = None, max_seq_length: int | None = None, batch_size: int = 64,
-                   device: str = "auto", write_predictions: str | os.PathLike | None = None, overwrite: bool = False,
-                   **settings: Any) -> dict:
-    """``bertforge evaluate squad``: official SQuAD v1.1 exact match and F1 of a predictions file, or of a
-    fine-tuned question-answering model's predictions (``max_seq_length`` by default 384, or the model's
-    positions when it has fewer)."""
-    from .config import dataclass_from_dict, validate_fields
-    from .tasks.squad import SquadConfig
-    from .outputs import check_output_file
-    from .tasks import squad
-
-    if bool(predictions) == bool(model):
-        raise UserError("give --predictions FILE or --model DIR (one of them)")
-    data = os.fspath(data)
-    predictions, write_predictions = (os.fspath(p) if p else p for p in (predictions, write_predictions))
-    if predictions:
-        return squad.evaluate_predictions_file(data, predictions)
-    if write_predictions:
-        check_output_file(write_predictions, overwrite, "--write-predictions", inputs=(data,))
-    cfg = dataclass_from_dict(SquadConfig(), settings, "evaluate_squad's settings")
-    validate_fields(cfg)
-    return squad.evaluate_squad_model(os.fspath(model), data, cfg, max_seq_length, batch_size, device,
-                                      write_predictions)
-
-
 @checked(seed=0, batch_size=1, max_blocks=1)
 def evaluate_mlm(model: str | os.PathLike, data: list[str | os.PathLike] | str | os.PathLike,
                  max_seq_length: int = 128, seed: int = 0, batch_size: int = 32, max_blocks: int | None = None,
@@ -174,53 +132,33 @@ def evaluate_mlm(model: str | os.PathLike, data: list[str | os.PathLike] | str |
 
 
 @checked(batch_size=1)
-def evaluate_ner(model: str | os.PathLike, data: str | os.PathLike, max_seq_length: int | None = None,
-                 batch_size: int = 64, device: str = "auto", **settings: Any) -> dict:
-    """``bertforge evaluate ner``: entity precision, recall and F1 (overall and ``per_type``, by seqeval) and token
-    accuracy of a fine-tuned token classifier on ``data``; ``settings``: ``token_column``, ``tag_column``,
-    ``labels_file``, ``strict``."""
-    from .config import dataclass_from_dict, validate_fields
-    from .tasks.ner import NerConfig
-    from .tasks.ner import evaluate_ner_model
-
-    cfg = dataclass_from_dict(NerConfig(), settings, "evaluate_ner's settings")
-    validate_fields(cfg)
-    return evaluate_ner_model(os.fspath(model), os.fspath(data), cfg, max_seq_length, batch_size, device)
-
-
-@checked(batch_size=1)
 def embed(model: str | os.PathLike, texts: str | list[str], batch_size: int = 32, device: str = "auto",
           pooling: str | None = None, max_seq_length: int | None = None):
     """``bertforge predict embed``: a text's vector (C,), or (N, C) float32 for a list, as
     ``SentenceTransformer(model).encode`` gives them for a sentence-transformers folder (its pooling,
     normalisation and ``max_seq_length``); a plain BERT directory: the mean of the last layer, L2-normalised.
     ``pooling`` (``mean`` or ``cls``) overrides the folder's."""
-    from .predict import EmbedPipeline
+    from .tasks.embed import EmbedPipeline
 
     return EmbedPipeline(model, device, batch_size, max_seq_length=max_seq_length, pooling=pooling)(texts)
 
 
-@checked(batch_size=1)
-def evaluate_retrieval(model: str | os.PathLike, data: str | os.PathLike, batch_size: int = 64, device: str = "auto",
-                       pooling: str | None = None, max_seq_length: int | None = None) -> dict:
-    """``bertforge evaluate retrieval``: MRR@10, recall@1, recall@10 and nDCG@10 (fractions) of ``model``'s
-    embeddings on ``data`` (a SQuAD JSON file: every question against every paragraph; a BEIR folder; a JSONL
-    file of ``{"query", "positive"}`` pairs against the distinct positives), by exact search; ``model="bm25"``
-    scores BM25 instead (:data:`bertforge.retrieval.BM25_SETTINGS`)."""
-    from .predict import EmbedPipeline
-    from .retrieval import evaluate, read_retrieval_set
+def evaluate(task: str, **settings: Any) -> dict:
+    """``bertforge evaluate TASK``: the task's metrics of a saved model on a file (or of a predictions file), with the
+    command's settings by their flag names: ``evaluate("classify", model=DIR, data=FILE, max_seq_length=128)``.
+    ``task`` is a fine-tuning task's (:data:`bertforge.tasks.TASKS`: ``classify``, ``squad``, ``ner``,
+    ``retrieval``) or ``mlm``."""
+    from .tasks import evaluation
 
-    data = os.fspath(data)
-    embed_texts = "bm25"
-    if os.fspath(model) != "bm25":
-        embed_texts = EmbedPipeline(model, device, batch_size, max_seq_length=max_seq_length, pooling=pooling)
-    elif pooling is not None or max_seq_length is not None:
-        raise UserError("--pooling and --max-seq-length are settings of an embedding model, not of bm25")
-    return evaluate(read_retrieval_set(data), embed_texts)
+    return evaluate_mlm(**settings) if task == "mlm" else evaluation(task)(**settings)
 
 
-__all__ = ["embed", "evaluate_classifier", "evaluate_mlm", "evaluate_ner", "evaluate_retrieval", "evaluate_squad",
-           "pipeline", "prepare", "run_finetuning", "run_pretraining", "train_tokenizer"]
+# the tasks' own functions, under the names the API has always had
+evaluate_classifier, evaluate_squad = tasks.classify.evaluate_classifier, tasks.squad.evaluate_squad
+evaluate_ner, evaluate_retrieval = tasks.ner.evaluate_ner, tasks.embed.evaluate_retrieval
+
+__all__ = ["embed", "evaluate", "evaluate_classifier", "evaluate_mlm", "evaluate_ner", "evaluate_retrieval",
+           "evaluate_squad", "pipeline", "prepare", "run_finetuning", "run_pretraining", "train_tokenizer"]
 
 
 def _paths(value: Any, listed: bool = False) -> Any:

@@ -16,10 +16,11 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
 
 from tqdm import tqdm
 
+from .commands import (NOT_THE_SAME, add_setting_flags, emit, explicit_flags, non_negative_int, one_line, positive_int,
+                       shown, task_settings)
 from .config import progress_shown
 from .errors import TrainingError, UserError
 
@@ -69,119 +70,6 @@ def setup_logging(quiet: bool = False, replica: bool = False) -> None:
     log.addHandler(h)
     log.setLevel(logging.INFO)  # a run's train.log gets everything, whatever stderr shows
     log.propagate = False
-
-
-# ------------------------------------------------------------------------------------------------ flags
-_TYPES = {"int": int, "float": float, "str": str}
-
-# transformers' names (TrainingArguments, run_mlm.py, run_glue.py, run_qa.py) for the same settings
-TRANSFORMERS_NAMES = {
-    "out": "--output_dir", "epochs": "--num_train_epochs", "lr": "--learning_rate", "log_every": "--logging_steps",
-    "save_every": "--save_steps", "eval_every": "--eval_steps", "keep_checkpoints": "--save_total_limit",
-    "grad_accum": "--gradient_accumulation_steps", "model": "--model_name_or_path", "mask_prob": "--mlm_probability",
-    "eval_batch_size": "--per_device_eval_batch_size", "warmup_steps": "--warmup_steps", "report_to": "--report_to",
-    "max_eval_instances": "--max_eval_samples", "max_train_examples": "--max_train_samples",
-    "max_eval_examples": "--max_eval_samples", "init": "--model_name_or_path",  # (pretraining: the model to start from)
-}
-# names that look alike but mean something else in bertforge: answered with a hint, not taken
-NOT_THE_SAME = {
-    "--per_device_train_batch_size": "--batch-size (the global batch: all processes and accumulation steps together)",
-    "--train_batch_size": "--batch-size (the global batch)",
-    "--line_by_line": "--doc-separator line",
-    "--do_train": "the command itself (bertforge pretrain / finetune)",
-    "--fp16": "--precision fp16",
-    "--train_file": "--data (pretraining) or --train (fine-tuning)",
-    "--validation_file": "--eval-data (pretraining) or --validation (fine-tuning)",
-    "--bf16": "--precision bf16",
-}
-
-
-def shown(value: Any) -> str:
-    """A setting's value as ``--help`` writes it (on/off for switches)."""
-    return "on" if value is True else "off" if value is False else str(value)
-
-
-def add_setting_flags(p: argparse.ArgumentParser, cfg: Any, only: Sequence[str] | None = None,
-                      notes: dict[str, str] | None = None, defaults: dict[str, str] | None = None) -> list[str]:
-    """A flag for each field of ``cfg`` (a dataclass, or a :class:`~bertforge.config.Sections` run config:
-    the fields its command takes), its help text and default taken from the field: ``--max-seq-length`` sets
-    ``max_seq_length``.  Every flag defaults to None, so that only explicit flags override.  ``only`` keeps
-    those fields alone; ``defaults`` describes in words the defaults decided at run time.  Returns the flags'
-    destinations."""
-    from .config import Sections, taken_by
-
-    if isinstance(cfg, Sections):
-        fields = {k: hf for k, hf in cfg.flat_fields().items() if taken_by(hf[1], cfg.COMMAND)}
-    else:
-        fields = {f.name: (cfg, f) for f in dataclasses.fields(cfg)}
-    dests = []
-    for name, (holder, f) in fields.items():
-        if not f.metadata.get("flag", True) or (only is not None and name not in only):
-            continue
-        help_ = _setting_help(f, getattr(holder, f.name), (defaults or {}).get(name), (notes or {}).get(name))
-        kw: dict[str, Any] = dict(dest=name, default=None, help=help_.replace("%", "%%"))
-        typ = str(f.type).replace(" | None", "")
-        if typ == "bool":
-            kw["action"] = argparse.BooleanOptionalAction
-        elif typ == "list[str]":
-            kw.update(nargs="+", metavar="PATH")
-        elif name == "max_time":
-            kw["metavar"] = "DURATION"
-        else:
-            kw["type"] = _TYPES[typ]
-            if f.metadata.get("choices"):
-                kw["choices"] = f.metadata["choices"]
-        p.add_argument(*_flag_names(p, f), **kw)
-        dests.append(name)
-    return dests
-
-
-def _setting_help(f: dataclasses.Field, default: Any, described: str | None, note: str | None) -> str:
-    """A setting's ``--help`` line: its help text, its default (or ``described``: one decided at run time)
-    and a ``note``."""
-    help_ = f.metadata.get("help", "")
-    if described:
-        help_ += f" (default: {described})"
-    elif "(default" not in help_ and default not in (None, "", []):
-        help_ += f" (default: {shown(default)})"
-    return help_ + (f" [{note}]" if note else "")
-
-
-def _flag_names(p: argparse.ArgumentParser, f: dataclasses.Field) -> list[str]:
-    """A setting's flag, then its aliases: underscores as in config files, and transformers' name (with
-    underscores, and hyphens as bertforge's own flags)."""
-    from .config import flag_of
-
-    names = [flag_of(f)]
-    theirs = TRANSFORMERS_NAMES.get(f.name)
-    for alias in ("--" + f.name, "--" + flag_of(f)[2:].replace("-", "_"), theirs,
-                  theirs and "--" + theirs[2:].replace("_", "-")):
-        if alias and alias not in names and alias not in p._option_string_actions:
-            names.append(alias)
-    return names
-
-
-def _count(minimum: int):
-    """An argparse type: an integer of at least ``minimum``."""
-
-    def parse(text: str) -> int:
-        try:
-            v = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be an integer, not {text!r}") from None
-        if v < minimum:
-            least = "positive" if minimum == 1 else f"at least {minimum}"
-            raise argparse.ArgumentTypeError(f"must be {least}, not {v}")
-        return v
-
-    return parse
-
-
-positive_int, non_negative_int = _count(1), _count(0)
-
-
-def explicit_flags(a: argparse.Namespace, dests: Sequence[str]) -> dict[str, Any]:
-    return {d: getattr(a, d) for d in dests if getattr(a, d, None) is not None}
 
 
 # ------------------------------------------------------------------------------------------------ tokenizer
@@ -265,14 +153,10 @@ def cmd_pretrain(a: argparse.Namespace) -> int:
 # ------------------------------------------------------------------------------------------------ finetune
 
 
-FINETUNE_PRINTED = {"classify": ("accuracy", "macro_f1", "loss"), "squad": ("exact_match", "f1", "precision", "recall"),
-                    "embed": ("mrr@10", "recall@1", "recall@10", "ndcg@10"),
-                    "ner": ("f1", "precision", "recall", "accuracy")}
-
-
 def cmd_finetune(a: argparse.Namespace) -> int:
     """The settings as :func:`bertforge.settings.finetune_settings` decides them, from the explicit flags."""
     from .api import run_finetuning
+    from .tasks import TASKS
 
     flags = explicit_flags(a, a.setting_flags)
     given = [flags.pop(k, None) or "" for k in ("model", "train_file", "validation_file", "out")]
@@ -280,7 +164,7 @@ def cmd_finetune(a: argparse.Namespace) -> int:
                        **explicit_flags(a, a.task_flags))
     if not m:  # a process other than rank 0 under torchrun: rank 0 reports
         return 0
-    printed = (*FINETUNE_PRINTED[a.task], "best_epoch", "epoch", "step", "train_seconds")
+    printed = (*TASKS[a.task].printed, "best_epoch", "epoch", "step", "train_seconds")
     print(json.dumps({k: m[k] for k in printed if k in m}))  # (without validation: no figures of it)
     return 0
 
@@ -293,13 +177,8 @@ def _add_finetune_parsers(sub) -> None:
     ft = sub.add_parser("finetune", help="fine-tune a BERT: classification, SQuAD, embeddings, NER")
     fts = ft.add_subparsers(dest="task", metavar="TASK", parser_class=_Parser)
     fts.required = True
-    helps = {"classify": "sentence or sentence-pair classification (TSV, CSV, JSONL)",
-             "squad": "SQuAD v1.1 extractive question answering",
-             "embed": "sentence embeddings from query/passage pairs (JSONL, TSV or SQuAD JSON), in-batch negatives; "
-                      "the output is also a sentence-transformers folder",
-             "ner": "token classification (named entities) from CoNLL-style columns or JSONL; entity F1 by seqeval"}
     for name, kind in TASKS.items():
-        p = fts.add_parser(name, help=helps[name])
+        p = fts.add_parser(name, help=kind.help)
         flags = add_setting_flags(p, kind.config(), defaults={"lr": finetune_lr_rule(), "save_every": (
             f"every {SAVE_INTERVAL // 60} minutes of the run")})
         p.add_argument("--config", help="YAML or JSON file with the same settings as the flags, or a run's "
@@ -314,86 +193,31 @@ def _add_finetune_parsers(sub) -> None:
 
 # ------------------------------------------------------------------------------------------------ evaluate
 def cmd_evaluate(a: argparse.Namespace) -> int:
-    """``evaluate TASK``: the JSON of the API function ``a.api``, called with the flags named as its parameters
+    """``evaluate TASK``: the JSON of the task's API function ``a.api``, called with the flags named as its parameters
     (those not given take its defaults) and the task's settings, checked before anything is read."""
     import inspect
 
-    from . import api
-
-    fn = getattr(api, a.api)
+    fn = a.api
     params = {k for k, p in inspect.signature(fn).parameters.items() if p.kind != p.VAR_KEYWORD}
     kw = {k: v for k, v in vars(a).items() if k in params and v is not None}
     if a.settings_kind is not None:
-        kw.update(dataclasses.asdict(_task_settings(a, a.settings_kind)))
+        kw.update(dataclasses.asdict(task_settings(a, a.settings_kind)))
     print(json.dumps(fn(**kw)))
     return 0
 
 
-def _task_settings(a: argparse.Namespace, kind: type):
-    """The task's settings dataclass from its flags (see :func:`add_setting_flags`), checked."""
-    from .config import validate_fields
-
-    settings = kind(**explicit_flags(a, [f.name for f in dataclasses.fields(kind)]))
-    validate_fields(settings)
-    return settings
-
-
-def _embedding_flags(p) -> None:
-    from .embeddings import POOLINGS
-
-    p.add_argument("--pooling", choices=POOLINGS, help="default: the folder's sentence-transformers pooling, "
-                                                             "else mean")
-    p.add_argument("--max-seq-length", type=positive_int, help="tokens read of a text (default: the folder's "
-                                                                "max_seq_length, else 512)")
-
-
 def _add_evaluate_parsers(sub) -> None:
+    from .api import evaluate_mlm
     from .config import PretrainDataConfig
-    from .tasks.classify import ClassifyConfig
-    from .tasks.ner import NerConfig
-    from .tasks.squad import SquadConfig
+    from .tasks import TASKS
 
     ev = sub.add_parser("evaluate", help="score predictions or a saved model")
     evs = ev.add_subparsers(dest="task", metavar="TASK", parser_class=_Parser)
     evs.required = True
-    q = evs.add_parser("squad", help="official SQuAD v1.1 exact match and F1")
-    q.add_argument("--data", required=True, help="SQuAD v1.1 JSON with reference answers")
-    q.add_argument("--predictions", help="predictions JSON {question id: answer}")
-    q.add_argument("--model", help="a fine-tuned question-answering model directory")
-    q.add_argument("--write-predictions", help="with --model: also write its predictions to this file")
-    q.add_argument("--max-seq-length", type=positive_int, help="default: 384, or the model's positions if fewer")
-    q.add_argument("--batch-size", type=positive_int, default=64)
-    q.add_argument("--overwrite", action="store_true", help="with --write-predictions: replace an existing file")
-    q.add_argument("--device", default="auto")
-    add_setting_flags(q, SquadConfig())
-    q.set_defaults(func=cmd_evaluate, api="evaluate_squad", settings_kind=SquadConfig)
-    c = evs.add_parser("classify", help="accuracy and macro-F1 of a classifier on a labelled file")
-    c.add_argument("--model", required=True)
-    c.add_argument("--data", required=True)
-    c.add_argument("--max-seq-length", type=positive_int, help="default: 128, or the model's positions if fewer")
-    c.add_argument("--batch-size", type=positive_int, default=64)
-    c.add_argument("--device", default="auto")
-    add_setting_flags(c, ClassifyConfig())
-    c.set_defaults(func=cmd_evaluate, api="evaluate_classifier", settings_kind=ClassifyConfig)
-    n = evs.add_parser("ner", help="entity precision, recall and F1 (seqeval) of a token classifier on a tagged file")
-    n.add_argument("--model", required=True)
-    n.add_argument("--data", required=True, help="CoNLL-style columns or JSONL of {tokens, tags}")
-    n.add_argument("--max-seq-length", type=positive_int, help="default: 128, or the model's positions if fewer")
-    n.add_argument("--batch-size", type=positive_int, default=64)
-    n.add_argument("--device", default="auto")
-    add_setting_flags(n, NerConfig(), only=("token_column", "tag_column", "labels_file", "strict"))
-    n.set_defaults(func=cmd_evaluate, api="evaluate_ner", settings_kind=NerConfig)
-    r = evs.add_parser("retrieval", help="MRR@10, recall@1/10 and nDCG@10 of a model's embeddings (or BM25)")
-    r.add_argument("--model", required=True, help="a BERT or sentence-transformers directory, or bm25 (BM25 through "
-                                                  "the bm25s library: k1 1.5, b 0.75, Lucene's idf, English stop "
-                                                  "words)")
-    r.add_argument("--data", required=True, help="a SQuAD JSON file (each question against every paragraph), a BEIR "
-                                                 "folder (corpus.jsonl, queries.jsonl, qrels/test.tsv) or a JSONL "
-                                                 "file of {query, positive} (against the distinct positives)")
-    r.add_argument("--batch-size", type=positive_int, default=64)
-    _embedding_flags(r)
-    r.add_argument("--device", default="auto")
-    r.set_defaults(func=cmd_evaluate, api="evaluate_retrieval", settings_kind=None)
+    for kind in TASKS.values():
+        p = evs.add_parser(kind.evaluate_name, help=kind.evaluate_help)
+        kind.evaluate_arguments(p)
+        p.set_defaults(func=cmd_evaluate, api=kind.evaluation(), settings_kind=kind.evaluate_settings)
     m = evs.add_parser("mlm", help="held-out masked-LM accuracy on a fixed protocol (any model with an MLM head)")
     m.add_argument("--model", required=True, help="a BERT directory with a masked-LM head, ours or transformers'")
     m.add_argument("--data", required=True, nargs="+", metavar="PATH", help="held-out text: .txt/.jsonl/.gz files")
@@ -403,140 +227,40 @@ def _add_evaluate_parsers(sub) -> None:
     m.add_argument("--max-blocks", type=positive_int, help="evaluate only the first N blocks")
     m.add_argument("--device", default="auto")
     add_setting_flags(m, PretrainDataConfig(), only=("text_field", "doc_separator"))
-    m.set_defaults(func=cmd_evaluate, api="evaluate_mlm", settings_kind=None)
+    m.set_defaults(func=cmd_evaluate, api=evaluate_mlm, settings_kind=None)
 
 
 # ------------------------------------------------------------------------------------------------ predict
-def _read_lines(path: str) -> list[str]:
-    from .files import read_text
-
-    lines = [line for line in read_text(path, "input file").splitlines() if line.strip()]
-    if not lines:
-        raise UserError(f"{path} has no lines")
-    return lines
-
-
-def _texts(a: argparse.Namespace) -> list[str]:
-    if a.input and a.text:
-        raise UserError("give texts or --input, not both")
-    if a.input:
-        if a.input.endswith((".tsv", ".csv", ".jsonl", ".json")):
-            from .tasks.classify import ClassifyConfig
-            from .tasks.classify import read_table, resolve_columns
-
-            rows = read_table(a.input)
-            columns = ClassifyConfig(text_column=getattr(a, "text_column", None))
-            col, _, _ = resolve_columns(rows, columns, a.input, need_label=False)
-            return [r[col] for r in rows]
-        return _read_lines(a.input)
-    if not a.text:
-        raise UserError("give at least one text, or --input FILE")
-    return a.text
-
-
-def _line(text: str, width: int = 100) -> str:
-    """A text as a table shows it: one line, shortened (a review of several paragraphs is one row; --json has it
-    whole)."""
-    text = " ".join(text.split())
-    return text if len(text) <= width else text[: width - 3] + "..."
-
-
-def _emit(a: argparse.Namespace, results: Any, table) -> None:
-    if a.json:
-        print(json.dumps(results, ensure_ascii=False))
-    else:
-        for line in table(results):
-            print(line)
-
-
-def cmd_predict_embed(a: argparse.Namespace) -> int:
-    from .api import embed
-
-    texts = _texts(a)
-    vecs = embed(a.model, texts, a.batch_size, a.device, a.pooling, a.max_seq_length)
-
-    def table(rows):
-        for t, v in zip(texts, rows):
-            head = " ".join(f"{x:+.3f}" for x in v[:4])
-            yield f"[{head} ...] ({len(v)} values, norm {float((v ** 2).sum()) ** 0.5:.3f})  {_line(t, 60)}"
-
-    _emit(a, vecs.tolist() if a.json else vecs, table)
-    return 0
-
-
-def cmd_predict_ner(a: argparse.Namespace) -> int:
-    from .predict import NerPipeline
-
-    texts = _texts(a)
-    p = NerPipeline(a.model, device=a.device, batch_size=a.batch_size, progress=progress_shown(None),
-                    max_seq_length=a.max_seq_length)
-    res = p(texts, aggregation_strategy=a.aggregation)
-
-    def table(rows):
-        for t, found in zip(texts, rows):
-            yield _line(t)
-            for x in found:
-                label = x.get("entity_group", x.get("entity"))
-                yield f"  {label:<14} {x['score']:.3f}  {x['word']}  ({x['start']}-{x['end']})"
-
-    _emit(a, res[0] if len(texts) == 1 and a.json else res, table)
-    return 0
-
-
 def cmd_predict(a: argparse.Namespace) -> int:
+    """``predict TASK``: a fine-tuning task's own rows, or a pretraining head's (fill-mask, next-sentence)."""
     from .predict import pipeline
+    from .tasks import TASKS
+    from .tasks.classify import input_texts
 
-    p = pipeline(a.task, a.model, device=a.device, batch_size=a.batch_size, progress=progress_shown(None),
-                 max_seq_length=getattr(a, "max_seq_length", None) if a.task == "classify" else None)
+    kind = next((t for t in TASKS.values() if t.predict_name == a.task), None)
+    if kind is not None:
+        kind.predict(a)
+        return 0
+    p = pipeline(a.task, a.model, device=a.device, batch_size=a.batch_size, progress=progress_shown(None))
     if a.task == "fill-mask":
-        texts = _texts(a)
+        texts = input_texts(a)
         res = p.per_mask(texts, top_k=a.top_k)  # one list per [MASK], whatever their number
 
         def table(rows):
             for t, masks in zip(texts, rows):
-                yield _line(t)
+                yield one_line(t)
                 for k, cands in enumerate(masks):
                     yield f"  [MASK] {k + 1}: " + "  ".join(f"{c['token_str']} {c['score']:.3f}" for c in cands)
 
-        _emit(a, [{"text": t, "masks": m} for t, m in zip(texts, res)] if a.json else res, table)
+        emit(a, [{"text": t, "masks": m} for t, m in zip(texts, res)] if a.json else res, table)
     elif a.task == "next-sentence":
         res = p(a.first, a.second)
-        _emit(a, res, lambda r: [f"{r['label']}  P(IsNext) = {r['is_next']:.3f}"])
-    elif a.task == "classify":
-        texts = _texts(a)
-        res = p(texts, top_k=a.top_k)
-
-        def table(rows):
-            for t, r in zip(texts, rows):
-                ranked = "  ".join(f"{x['label']} {x['score']:.3f}" for x in r) if a.top_k != 1 else None
-                yield f"{ranked}  {_line(t)}" if ranked else f"{r['label']:>12}  {r['score']:.3f}  {_line(t)}"
-
-        _emit(a, [{"text": t, **r} if a.top_k == 1 else {"text": t, "labels": r} for t, r in zip(texts, res)]
-              if a.json else res, table)
-    else:
-        from .tasks.squad import SquadConfig
-
-        cfg = _task_settings(a, SquadConfig)
-        if a.input:
-            if a.question is not None or a.context is not None:
-                raise UserError("give --question/--context or --input, not both")
-            from .tasks.squad import read_examples
-
-            examples, _ = read_examples(a.input)
-            res = p(examples=examples, squad=cfg, max_seq_length=a.max_seq_length)
-            _emit(a, res, lambda r: [f"{k}\t{v}" for k, v in r.items()])
-        else:
-            if a.question is None or a.context is None:  # given but empty: the pipeline says which
-                raise UserError("give --question and --context, or --input squad.json")
-            res = p(a.question, a.context, squad=cfg, max_seq_length=a.max_seq_length, top_k=a.top_k)
-            _emit(a, res, lambda r: [f"{x['answer']}  (score {x['score']:.2f}, characters {x['start']}-{x['end']})"
-                                     for x in (r if a.top_k > 1 else [r])])
+        emit(a, res, lambda r: [f"{r['label']}  P(IsNext) = {r['is_next']:.3f}"])
     return 0
 
 
 def _add_predict_parsers(sub) -> None:
-    from .tasks.squad import SquadConfig
-    from .predict import AGGREGATIONS
+    from .tasks import TASKS
 
     pr = sub.add_parser("predict", help="use a trained model: fill-mask, next-sentence, classify, qa, ner, embed")
     prs = pr.add_subparsers(dest="task", metavar="TASK", parser_class=_Parser)
@@ -558,39 +282,11 @@ def _add_predict_parsers(sub) -> None:
     common(ns)
     ns.add_argument("first")
     ns.add_argument("second")
-    c = prs.add_parser("classify", help="label probabilities")
-    common(c)
-    c.add_argument("--input", help="a .txt file (one text per line) or a .tsv/.csv/.jsonl file")
-    c.add_argument("--text-column")
-    c.add_argument("--max-seq-length", type=positive_int, help="tokens read of each text (default: 128, as "
-                                                                 "fine-tuning and evaluate classify read it)")
-    c.add_argument("--top-k", type=positive_int, default=1, help="the k most probable labels of each text")
-    c.add_argument("text", nargs="*")
-    q = prs.add_parser("qa", help="extractive question answering")
-    common(q)
-    q.add_argument("--question")
-    q.add_argument("--context")
-    q.add_argument("--input", help="a SQuAD v1.1 JSON file: predictions {id: answer}")
-    q.add_argument("--max-seq-length", type=positive_int, default=384)
-    q.add_argument("--top-k", type=positive_int, default=1, help="the k best answers to the question")
-    add_setting_flags(q, SquadConfig())
-    n = prs.add_parser("ner", help="named entities (as transformers' token-classification pipeline finds them)")
-    common(n)
-    n.add_argument("--input", help="a .txt file (one text per line) or a .tsv/.csv/.jsonl file")
-    n.add_argument("--text-column")
-    n.add_argument("--aggregation", choices=AGGREGATIONS, default="simple",
-                   help="how sub-tokens become entities, as transformers' aggregation_strategy")
-    n.add_argument("--max-seq-length", type=positive_int, help="tokens read of a text (default: 512, or the model's "
-                                                                "positions if fewer)")
-    n.add_argument("text", nargs="*")
-    n.set_defaults(func=cmd_predict_ner)
-    e = prs.add_parser("embed", help="sentence vectors (as SentenceTransformer.encode gives them)")
-    common(e)
-    e.add_argument("--input", help="a .txt file (one text per line) or a .tsv/.csv/.jsonl file")
-    e.add_argument("--text-column")
-    _embedding_flags(e)
-    e.add_argument("text", nargs="*")
-    e.set_defaults(func=cmd_predict_embed)
+    for kind in TASKS.values():
+        if kind.predict_name:
+            p = prs.add_parser(kind.predict_name, help=kind.predict_help)
+            common(p)
+            kind.predict_arguments(p)
 
 
 # ------------------------------------------------------------------------------------------------ parser
@@ -676,8 +372,8 @@ def cmd_demo(a: argparse.Namespace) -> int:
     from .demo import run_demo, summary_lines
 
     summary = run_demo(a.out, quick=a.quick, wordpiece=a.wordpiece, progress=progress_shown(a.progress), seed=a.seed)
-    for line in summary_lines(summary, a.out):
-        print(line)
+    for text in summary_lines(summary, a.out):
+        print(text)
     return 0
 
 

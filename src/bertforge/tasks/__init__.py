@@ -13,4 +13,21 @@ from .squad import SquadTask
 
 TASKS: dict[str, type[FinetuneTask]] = {t.name: t for t in (ClassificationTask, SquadTask, EmbedTask, NerTask)}
 
-__all__ = ["TASKS", "ClassificationTask", "EmbedTask", "FinetuneTask", "NerTask", "SquadTask"]
+
+def register(task: type[FinetuneTask]) -> type[FinetuneTask]:
+    """Add a fine-tuning task: the command line (``finetune``, ``evaluate``), the API and ``bench`` take it from
+    here (a class decorator, or a call)."""
+    TASKS[task.name] = task
+    return task
+
+
+def evaluation(name: str):
+    """The API function of ``evaluate NAME``."""
+    from ..errors import UserError
+
+    found = {t.evaluate_name: t for t in TASKS.values() if t.evaluate_name}
+    if name not in found:
+        raise UserError(f"unknown evaluation {name!r}; expected one of {', '.join([*found, 'mlm'])}")
+    return found[name].evaluation()
+
+__all__ = ["TASKS", "evaluation", "register", "ClassificationTask", "EmbedTask", "FinetuneTask", "NerTask", "SquadTask"]

@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 import numpy as np
 from tokenizers import Tokenizer
 
+from ..commands import add_setting_flags, positive_int
 from ..config import FinetuneConfig
 from ..models import BertConfig
 from ..errors import UserError
@@ -30,6 +31,53 @@ class FinetuneTask:
     defaults: ClassVar[dict[str, Any]] = {}  # this task's defaults of FinetuneConfig fields (by flat name)
     pipeline_tag: ClassVar[str] = ""  # the Hub's name of what the model does, for its card
     bench_files: ClassVar[tuple[str, str]] = ("", "")  # `bench --data-dir D`'s training and validation files in D
+    # ---- the command line's rows and the API's (cli.py and api.py loop over the tasks and name none)
+    help: ClassVar[str] = ""  # `finetune NAME`'s
+    printed: ClassVar[tuple[str, ...]] = ()  # the validation figures `finetune NAME` prints
+    evaluate_name: ClassVar[str] = ""  # `evaluate NAME`, the API's `evaluate(NAME, ...)`
+    evaluate_help: ClassVar[str] = ""
+    evaluate_settings: ClassVar[type | None] = None  # the settings dataclass whose flags `evaluate NAME` takes
+
+    @classmethod
+    def evaluation(cls) -> Callable[..., dict]:
+        """The API function of ``evaluate NAME``: the task's metrics of a saved model on a file."""
+        raise NotImplementedError
+
+    evaluate_data_help: ClassVar[str | None] = None  # what `evaluate NAME --data` reads
+    evaluate_flags: ClassVar[tuple[str, ...] | None] = None  # the settings `evaluate NAME` takes (None: all)
+
+    @classmethod
+    def evaluate_arguments(cls, p) -> None:
+        """``evaluate NAME``'s flags (argparse ``p``): by default ``--model``, ``--data``, ``--max-seq-length`` (the
+        task's length by default), ``--batch-size``, ``--device`` and :attr:`evaluate_settings`' flags."""
+        length = cls.defaults.get("max_seq_length", FinetuneConfig().data.max_seq_length)
+        p.add_argument("--model", required=True)
+        p.add_argument("--data", required=True, help=cls.evaluate_data_help)
+        p.add_argument("--max-seq-length", type=positive_int, help=f"default: {length}, or the model's positions if "
+                                                                   "fewer")
+        p.add_argument("--batch-size", type=positive_int, default=64)
+        p.add_argument("--device", default="auto")
+        if cls.evaluate_settings is not None:
+            add_setting_flags(p, cls.evaluate_settings(), only=cls.evaluate_flags)
+
+    predict_name: ClassVar[str] = ""  # `predict NAME`, the API's `pipeline(NAME, ...)`
+    predict_help: ClassVar[str] = ""
+    aliases: ClassVar[tuple[str, ...]] = ()  # transformers' names of the pipeline
+
+    @classmethod
+    def pipeline_class(cls) -> type:
+        """The task's pipeline (:class:`~bertforge.inference.Pipeline`): ``pipeline(NAME, model=DIR)``."""
+        raise NotImplementedError
+
+    @classmethod
+    def predict_arguments(cls, p) -> None:
+        """``predict NAME``'s flags and arguments (argparse ``p``) besides ``--model``, ``--json``, ``--batch-size``
+        and ``--device``."""
+
+    @classmethod
+    def predict(cls, a) -> None:
+        """``predict NAME``: print the predictions of the flags ``a`` (a table, or JSON with ``--json``)."""
+        raise NotImplementedError
 
     def __init__(self, settings: Any):
         self.settings = settings  # the task's own dataclass (ClassifyConfig, SquadConfig)

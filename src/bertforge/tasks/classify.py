@@ -10,14 +10,17 @@ import json
 import logging
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from tokenizers import Tokenizer
 
 from ..batching import pad_batch
-from ..config import FinetuneConfig, setting
-from ..errors import UserError, shown
+from ..commands import emit, one_line, positive_int, text_input_flags
+from ..config import FinetuneConfig, dataclass_from_dict, progress_shown, setting, validate_fields
+from ..errors import UserError, checked, shown
 from ..evaluation import by_length, classification_metrics
+from ..inference import Pipeline, labelled_head, paired
 from ..corpus import table_rows
 from ..files import json_lines, read_text
 from ..models import BertConfig, BertForSequenceClassification
@@ -106,6 +109,26 @@ def resolve_columns(rows: list[dict], cfg: ClassifyConfig, path: str,
     return text, pair, cfg.label_column
 
 
+def input_texts(a) -> list[str]:
+    """The texts of a ``predict`` command (``a``, its flags): those given, or ``--input``'s, a line each of a text
+    file, or the text column (``--text-column``) of a table."""
+    if a.input and a.text:
+        raise UserError("give texts or --input, not both")
+    if a.input:
+        if a.input.endswith((".tsv", ".csv", ".jsonl", ".json")):
+            rows = read_table(a.input)
+            col, _, _ = resolve_columns(rows, ClassifyConfig(text_column=getattr(a, "text_column", None)), a.input,
+                                        need_label=False)
+            return [r[col] for r in rows]
+        lines = [t for t in read_text(a.input, "input file").splitlines() if t.strip()]
+        if not lines:
+            raise UserError(f"{a.input} has no lines")
+        return lines
+    if not a.text:
+        raise UserError("give at least one text, or --input FILE")
+    return a.text
+
+
 def label_set(labels: list[str]) -> list[str]:
     """Labels in id order: numeric order when all are integers, else alphabetical."""
     uniq = set(labels)
@@ -173,6 +196,47 @@ class ClassificationTask(FinetuneTask):
     bench_files = ("sst2/train.tsv", "sst2/dev.tsv")
     plotted = [("accuracy", "accuracy"), ("macro_f1", "macro-F1")]
     defaults = {}
+
+    help = "sentence or sentence-pair classification (TSV, CSV, JSONL)"
+    printed = ("accuracy", "macro_f1", "loss")
+    evaluate_name = "classify"
+    evaluate_help = "accuracy and macro-F1 of a classifier on a labelled file"
+    evaluate_settings = ClassifyConfig
+
+    @classmethod
+    def evaluation(cls):
+        return evaluate_classifier
+
+    predict_name = "classify"
+    predict_help = "label probabilities"
+    aliases = ("text-classification", "sentiment-analysis")
+
+    @classmethod
+    def pipeline_class(cls) -> type:
+        return ClassifyPipeline
+
+    @classmethod
+    def predict_arguments(cls, p) -> None:
+        text_input_flags(p)
+        p.add_argument("--max-seq-length", type=positive_int, help="tokens read of each text (default: 128, as "
+                                                                   "fine-tuning and evaluate classify read it)")
+        p.add_argument("--top-k", type=positive_int, default=1, help="the k most probable labels of each text")
+        p.add_argument("text", nargs="*")
+
+    @classmethod
+    def predict(cls, a) -> None:
+        p = ClassifyPipeline(a.model, device=a.device, batch_size=a.batch_size, progress=progress_shown(None),
+                             max_seq_length=a.max_seq_length)
+        texts = input_texts(a)
+        res = p(texts, top_k=a.top_k)
+
+        def table(rows):
+            for t, r in zip(texts, rows):
+                ranked = "  ".join(f"{x['label']} {x['score']:.3f}" for x in r) if a.top_k != 1 else None
+                yield f"{ranked}  {one_line(t)}" if ranked else f"{r['label']:>12}  {r['score']:.3f}  {one_line(t)}"
+
+        emit(a, [{"text": t, **r} if a.top_k == 1 else {"text": t, "labels": r} for t, r in zip(texts, res)]
+             if a.json else res, table)
 
     def read(self, cfg: FinetuneConfig) -> None:
         self.train_rows, self.val_rows = self.split_validation(read_table(cfg.data.train_file), cfg, read_table)
@@ -251,3 +315,50 @@ def evaluate_classifier_model(path: str, data: str, task: ClassifyConfig, max_se
     res, _ = score(m.model, feats, y, special_ids(m.tokenizer).pad, m.device, batch_size)
     res["examples"] = len(rows)
     return res
+
+
+@checked(batch_size=1)
+def evaluate_classifier(model: str | os.PathLike, data: str | os.PathLike, max_seq_length: int | None = None,
+                        batch_size: int = 64, device: str = "auto", **columns: Any) -> dict:
+    """``bertforge evaluate classify``: accuracy, macro-F1 and loss of a fine-tuned classifier on ``data``;
+    ``columns``: ``text_column``, ``text_pair_column``, ``label_column``; ``max_seq_length`` by default 128, or
+    the model's positions when it has fewer."""
+
+    settings = dataclass_from_dict(ClassifyConfig(), columns, "evaluate_classifier's columns")
+    validate_fields(settings)
+    model, data = os.fspath(model), os.fspath(data)
+    return evaluate_classifier_model(model, data, settings, max_seq_length, batch_size, device)
+
+
+# ------------------------------------------------------------------------------------------------ pipeline
+class ClassifyPipeline(Pipeline):
+    task = "classify"
+    model_class = BertForSequenceClassification
+    head = ("classifier.weight", "classification head (classifier)", "fine-tune it with bertforge finetune classify")
+    default_length = 128  # as fine-tuning and evaluate classify cut a text: the same review, the same label
+
+    def _check(self, config: BertConfig) -> None:
+        labelled_head(self.dir, config, "ForSequenceClassification")
+
+    @checked(top_k=1)
+    def __call__(self, texts: str | list[str], pairs: str | list[str] | None = None, top_k: int | None = 1) -> Any:
+        """``{"label", "score", "probabilities": {label: p}}`` for a text (and ``pairs``, its second sentence),
+        or a list for lists; with another ``top_k`` (None: every label), as transformers' pipeline gives it: a
+        list of ``{"label", "score"}``, the most probable first."""
+        single = isinstance(texts, str)
+        texts, pairs = paired(texts, pairs, "pairs") if pairs is not None else ([texts] if single else texts, None)
+        labels = [self.config.id2label[i] for i in sorted(self.config.id2label)]
+
+        def fn(out, b):
+            rows = []
+            for p in out.logits.float().softmax(-1).tolist():
+                if top_k != 1:
+                    ranked = sorted(range(len(p)), key=lambda i: -p[i])[:top_k]
+                    rows.append([{"label": labels[i], "score": p[i]} for i in ranked])
+                    continue
+                k = int(np.argmax(p))
+                rows.append({"label": labels[k], "score": p[k], "probabilities": dict(zip(labels, p))})
+            return rows
+
+        res = self._run(self._encode(texts, pairs), fn)
+        return res[0] if single else res

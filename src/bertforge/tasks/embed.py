@@ -5,21 +5,34 @@ is also a sentence-transformers folder (:mod:`bertforge.embeddings`)."""
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from tokenizers import Tokenizer
 
 from ..batching import pad_batch
+from ..commands import emit, one_line, positive_int, text_input_flags
 from ..config import FinetuneConfig, setting
-from ..embeddings import EmbeddingSettings, encode, settings_of, tokenize, write_settings
-from ..errors import UserError
+from ..embeddings import POOLINGS, EmbeddingSettings, encode, settings_of, tokenize, write_settings
+from ..errors import UserError, checked, require_type
+from ..inference import Pipeline
+from ..loading import model_dir
 from ..models import BertConfig, BertModel
 from ..retrieval import Pair, RetrievalSet, evaluate, pairs_set, read_pairs
 from ..tokenizer import special_ids
 from .base import FinetuneTask
+from .classify import input_texts
 
 log = logging.getLogger("bertforge")
+
+
+def embedding_flags(p) -> None:
+    """The flags of a command that embeds texts with a model folder (``evaluate retrieval``, ``predict embed``)."""
+    p.add_argument("--pooling", choices=POOLINGS, help="default: the folder's sentence-transformers pooling, else mean")
+    p.add_argument("--max-seq-length", type=positive_int, help="tokens read of a text (default: the folder's "
+                                                                "max_seq_length, else 512)")
 
 
 @dataclass
@@ -44,6 +57,56 @@ class EmbedTask(FinetuneTask):
     pipeline_tag = "sentence-similarity"
     bench_files = ("squad/train-8k-v1.1.json", "squad/dev-v1.1.json")
     defaults = {}
+
+    help = ("sentence embeddings from query/passage pairs (JSONL, TSV or SQuAD JSON), in-batch negatives; the output "
+            "is also a sentence-transformers folder")
+    printed = ("mrr@10", "recall@1", "recall@10", "ndcg@10")
+    evaluate_name = "retrieval"
+    evaluate_help = "MRR@10, recall@1/10 and nDCG@10 of a model's embeddings (or BM25)"
+
+    @classmethod
+    def evaluation(cls):
+        return evaluate_retrieval
+
+    @classmethod
+    def evaluate_arguments(cls, p) -> None:
+        p.add_argument("--model", required=True, help="a BERT or sentence-transformers directory, or bm25 (BM25 "
+                                                      "through the bm25s library: k1 1.5, b 0.75, Lucene's idf, "
+                                                      "English stop words)")
+        p.add_argument("--data", required=True, help="a SQuAD JSON file (each question against every paragraph), a "
+                                                     "BEIR folder (corpus.jsonl, queries.jsonl, qrels/test.tsv) or a "
+                                                     "JSONL file of {query, positive} (against the distinct "
+                                                     "positives)")
+        p.add_argument("--batch-size", type=positive_int, default=64)
+        embedding_flags(p)
+        p.add_argument("--device", default="auto")
+
+    predict_name = "embed"
+    predict_help = "sentence vectors (as SentenceTransformer.encode gives them)"
+    aliases = ("feature-extraction", "sentence-similarity")
+
+    @classmethod
+    def pipeline_class(cls) -> type:
+        return EmbedPipeline
+
+    @classmethod
+    def predict_arguments(cls, p) -> None:
+        text_input_flags(p)
+        embedding_flags(p)
+        p.add_argument("text", nargs="*")
+
+    @classmethod
+    def predict(cls, a) -> None:
+        texts = input_texts(a)
+        vecs = EmbedPipeline(a.model, a.device, a.batch_size, max_seq_length=a.max_seq_length,
+                             pooling=a.pooling)(texts)
+
+        def table(rows):
+            for t, v in zip(texts, rows):
+                head = " ".join(f"{x:+.3f}" for x in v[:4])
+                yield f"[{head} ...] ({len(v)} values, norm {float((v ** 2).sum()) ** 0.5:.3f})  {one_line(t, 60)}"
+
+        emit(a, vecs.tolist() if a.json else vecs, table)
 
     def read(self, cfg: FinetuneConfig) -> None:
         dc = cfg.data
@@ -136,3 +199,45 @@ class EmbedTask(FinetuneTask):
 
 
 __all__ = ["EmbedTask", "Pair"]
+
+
+@checked(batch_size=1)
+def evaluate_retrieval(model: str | os.PathLike, data: str | os.PathLike, batch_size: int = 64, device: str = "auto",
+                       pooling: str | None = None, max_seq_length: int | None = None) -> dict:
+    """``bertforge evaluate retrieval``: MRR@10, recall@1, recall@10 and nDCG@10 (fractions) of ``model``'s
+    embeddings on ``data`` (a SQuAD JSON file: every question against every paragraph; a BEIR folder; a JSONL
+    file of ``{"query", "positive"}`` pairs against the distinct positives), by exact search; ``model="bm25"``
+    scores BM25 instead (:data:`bertforge.retrieval.BM25_SETTINGS`)."""
+    from ..retrieval import read_retrieval_set
+
+    data = os.fspath(data)
+    embed_texts = "bm25"
+    if os.fspath(model) != "bm25":
+        embed_texts = EmbedPipeline(model, device, batch_size, max_seq_length=max_seq_length, pooling=pooling)
+    elif pooling is not None or max_seq_length is not None:
+        raise UserError("--pooling and --max-seq-length are settings of an embedding model, not of bm25")
+    return evaluate(read_retrieval_set(data), embed_texts)
+
+
+# ------------------------------------------------------------------------------------------------ pipeline
+class EmbedPipeline(Pipeline):
+    task = "embed"
+    model_class = BertModel
+    head = ("embeddings.word_embeddings.weight", "encoder weights", "give a BERT directory")
+
+    def __init__(self, model: str | os.PathLike, device: str = "auto", batch_size: int = 32, progress: bool = False,
+                 max_seq_length: int | None = None, pooling: str | None = None):
+        self.settings = settings_of(model_dir(model), pooling)
+        self.default_length = self.settings.max_seq_length or Pipeline.default_length  # the folder's, as ST reads it
+        super().__init__(model, device, batch_size, progress, max_seq_length)
+
+    @checked
+    def __call__(self, texts: str | list[str]) -> np.ndarray:
+        """(C,) float32 vector of a text, or (N, C) of a list, cut at the folder's ``max_seq_length`` tokens."""
+        single = isinstance(texts, str)
+        texts = [texts] if single else list(texts)
+        for i, t in enumerate(texts):
+            require_type(t, str, f"texts[{i}]")
+        vecs = encode(self.model, tokenize(self.tok, texts, self.settings, self.max_length), self.sp.pad, self.device,
+                      self.settings, self.batch_size, self.task if self.progress else None)
+        return vecs[0] if single else vecs

@@ -15,19 +15,24 @@ import json
 import logging
 import os
 from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 import torch
 from tokenizers import Tokenizer
 
 from ..batching import pad_batch
-from ..config import FinetuneConfig, setting
-from ..errors import UserError, shown
+from ..commands import emit, one_line, positive_int, text_input_flags
+from ..config import FinetuneConfig, dataclass_from_dict, progress_shown, setting, validate_fields
+from ..errors import UserError, checked, shown
 from ..evaluation import by_length
+from ..inference import Pipeline, labelled_head
 from ..files import json_lines, read_text
 from ..loading import check_max_seq_length, for_folder, load_for_inference, model_dir
 from ..models import BertConfig, BertForTokenClassification
 from ..tokenizer import special_ids
 from .base import FinetuneTask, use_labels
+from .classify import input_texts
 
 log = logging.getLogger("bertforge")
 
@@ -261,6 +266,51 @@ class NerTask(FinetuneTask):
     bench_files = ("wnut16/train.conll", "wnut16/dev.conll")
     defaults = {"max_seq_length": 128}
 
+    help = "token classification (named entities) from CoNLL-style columns or JSONL; entity F1 by seqeval"
+    printed = ("f1", "precision", "recall", "accuracy")
+    evaluate_name = "ner"
+    evaluate_help = "entity precision, recall and F1 (seqeval) of a token classifier on a tagged file"
+    evaluate_settings = NerConfig
+    evaluate_data_help = "CoNLL-style columns or JSONL of {tokens, tags}"
+    evaluate_flags = ("token_column", "tag_column", "labels_file", "strict")
+
+    @classmethod
+    def evaluation(cls):
+        return evaluate_ner
+
+    predict_name = "ner"
+    predict_help = "named entities (as transformers' token-classification pipeline finds them)"
+    aliases = ("token-classification",)
+
+    @classmethod
+    def pipeline_class(cls) -> type:
+        return NerPipeline
+
+    @classmethod
+    def predict_arguments(cls, p) -> None:
+        text_input_flags(p)
+        p.add_argument("--aggregation", choices=AGGREGATIONS, default="simple",
+                       help="how sub-tokens become entities, as transformers' aggregation_strategy")
+        p.add_argument("--max-seq-length", type=positive_int, help="tokens read of a text (default: 512, or the "
+                                                                   "model's positions if fewer)")
+        p.add_argument("text", nargs="*")
+
+    @classmethod
+    def predict(cls, a) -> None:
+        texts = input_texts(a)
+        p = NerPipeline(a.model, device=a.device, batch_size=a.batch_size, progress=progress_shown(None),
+                        max_seq_length=a.max_seq_length)
+        res = p(texts, aggregation_strategy=a.aggregation)
+
+        def table(rows):
+            for t, found in zip(texts, rows):
+                yield one_line(t)
+                for x in found:
+                    label = x.get("entity_group", x.get("entity"))
+                    yield f"  {label:<14} {x['score']:.3f}  {x['word']}  ({x['start']}-{x['end']})"
+
+        emit(a, res[0] if len(texts) == 1 and a.json else res, table)
+
     def read(self, cfg: FinetuneConfig) -> None:
         train = read_ner(cfg.data.train_file, self.settings)
         self.train, self.val = self.split_validation(train, cfg, lambda p: read_ner(p, self.settings))
@@ -341,3 +391,123 @@ def evaluate_ner_model(path: str, data: str, settings: NerConfig, max_seq_length
 
 
 __all__ = ["NerTask", "Sentence", "evaluate_ner_model", "ner_metrics", "read_ner"]
+
+
+@checked(batch_size=1)
+def evaluate_ner(model: str | os.PathLike, data: str | os.PathLike, max_seq_length: int | None = None,
+                 batch_size: int = 64, device: str = "auto", **settings: Any) -> dict:
+    """``bertforge evaluate ner``: entity precision, recall and F1 (overall and ``per_type``, by seqeval) and token
+    accuracy of a fine-tuned token classifier on ``data``; ``settings``: ``token_column``, ``tag_column``,
+    ``labels_file``, ``strict``."""
+
+    cfg = dataclass_from_dict(NerConfig(), settings, "evaluate_ner's settings")
+    validate_fields(cfg)
+    return evaluate_ner_model(os.fspath(model), os.fspath(data), cfg, max_seq_length, batch_size, device)
+
+
+# ------------------------------------------------------------------------------------------------ pipeline
+AGGREGATIONS = ("none", "simple", "first", "average", "max")
+
+
+class NerPipeline(Pipeline):
+    """Entities as transformers' token-classification pipeline finds them: each sub-token's label
+    probabilities, then by ``aggregation_strategy``: ``none`` (every sub-token not labelled O), ``simple``
+    (adjacent sub-tokens of one type grouped), or ``first`` / ``average`` / ``max`` (a word's label from its
+    first sub-token, the mean of its sub-tokens' probabilities, or its most confident sub-token; then grouped).
+    Words are re-formed from the word pieces, offsets are characters of the given text."""
+
+    task = "ner"
+    model_class = BertForTokenClassification
+    head = ("classifier.weight", "token-classification head (classifier)", "fine-tune it with bertforge finetune ner")
+
+    def _check(self, config: BertConfig) -> None:
+        labelled_head(self.dir, config, "ForTokenClassification")
+
+    @checked
+    def __call__(self, texts: str | list[str], aggregation_strategy: str = "none") -> list:
+        """For a text, a list of ``{"entity", "score", "index", "word", "start", "end"}`` (``none``) or of
+        ``{"entity_group", "score", "word", "start", "end"}``; for a list of texts, a list of those."""
+        if aggregation_strategy not in AGGREGATIONS:
+            raise UserError(f"aggregation_strategy must be one of {', '.join(AGGREGATIONS)}, not "
+                            f"{shown(aggregation_strategy)}")
+        single = isinstance(texts, str)
+        texts = [texts] if single else list(texts)
+        encs = self._truncating.encode_batch(texts)
+        if any(e.overflowing for e in encs):
+            log.warning("input(s) longer than %d tokens were truncated", self.max_length)
+        feats = [{"input_ids": e.ids, "token_type_ids": e.type_ids} for e in encs]
+        logits = self._run(feats, lambda out, b: [row[: int(m.sum())].float().cpu().numpy()
+                                                  for row, m in zip(out.logits, b["attention_mask"])])
+        res = [self._entities(t, e, x, aggregation_strategy) for t, e, x in zip(texts, encs, logits)]
+        return res[0] if single else res
+
+    def _entities(self, text: str, enc, logits: np.ndarray, strategy: str) -> list[dict]:
+        scores = np.exp(logits - logits.max(-1, keepdims=True))
+        scores /= scores.sum(-1, keepdims=True)  # (T, labels)
+        word_aware = getattr(self.tok.model, "continuing_subword_prefix", None)
+        pieces = []
+        for i, (tid, (a, b), special) in enumerate(zip(enc.ids, enc.offsets, enc.special_tokens_mask)):
+            if special:
+                continue
+            piece, ref = self.tok.id_to_token(tid), text[a:b]
+            inside = len(piece) != len(ref) if word_aware else a > 0 and " " not in text[a - 1 : a + 1]
+            if tid == self.sp.unk:
+                piece, inside = ref, False
+            pieces.append({"word": piece, "scores": scores[i], "start": a, "end": b, "index": i, "inside": inside})
+        labels = self.config.id2label
+        if strategy in ("none", "simple"):
+            found = [{"entity": labels[int(p["scores"].argmax())], "score": float(p["scores"].max()),
+                      "index": p["index"], "word": p["word"], "start": p["start"], "end": p["end"]} for p in pieces]
+        else:
+            found = [self._word(group, strategy) for group in _words(pieces)]
+        if strategy != "none":
+            found = [self._group(g) for g in _groups(found)]
+        return [x for x in found if x.get("entity", x.get("entity_group")) != "O"]
+
+    def _text(self, pieces: list[str]) -> str:
+        """Word pieces as text, as the tokenizer's decoder joins them (transformers' convert_tokens_to_string)."""
+        return self.tok.decoder.decode(pieces) if self.tok.decoder is not None else " ".join(pieces)
+
+    def _word(self, pieces: list[dict], strategy: str) -> dict:
+        if strategy == "average":
+            scores = np.nanmean(np.stack([p["scores"] for p in pieces]), axis=0)
+        elif strategy == "first":
+            scores = pieces[0]["scores"]
+        else:  # the most confident piece's
+            scores = max(pieces, key=lambda p: p["scores"].max())["scores"]
+        k = int(scores.argmax())
+        return {"entity": self.config.id2label[k], "score": float(scores[k]),
+                "word": self._text([p["word"] for p in pieces]), "start": pieces[0]["start"], "end": pieces[-1]["end"]}
+
+    def _group(self, items: list[dict]) -> dict:
+        return {"entity_group": items[0]["entity"].split("-", 1)[-1],
+                "score": float(np.nanmean([x["score"] for x in items])),
+                "word": self._text([x["word"] for x in items]), "start": items[0]["start"], "end": items[-1]["end"]}
+
+
+def _words(pieces: list[dict]) -> list[list[dict]]:
+    """Pieces in runs of one word: a piece inside a word joins the run before it."""
+    runs: list[list[dict]] = []
+    for p in pieces:
+        if runs and p["inside"]:
+            runs[-1].append(p)
+        else:
+            runs.append([p])
+    return runs
+
+
+def _bio(label: str) -> tuple[str, str]:
+    """(B or I, type) of a label; one without a B-/I- prefix (O) continues as I."""
+    return (label[0], label[2:]) if label[:2] in ("B-", "I-") else ("I", label)
+
+
+def _groups(items: list[dict]) -> list[list[dict]]:
+    """Adjacent items of one type, a B- starting a new group."""
+    groups: list[list[dict]] = []
+    for x in items:
+        bi, kind = _bio(x["entity"])
+        if groups and bi != "B" and _bio(groups[-1][-1]["entity"])[1] == kind:
+            groups[-1].append(x)
+        else:
+            groups.append([x])
+    return groups

@@ -16,18 +16,21 @@ import json
 import logging
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from tokenizers import Tokenizer
 
 from ..batching import pad_batch
-from ..config import FinetuneConfig, setting
+from ..commands import add_setting_flags, emit, positive_int, task_settings
+from ..config import FinetuneConfig, dataclass_from_dict, progress_shown, setting, validate_fields
 from ..corpus import table_rows
-from ..errors import UserError, shown
+from ..errors import UserError, checked, require_type, shown
 from ..evaluation import by_length, squad_evaluate
+from ..inference import Pipeline, paired
 from ..atomic import atomic_write_text
 from ..files import read_json
-from ..models import BertForQuestionAnswering, head_class
+from ..models import BertConfig, BertForQuestionAnswering, head_class
 from ..loading import check_max_seq_length, for_folder, load_for_inference, model_dir, refuse_other_head
 from ..tokenizer import special_ids
 from .base import FinetuneTask
@@ -298,6 +301,62 @@ class SquadTask(FinetuneTask):
     plotted = [("exact_match", "exact match"), ("f1", "F1")]
     defaults = {"max_seq_length": 384, "epochs": 2, "batch_size": 16}
 
+    help = "SQuAD v1.1 extractive question answering"
+    printed = ("exact_match", "f1", "precision", "recall")
+    evaluate_name = "squad"
+    evaluate_help = "official SQuAD v1.1 exact match and F1"
+    evaluate_settings = SquadConfig
+
+    @classmethod
+    def evaluation(cls):
+        return evaluate_squad
+
+    @classmethod
+    def evaluate_arguments(cls, p) -> None:
+        p.add_argument("--data", required=True, help="SQuAD v1.1 JSON with reference answers")
+        p.add_argument("--predictions", help="predictions JSON {question id: answer}")
+        p.add_argument("--model", help="a fine-tuned question-answering model directory")
+        p.add_argument("--write-predictions", help="with --model: also write its predictions to this file")
+        p.add_argument("--max-seq-length", type=positive_int, help="default: 384, or the model's positions if fewer")
+        p.add_argument("--batch-size", type=positive_int, default=64)
+        p.add_argument("--overwrite", action="store_true", help="with --write-predictions: replace an existing file")
+        p.add_argument("--device", default="auto")
+        add_setting_flags(p, SquadConfig())
+
+    predict_name = "qa"
+    predict_help = "extractive question answering"
+    aliases = ("question-answering",)
+
+    @classmethod
+    def pipeline_class(cls) -> type:
+        return QAPipeline
+
+    @classmethod
+    def predict_arguments(cls, p) -> None:
+        p.add_argument("--question")
+        p.add_argument("--context")
+        p.add_argument("--input", help="a SQuAD v1.1 JSON file: predictions {id: answer}")
+        p.add_argument("--max-seq-length", type=positive_int, default=384)
+        p.add_argument("--top-k", type=positive_int, default=1, help="the k best answers to the question")
+        add_setting_flags(p, SquadConfig())
+
+    @classmethod
+    def predict(cls, a) -> None:
+        p = QAPipeline(a.model, device=a.device, batch_size=a.batch_size, progress=progress_shown(None))
+        cfg = task_settings(a, SquadConfig)
+        if a.input:
+            if a.question is not None or a.context is not None:
+                raise UserError("give --question/--context or --input, not both")
+            examples, _ = read_examples(a.input)
+            res = p(examples=examples, squad=cfg, max_seq_length=a.max_seq_length)
+            emit(a, res, lambda r: [f"{k}\t{v}" for k, v in r.items()])
+            return
+        if a.question is None or a.context is None:  # given but empty: the pipeline says which
+            raise UserError("give --question and --context, or --input squad.json")
+        res = p(a.question, a.context, squad=cfg, max_seq_length=a.max_seq_length, top_k=a.top_k)
+        emit(a, res, lambda r: [f"{x['answer']}  (score {x['score']:.2f}, characters {x['start']}-{x['end']})"
+                                for x in (r if a.top_k > 1 else [r])])
+
     def texts(self) -> list[str]:
         return [e.context + " " + e.question for e in self.train_ex]
 
@@ -376,3 +435,129 @@ def evaluate_predictions_file(data: str, predictions: str) -> dict:
         log.warning("%d of the %d questions of %s have no prediction in %s: another data file's predictions?",
                     res["unanswered"], res["questions"], data, predictions)
     return res
+
+
+@checked(batch_size=1)
+def evaluate_squad(data: str | os.PathLike, predictions: str | os.PathLike | None = None,
+                   model: str | os.PathLike | None = None, max_seq_length: int | None = None, batch_size: int = 64,
+                   device: str = "auto", write_predictions: str | os.PathLike | None = None, overwrite: bool = False,
+                   **settings: Any) -> dict:
+    """``bertforge evaluate squad``: official SQuAD v1.1 exact match and F1 of a predictions file, or of a
+    fine-tuned question-answering model's predictions (``max_seq_length`` by default 384, or the model's
+    positions when it has fewer)."""
+    from ..outputs import check_output_file
+
+    if bool(predictions) == bool(model):
+        raise UserError("give --predictions FILE or --model DIR (one of them)")
+    data = os.fspath(data)
+    predictions, write_predictions = (os.fspath(p) if p else p for p in (predictions, write_predictions))
+    if predictions:
+        return evaluate_predictions_file(data, predictions)
+    if write_predictions:
+        check_output_file(write_predictions, overwrite, "--write-predictions", inputs=(data,))
+    cfg = dataclass_from_dict(SquadConfig(), settings, "evaluate_squad's settings")
+    validate_fields(cfg)
+    return evaluate_squad_model(os.fspath(model), data, cfg, max_seq_length, batch_size, device, write_predictions)
+
+
+# ------------------------------------------------------------------------------------------------ pipeline
+class QAPipeline(Pipeline):
+    task = "qa"
+    model_class = BertForQuestionAnswering
+    head = ("qa_outputs.weight", "question-answering head (qa_outputs)", "fine-tune it with bertforge finetune squad")
+
+    def _check(self, config: BertConfig) -> None:
+        refuse_other_head(self.dir, head_class(config, self.model_class), config)
+
+    @checked(max_seq_length=3, top_k=1)
+    def __call__(self, *inputs: Any, question: str | list[str] | None = None, context: str | list[str] | None = None,
+                 examples: list | None = None, squad: SquadConfig | None = None, max_seq_length: int = 384,
+                 top_k: int = 1) -> Any:
+        """The calls of transformers' question-answering pipeline: ``qa(question, context)``,
+        ``qa(question=..., context=...)`` or ``qa({"question": ..., "context": ...})`` give ``{"answer",
+        "score" (the answer's probability), "start", "end" (character offsets in the context)}``, or with
+        ``top_k`` above 1 a list of up to ``top_k`` of them, the best first; lists of questions (with a context
+        each, or one for all) or a list of such dicts give a list of them.  ``examples``, a list of
+        :class:`~bertforge.tasks.squad.Example`, gives ``{id: answer}``."""
+        squad = squad or SquadConfig()
+        if examples is not None:
+            if inputs or question is not None or context is not None:
+                raise UserError("give examples, or questions and contexts, not both")
+            for i, ex in enumerate(examples):
+                require_type(ex, Example, f"examples[{i}]")
+            return {k: rows[0]["answer"] for k, rows in self._answer(examples, squad, max_seq_length, 1).items()}
+        pairs, single = _qa_inputs(inputs, question, context)
+        examples = [Example(str(i), q, c, []) for i, (q, c) in enumerate(pairs)]
+        answers = self._answer(examples, squad, max_seq_length, top_k)
+        res = [answers[ex.id] if top_k > 1 else answers[ex.id][0] for ex in examples]
+        return res[0] if single else res
+
+    def _answer(self, examples: list, squad: SquadConfig, max_seq_length: int, top_k: int) -> dict[str, list]:
+        """{id: [{"answer", "score", "start", "end"}, ...]}, the ``top_k`` best of each of ``examples``, the
+        answers widened to whole words."""
+        max_len = min(max_seq_length, self.max_length)
+        feats, _ = build_features(self.tok, examples, max_len, min(squad.doc_stride, max_len // 4),
+                                  squad.max_query_length, training=False)
+        s, e = qa_logits(self.model, feats, self.sp.pad, self.device, self.batch_size)
+        ranked: dict = {}
+        postprocess(examples, feats, s, e, squad.n_best, squad.max_answer_length, ranked=ranked, top_k=top_k)
+        found = {}
+        for ex in examples:  # whole words, as transformers' QA pipeline gives them (SQuAD scoring keeps the spans)
+            found[ex.id] = []
+            for score, span in ranked[ex.id]:
+                a, b = whole_words(ex.context, *span)
+                found[ex.id].append({"answer": ex.context[a:b] if a >= 0 else "", "score": score, "start": a,
+                                     "end": b})
+        return found
+
+
+
+
+def _qa_inputs(inputs: tuple, question, context) -> tuple[list[tuple[str, str]], bool]:
+    """((question, context) pairs, whether one question was asked) of a question-answering call, each checked:
+    two strings, ``question=`` and ``context=`` (strings, lists, or a list of questions and one context for
+    all, as transformers allows), a ``{"question", "context"}`` dict or a list of them."""
+    if inputs and (question is not None or context is not None):
+        raise UserError("give the question and context as arguments or as question= and context=, not both")
+    if len(inputs) == 2:
+        question, context = inputs
+    elif len(inputs) == 1 and isinstance(inputs[0], (dict, list, tuple)):
+        single = isinstance(inputs[0], dict)
+        items = [inputs[0]] if single else list(inputs[0])
+        for i, item in enumerate(items):
+            where = "the input" if single else f"input[{i}]"
+            if not isinstance(item, dict) or set(item) != {"question", "context"}:
+                raise UserError(f"{where} must be a dict of 'question' and 'context', not {shown(item)}")
+        return [_qa_pair(d["question"], d["context"], "" if single else f"[{i}]") for i, d in enumerate(items)], single
+    elif inputs:
+        raise UserError(f"qa takes a question and a context, question= and context=, or a dict of them or a list "
+                        f"of dicts, not {shown(inputs)}")
+    require_type(question, str | list[str], "question")
+    require_type(context, str | list[str], "context")
+    single = isinstance(question, str)
+    if isinstance(context, str) and not single:
+        context = [context] * len(question)
+    questions, contexts = paired(question, context, "context")
+    return [_qa_pair(q, c, "" if single else f"[{i}]") for i, (q, c) in enumerate(zip(questions, contexts))], single
+
+
+def _qa_pair(question, context, where: str) -> tuple[str, str]:
+    """(question, context), refused when either is no string or holds no text."""
+    for name, v in (("question", question), ("context", context)):
+        require_type(v, str, f"{name}{where}")
+        if not v.strip():
+            raise UserError(f"{name}{where} is empty" + ("; qa needs a text to find the answer in"
+                                                          if name == "context" else ""))
+    return question, context
+
+
+def whole_words(context: str, start: int, end: int) -> tuple[int, int]:
+    """The span [start, end) of ``context`` widened to whole words where it cuts one (subword tokens can
+    start or end inside a word: "##ing"); (-1, -1) stays as it is."""
+    if start < 0 or end <= start:
+        return start, end
+    while start > 0 and context[start - 1].isalnum() and context[start].isalnum():
+        start -= 1
+    while end < len(context) and context[end].isalnum() and context[end - 1].isalnum():
+        end += 1
+    return start, end
