@@ -1,14 +1,16 @@
 """bertforge: pretrain BERT from scratch and fine-tune it, in PyTorch.
 
 The Python API mirrors the commands (:mod:`bertforge.api`): :func:`train_tokenizer`, :func:`prepare`,
-:func:`run_pretraining`, :func:`run_finetuning`, :func:`evaluate_classifier`, :func:`evaluate_squad`,
-:func:`evaluate_retrieval`, :func:`evaluate_ner`, :func:`embed` and :func:`pipeline`;
+:func:`run_pretraining`, :func:`run_finetuning`, :func:`evaluate` (and, by their names of old,
+:func:`evaluate_classifier`, :func:`evaluate_squad`, :func:`evaluate_retrieval`, :func:`evaluate_ner`), :func:`embed`
+and :func:`pipeline`;
 the model classes load and save Hugging Face BERT directories (``from_pretrained`` /
 ``save_pretrained``).
 """
 
 from .api import (
     embed,
+    evaluate,
     evaluate_classifier,
     evaluate_mlm,
     evaluate_ner,
@@ -45,6 +47,7 @@ __all__ = [
     "load_tokenizer",
     "pipeline",
     "embed",
+    "evaluate",
     "evaluate_retrieval",
     "evaluate_ner",
     "train_tokenizer",

@@ -431,11 +431,9 @@ def _finetune_data(task: str, data_dir: str | None, train: str | None, tmp: str)
     wanted, validation = TASKS[task].bench_files
     if data_dir and os.path.isfile(os.path.join(data_dir, wanted)):
         return os.path.join(data_dir, wanted), os.path.join(data_dir, validation)
-    if task == "classify":
-        from .demo_corpus import write_sentiment
-
-        paths = write_sentiment(tmp, n_train=2000, seed=0)
-        return paths["train"], paths["validation"]
+    found = TASKS[task].bench_default_data(tmp)
+    if found is not None:
+        return found
     raise UserError(f"bench --task {task} needs --train FILE or --data-dir (holding {wanted})")
 
 
@@ -457,7 +455,7 @@ def run_finetune_bench(task: str, model: str | None = None, preset: str = "mini"
     transformers = _import_transformers()
     if task not in TASKS:
         raise UserError(f"bench --task must be pretrain, {' or '.join(TASKS)}, not {task!r}")
-    seq_len = seq_len or (384 if task == "squad" else 128)
+    seq_len = seq_len or TASKS[task].config().data.max_seq_length
     impl, dev, autocast = _backend(device, threads, precision)
     kind = TASKS[task]
     with tempfile.TemporaryDirectory() as tmp:
@@ -481,7 +479,7 @@ def run_finetune_bench(task: str, model: str | None = None, preset: str = "mini"
         f"{len(batches)} batches of {batch_size} from {os.path.basename(train_file)} (up to {seq_len} tokens, "
         f"{1 - sum(real) / padded:.0%} padding{', grouped by length' if group_by_length else ''})")
     logit_diff = _logit_difference(t, ours, theirs, batches[0])
-    rows = _finetune_rounds(engine, _step_of(t, theirs), opt_theirs, batches, real, batch_size, dev, autocast, steps,
+    rows = _finetune_rounds(engine, t.bench_step(theirs), opt_theirs, batches, real, batch_size, dev, autocast, steps,
                             rounds, out)
     ours_tps, theirs_tps, speedup = _medians(rows)
     res = {"device": str(dev), "task": task, "model": model or preset, "batch_size": batch_size,
@@ -496,7 +494,7 @@ def run_finetune_bench(task: str, model: str | None = None, preset: str = "mini"
 
 def _finetune_setup(kind, cfg, transformers, tmp: str, random_preset: str | None, arch: str, batch_size: int,
                     n_batches: int, group_by_length: bool, dev: torch.device):
-    """(the task, our model, transformers' model with the same weights (a SentenceTransformer for embed), the
+    """(the task, our model, the reference model with the same weights (:meth:`FinetuneTask.bench_reference`), the
     model's config, the batches on ``dev``) of the task ``kind`` as ``bertforge finetune`` reads and encodes it;
     with ``random_preset``, the model is that preset of family ``arch``, randomly initialised, written to
     ``cfg.model`` first."""
@@ -516,13 +514,7 @@ def _finetune_setup(kind, cfg, transformers, tmp: str, random_preset: str | None
     same = os.path.join(tmp, "same")
     ours.save_pretrained(same, tokenizer=tok)  # the same weights for transformers
     t.write_model(same, config)
-    if kind.name == "embed":
-        from sentence_transformers import SentenceTransformer
-
-        return t, ours, SentenceTransformer(same, device=str(dev)).train(), config, batches
-    hf_class = getattr(transformers, model_class.__name__)
-    theirs = hf_class.from_pretrained(same, attn_implementation="sdpa").to(dev).train()
-    return t, ours, theirs, config, batches
+    return t, ours, t.bench_reference(same, model_class, transformers, dev), config, batches
 
 
 def _random_model(t, folder: str, preset: str, arch: str) -> None:
@@ -560,54 +552,14 @@ def _finetune_batches(t, tok, cfg, batch_size: int, n_batches: int, group_by_len
 
 
 def _logit_difference(t, ours, theirs, batch: dict) -> float:
-    """The largest difference of the two models' logits on ``batch`` (at real positions for squad; the
-    queries' vectors for embed): the same model on the same batch, so they agree."""
+    """The largest difference of the two models' outputs on ``batch`` (:meth:`FinetuneTask.reference_difference`):
+    the same model on the same batch, so they agree."""
     with torch.no_grad():
         ours.eval(), theirs.eval()
         b = {k: v for k, v in batch.items() if k in ("input_ids", "token_type_ids", "attention_mask")}
-        if t.name == "embed":
-            from .embeddings import pool
-
-            o = pool(ours(**b).last_hidden_state, b["attention_mask"], t.embedding)
-            h = theirs(dict(b))["sentence_embedding"]
-            ours.train(), theirs.train()
-            return float((o - h).abs().max())
-        o, h = ours(**b), theirs(**b)
-        real_pos = b["attention_mask"].bool()
-        if t.name == "classify":
-            pairs = [(o.logits, h.logits)]
-        elif t.name == "ner":
-            pairs = [(o.logits[real_pos], h.logits[real_pos])]
-        else:
-            pairs = [(o.start_logits[real_pos], h.start_logits[real_pos]),
-                     (o.end_logits[real_pos], h.end_logits[real_pos])]
-        logit_diff = max(float((x.float() - y.float()).abs().max()) for x, y in pairs)
+        diff = t.reference_difference(ours, theirs, b)
         ours.train(), theirs.train()
-    return logit_diff
-
-
-def _step_of(t, theirs):
-    """What the reference trains on one of our batches: transformers' model, or for embed
-    sentence-transformers' model under its MultipleNegativesRankingLoss."""
-    return _RankingLossStep(theirs, t.settings.scale) if t.name == "embed" else theirs
-
-
-class _RankingLossStep(torch.nn.Module):
-    """sentence-transformers' MultipleNegativesRankingLoss (cosine, ``scale``) over a batch's queries and
-    positives, as a model whose output has the loss."""
-
-    def __init__(self, st, scale: float):
-        super().__init__()
-        from sentence_transformers.losses import MultipleNegativesRankingLoss
-
-        self.mnrl = MultipleNegativesRankingLoss(st, scale=scale)  # (holds the model: its parameters are ours here)
-
-    def forward(self, **b):
-        import types
-
-        sides = [{"input_ids": b[p + "input_ids"], "attention_mask": b[p + "attention_mask"],
-                  "token_type_ids": torch.zeros_like(b[p + "input_ids"])} for p in ("", "positive_")]
-        return types.SimpleNamespace(loss=self.mnrl(sides, None))
+    return diff
 
 
 def _finetune_rounds(engine: Engine, theirs, opt_theirs, batches: list[dict], real: list[int], batch_size: int,

@@ -294,6 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
     from . import __version__
     from .config import TOKENIZER_MODELS, PretrainDataConfig
     from .models import FAMILIES
+    from .tasks import TASKS
 
     p = _Parser(prog="bertforge", description="Pretrain BERT from scratch and fine-tune it.")
     p.add_argument("--version", action="version", version=f"bertforge {__version__}")
@@ -336,9 +337,9 @@ def build_parser() -> argparse.ArgumentParser:
     dm.set_defaults(func=cmd_demo)
 
     b = sub.add_parser("bench", help="pretraining, inference or fine-tuning speed against transformers, side by side")
-    b.add_argument("--task", default="pretrain", choices=("pretrain", "classify", "squad", "embed", "ner"),
-                   help="pretrain (training step and inference), or a fine-tuning step of classify, squad, ner or "
-                        "embed (against sentence-transformers)")
+    b.add_argument("--task", default="pretrain", choices=("pretrain", *TASKS),
+                   help="pretrain (training step and inference), or a fine-tuning task's step (against its "
+                        "reference library: transformers, or sentence-transformers for embeddings)")
     b.add_argument("--preset", default="mini")
     b.add_argument("--arch", choices=tuple(FAMILIES),
                    help="the model family of the random --preset model (default: bert; pretrain with a family "

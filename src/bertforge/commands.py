@@ -59,7 +59,8 @@ def add_setting_flags(p: argparse.ArgumentParser, cfg: Any, only: Sequence[str] 
             continue
         help_ = _setting_help(f, getattr(holder, f.name), (defaults or {}).get(name), (notes or {}).get(name))
         kw: dict[str, Any] = dict(dest=name, default=None, help=help_.replace("%", "%%"))
-        typ = str(f.type).replace(" | None", "")
+        # (a string under `from __future__ import annotations`, else the type itself: a plug-in's settings)
+        typ = (f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))).replace(" | None", "")
         if typ == "bool":
             kw["action"] = argparse.BooleanOptionalAction
         elif typ == "list[str]":

@@ -146,6 +146,27 @@ class FinetuneTask:
         """Write predictions into the output folder; return figures for metrics.json."""
         return {}
 
+    # ---- `bench --task NAME`: its fine-tuning step against the reference library's, on the same batches
+    @classmethod
+    def bench_default_data(cls, folder: str) -> tuple[str, str] | None:
+        """(training file, validation file) written to ``folder`` when no data is given (None: the task needs
+        some)."""
+        return None
+
+    def bench_reference(self, folder: str, model_class: type, transformers, device):
+        """The reference model of the bench: transformers' class of the same name, loaded from ``folder`` (our
+        model saved)."""
+        return getattr(transformers, model_class.__name__).from_pretrained(folder, attn_implementation="sdpa") \
+            .to(device).train()
+
+    def bench_step(self, theirs):
+        """What the reference trains on one of our batches (a model whose output has the loss)."""
+        return theirs
+
+    def reference_difference(self, ours, theirs, batch: dict) -> float:
+        """The largest difference of the two models' outputs on ``batch`` (in eval mode, without gradients)."""
+        return float((ours(**batch).logits.float() - theirs(**batch).logits.float()).abs().max())
+
     def train_figures(self) -> dict:
         """What the run trained on, for metrics.json (with validation data or without)."""
         return {}

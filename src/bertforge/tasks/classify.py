@@ -295,6 +295,13 @@ class ClassificationTask(FinetuneTask):
         majority = float(np.mean(self.y_val == np.bincount(self.y_train).argmax()))
         return {"majority_baseline_accuracy": majority, "validation_examples": len(self.y_val)}
 
+    @classmethod
+    def bench_default_data(cls, folder: str) -> tuple[str, str]:
+        from ..demo_corpus import write_sentiment
+
+        paths = write_sentiment(folder, n_train=2000, seed=0)  # the demo's sentiment sentences
+        return paths["train"], paths["validation"]
+
     def train_figures(self) -> dict:
         return {"train_examples": len(self.y_train)}
 

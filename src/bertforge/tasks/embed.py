@@ -194,6 +194,20 @@ class EmbedTask(FinetuneTask):
                 f"{e.max_seq_length} tokens a text; trained with in-batch negatives (MultipleNegativesRankingLoss), "
                 f"scale {s.scale:g}{', symmetric' if s.symmetric else ''}. Loads as `SentenceTransformer(folder)`.")
 
+    def bench_reference(self, folder: str, model_class: type, transformers, device):
+        from sentence_transformers import SentenceTransformer
+
+        return SentenceTransformer(folder, device=str(device)).train()
+
+    def bench_step(self, theirs):
+        return _RankingLossStep(theirs, self.settings.scale)
+
+    def reference_difference(self, ours, theirs, batch: dict) -> float:
+        from ..embeddings import pool
+
+        o = pool(ours(**batch).last_hidden_state, batch["attention_mask"], self.embedding)
+        return float((o - theirs(dict(batch))["sentence_embedding"]).abs().max())
+
     def train_figures(self) -> dict:
         return {"train_pairs": len(self.pairs)}
 
@@ -241,3 +255,21 @@ class EmbedPipeline(Pipeline):
         vecs = encode(self.model, tokenize(self.tok, texts, self.settings, self.max_length), self.sp.pad, self.device,
                       self.settings, self.batch_size, self.task if self.progress else None)
         return vecs[0] if single else vecs
+
+
+class _RankingLossStep(torch.nn.Module):
+    """sentence-transformers' MultipleNegativesRankingLoss (cosine, ``scale``) over a batch's queries and
+    positives, as a model whose output has the loss: what the bench's reference trains."""
+
+    def __init__(self, st, scale: float):
+        super().__init__()
+        from sentence_transformers.losses import MultipleNegativesRankingLoss
+
+        self.mnrl = MultipleNegativesRankingLoss(st, scale=scale)  # (holds the model: its parameters are ours here)
+
+    def forward(self, **b):
+        import types
+
+        sides = [{"input_ids": b[p + "input_ids"], "attention_mask": b[p + "attention_mask"],
+                  "token_type_ids": torch.zeros_like(b[p + "input_ids"])} for p in ("", "positive_")]
+        return types.SimpleNamespace(loss=self.mnrl(sides, None))

@@ -403,6 +403,11 @@ class SquadTask(FinetuneTask):
             json.dump(preds, f, indent=1, ensure_ascii=False)
         return {}
 
+    def reference_difference(self, ours, theirs, batch: dict) -> float:
+        o, h, real = ours(**batch), theirs(**batch), batch["attention_mask"].bool()
+        return max(float((x[real].float() - y[real].float()).abs().max())
+                   for x, y in ((o.start_logits, h.start_logits), (o.end_logits, h.end_logits)))
+
     def train_figures(self) -> dict:
         return {"train_questions": len(self.train_ex) - self.skipped, "skipped_train_questions": self.skipped,
                 "train_windows": self.n_windows}
