@@ -51,7 +51,7 @@ def train_st(model: str, train: str, out: str, seed: int, a) -> float:
     from sentence_transformers.losses import MultipleNegativesRankingLoss
     from sentence_transformers.training_args import BatchSamplers
 
-    from bertforge.retrieval import read_pairs
+    from bertforge.tasks.retrieval import read_pairs
 
     pairs, _ = read_pairs(train)
     st = SentenceTransformer(model, device="cpu")

@@ -15,8 +15,8 @@ from bertforge import BertConfig, BertForPreTraining, embed
 from bertforge.cli import main
 from bertforge.embeddings import EmbeddingSettings, read_settings, write_settings
 from bertforge.errors import UserError
-from bertforge.objectives.contrastive import _picking, _same
-from bertforge.retrieval import evaluate, metrics, pairs_set, read_pairs, read_retrieval_set, search
+from bertforge.tasks.contrastive import _picking, _same
+from bertforge.tasks.retrieval import evaluate, metrics, pairs_set, read_pairs, read_retrieval_set, search
 from bertforge.tokenizer import train_vocabulary
 
 from .helpers import killed_and_resumed, same_run, torchrun

@@ -351,7 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "under --data-dir)")
     b.add_argument("--group-by-length", action="store_true", help="fine-tuning tasks: batches of similar lengths")
     b.add_argument("--batch-size", type=positive_int, default=32)
-    b.add_argument("--seq-len", type=positive_int, help="default: 128 (384 for squad)")
+    b.add_argument("--seq-len", type=positive_int, help="default: 128, or the task's length")
     b.add_argument("--steps", type=positive_int, default=3, help="training steps per timed round")
     b.add_argument("--rounds", type=positive_int, default=7, help="alternating rounds (the median is reported)")
     b.add_argument("--vocab-size", type=positive_int, help="default: the tokenizer's with --tokenizer, else 30522")

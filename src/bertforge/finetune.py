@@ -37,7 +37,7 @@ from .embeddings import ST_FILES
 from .engine import Engine, LinearSchedule
 from .errors import TrainingError, UserError, shown
 from .lifecycle import TrainingRun, finish, preflight, run_folder, start_run
-from .loading import for_folder, warn_untrained_positions
+from .loading import check_max_seq_length, for_folder, warn_untrained_positions
 from .outputs import MODEL_FILES, register_output
 from .plots import plot_finetuning
 from .runfolder import COMMAND, CORPUS, SETTINGS_FILES, RunFolder
@@ -85,9 +85,7 @@ def finetune(task: FinetuneTask, cfg: FinetuneConfig, overwrite: bool = False, r
         tok = load_tokenizer(cfg.model)
         model_class, config = for_folder(cfg.model, task.model_class)  # the task's head, of the folder's family
         check_vocab_fits(tok, config.vocab_size, cfg.model)
-        if cfg.data.max_seq_length > config.max_position_embeddings:
-            raise UserError(f"--max-seq-length {cfg.data.max_seq_length} exceeds the model's "
-                            f"{config.max_position_embeddings} positions")
+        check_max_seq_length(config, cfg.data.max_seq_length, cfg.model)
         reinit_head = task.configure(config)
         features, collate = task.encode(tok, cfg)
         warn_untrained_positions(cfg.model, max((len(f["input_ids"]) for f in features), default=0), d)

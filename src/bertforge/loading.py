@@ -61,16 +61,18 @@ def refuse_other_head(path: str, model_class: type, config) -> None:
         raise UserError(f"{path} holds a {other} (its config.json says), not a question-answering model")
 
 
-def check_max_seq_length(config: BertConfig, max_seq_length: int | None, path: str, default: int = 512) -> int:
-    """``max_seq_length`` when the model in ``path`` (of ``config``) has positions for it; a UserError when it
-    does not (or is no integer of at least 3: [CLS], a token, [SEP]).  None: ``default``, or the model's
-    positions when it has fewer."""
+def check_max_seq_length(config: BertConfig, max_seq_length: int | None, path: str | None,
+                         default: int = 512) -> int:
+    """``max_seq_length`` when the model in ``path`` (of ``config``; None: a new model) has positions for it; a
+    UserError when it does not (or is no integer of at least 3: [CLS], a token, [SEP]): the one rule of every
+    command.  None: ``default``, or the model's positions when it has fewer."""
     if max_seq_length is None:
         return min(default, config.max_position_embeddings)
     require_type(max_seq_length, int, "--max-seq-length", at_least=3)
     if max_seq_length > config.max_position_embeddings:
+        where = f"the model in {path}" if path else "the model"
         raise UserError(f"--max-seq-length {max_seq_length} exceeds the {config.max_position_embeddings} positions of "
-                        f"the model in {path}; give --max-seq-length {config.max_position_embeddings} or less")
+                        f"{where}; give --max-seq-length {config.max_position_embeddings} or less")
     return max_seq_length
 
 

@@ -35,8 +35,9 @@ from . import vocabulary
 from .config import progress_shown
 from .corpus import iter_texts
 from .errors import UserError, shown
-from .models.initialization import local_attention_heads_, set_dropout, sinusoidal_positions_
+from .loading import check_max_seq_length
 from .models import FAMILIES, family, family_of, load_config
+from .models.initialization import local_attention_heads_, set_dropout, sinusoidal_positions_
 from .objectives import objective_class
 from .prepared import is_prepared, prepared_settings, tokenizer_fingerprint
 from .tokenizer import check_vocab_fits, load_tokenizer, special_ids, train_vocabulary
@@ -227,9 +228,7 @@ def pretraining_config(cfg, plan: StartPlan, tok):
     if plan.grow:  # --init's model, grown to the extended vocabulary by pretraining_objective
         config.vocab_size = tok.get_vocab_size(with_added_tokens=True)
     check_vocab_fits(tok, config.vocab_size, "--tokenizer and the model" if plan.continued else _vocab_pair(cfg))
-    if cfg.data.max_seq_length > config.max_position_embeddings:
-        raise UserError(f"--max-seq-length {cfg.data.max_seq_length} exceeds the model's max_position_embeddings "
-                        f"{config.max_position_embeddings}")
+    check_max_seq_length(config, cfg.data.max_seq_length, source)
     return config
 
 

@@ -53,7 +53,6 @@ from .lifecycle import TrainingRun, finish, preflight, run_folder, start_run
 from .models import load_config
 from .logs import rounded
 from .objectives import OBJECTIVES, objective_class
-from .objectives.mlm import new_head_said
 from .outputs import MODEL_FILES, Output, register_output
 from .plan import (StartPlan, pretraining_config, pretraining_objective, pretraining_plan, pretraining_tokenizer,
                    resolve_arch, take_prepared_reading)
@@ -202,7 +201,7 @@ class Pretraining(TrainingRun):
                  "tokens); batch %d = %d process(es) x %d accumulation x %d", type(model).__name__,
                  model.num_parameters() / 1e6, self.engine.device, len(data.train_docs), trained, len(data.eval_docs),
                  held, t.batch_size, self.d.world, t.grad_accum, data.micro)
-        for said in (recipe_said(self.cfg, model.config), new_head_said(model, self.cfg.model.init)):
+        for said in (recipe_said(self.cfg, model.config), self.objective.start_said(self.cfg.model.init)):
             if said:  # in train.log, which opens only now
                 log.info("%s", said)
         if self.cfg.model.add_vocab and self.d.is_main and not self.plan.continued:  # (a continued run said it,
@@ -256,7 +255,7 @@ class Pretraining(TrainingRun):
 
     def eval_estimate(self) -> float:
         """Its first batch evaluated and timed, times the number of batches (the held-out sequences can be
-        longer than the training ones); the random streams as they were (ELECTRA's generator samples)."""
+        longer than the training ones); the random streams as they were (an objective may sample from them)."""
         if not self.eval_set:
             return 0.0
         t0, sp = time.perf_counter(), self.data.masker.sp

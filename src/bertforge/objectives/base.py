@@ -80,6 +80,10 @@ class PretrainingObjective(nn.Module):
     def flops_per_token(self) -> float:
         raise NotImplementedError
 
+    def start_said(self, init: str | None) -> str | None:
+        """What the log says of the model this objective starts from (``init``: --init's folder), or None."""
+        return None
+
     def describe(self) -> tuple[str, str]:
         """(what the model was pretrained by, the transformers class that loads the saved model)."""
         raise NotImplementedError

@@ -70,6 +70,9 @@ class MaskedLM(PretrainingObjective):
         dc = self.cfg.data
         return flops_per_token(self.model.config, dc.max_seq_length, dc.mask_prob)
 
+    def start_said(self, init: str | None) -> str | None:
+        return new_head_said(self.model, init)
+
     def describe(self) -> tuple[str, str]:
         nsp = self.cfg.data.nsp
         what = "masked language modelling" + (" and next sentence prediction" if nsp else "")

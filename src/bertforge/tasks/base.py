@@ -119,7 +119,7 @@ class FinetuneTask:
 
     def objective(self, model, seed: int | None, world: int):
         """The module the engine trains around ``model``: the model's own loss, unless the task has another."""
-        from ..objectives.task import TaskLoss
+        from .loss import TaskLoss
 
         return TaskLoss(model, seed)
 

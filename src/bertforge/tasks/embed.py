@@ -1,5 +1,5 @@
 """Sentence embeddings: contrastive fine-tuning on query/passage pairs with in-batch negatives
-(:mod:`bertforge.objectives.contrastive`), validated by retrieval (MRR@10), saved as a BERT directory that
+(:mod:`bertforge.tasks.contrastive`), validated by retrieval (MRR@10), saved as a BERT directory that
 is also a sentence-transformers folder (:mod:`bertforge.embeddings`)."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from ..errors import UserError, checked, require_type
 from ..inference import Pipeline
 from ..loading import model_dir
 from ..models import BertConfig, BertModel
-from ..retrieval import Pair, RetrievalSet, evaluate, pairs_set, read_pairs
+from .retrieval import Pair, RetrievalSet, evaluate, pairs_set, read_pairs
 from ..tokenizer import special_ids
 from .base import FinetuneTask
 from .classify import input_texts
@@ -136,7 +136,7 @@ class EmbedTask(FinetuneTask):
         return [p.query + " " + p.positive for p in self.pairs]
 
     def objective(self, model, seed: int | None, world: int):
-        from ..objectives.contrastive import InBatchNegatives
+        from .contrastive import InBatchNegatives
 
         return InBatchNegatives(model, seed, self.embedding, self.settings.scale, self.settings.symmetric, world)
 
@@ -221,8 +221,8 @@ def evaluate_retrieval(model: str | os.PathLike, data: str | os.PathLike, batch_
     """``bertforge evaluate retrieval``: MRR@10, recall@1, recall@10 and nDCG@10 (fractions) of ``model``'s
     embeddings on ``data`` (a SQuAD JSON file: every question against every paragraph; a BEIR folder; a JSONL
     file of ``{"query", "positive"}`` pairs against the distinct positives), by exact search; ``model="bm25"``
-    scores BM25 instead (:data:`bertforge.retrieval.BM25_SETTINGS`)."""
-    from ..retrieval import read_retrieval_set
+    scores BM25 instead (:data:`bertforge.tasks.retrieval.BM25_SETTINGS`)."""
+    from .retrieval import read_retrieval_set
 
     data = os.fspath(data)
     embed_texts = "bm25"

@@ -333,7 +333,7 @@ class NerTask(FinetuneTask):
         return use_labels(config, self.labels)
 
     def objective(self, model, seed: int | None, world: int):
-        from ..objectives.task import TokenLoss
+        from .loss import TokenLoss
 
         return TokenLoss(model, seed)
 

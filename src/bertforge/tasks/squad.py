@@ -36,6 +36,7 @@ from ..tokenizer import special_ids
 from .base import FinetuneTask
 
 log = logging.getLogger("bertforge")
+MAX_SEQ_LENGTH = 384  # SQuAD's windows of question and context: BERT's and transformers' run_qa's
 
 
 @dataclass
@@ -299,7 +300,7 @@ class SquadTask(FinetuneTask):
     pipeline_tag = "question-answering"
     bench_files = ("squad/train-8k-v1.1.json", "squad/dev-v1.1.json")
     plotted = [("exact_match", "exact match"), ("f1", "F1")]
-    defaults = {"max_seq_length": 384, "epochs": 2, "batch_size": 16}
+    defaults = {"max_seq_length": MAX_SEQ_LENGTH, "epochs": 2, "batch_size": 16}
 
     help = "SQuAD v1.1 extractive question answering"
     printed = ("exact_match", "f1", "precision", "recall")
@@ -317,7 +318,8 @@ class SquadTask(FinetuneTask):
         p.add_argument("--predictions", help="predictions JSON {question id: answer}")
         p.add_argument("--model", help="a fine-tuned question-answering model directory")
         p.add_argument("--write-predictions", help="with --model: also write its predictions to this file")
-        p.add_argument("--max-seq-length", type=positive_int, help="default: 384, or the model's positions if fewer")
+        p.add_argument("--max-seq-length", type=positive_int, help=f"default: {MAX_SEQ_LENGTH}, or the model's "
+                                                                   "positions if fewer")
         p.add_argument("--batch-size", type=positive_int, default=64)
         p.add_argument("--overwrite", action="store_true", help="with --write-predictions: replace an existing file")
         p.add_argument("--device", default="auto")
@@ -336,7 +338,7 @@ class SquadTask(FinetuneTask):
         p.add_argument("--question")
         p.add_argument("--context")
         p.add_argument("--input", help="a SQuAD v1.1 JSON file: predictions {id: answer}")
-        p.add_argument("--max-seq-length", type=positive_int, default=384)
+        p.add_argument("--max-seq-length", type=positive_int, default=MAX_SEQ_LENGTH)
         p.add_argument("--top-k", type=positive_int, default=1, help="the k best answers to the question")
         add_setting_flags(p, SquadConfig())
 
@@ -417,7 +419,7 @@ def evaluate_squad_model(path: str, data: str, task: SquadConfig, max_seq_length
                          batch_size: int = 64, device: str = "auto", predictions_out: str | None = None) -> dict:
     """``bertforge evaluate squad --model``: official EM/F1 of a saved QA model on a SQuAD file."""
     model_class, config = for_folder(model_dir(path), BertForQuestionAnswering)
-    max_seq_length = check_max_seq_length(config, max_seq_length, path, default=384)
+    max_seq_length = check_max_seq_length(config, max_seq_length, path, default=MAX_SEQ_LENGTH)
     examples, data_list = read_examples(data)
     refuse_other_head(path, model_class, config)
     head = getattr(model_class, "head_weight", "qa_outputs.weight")
@@ -476,7 +478,7 @@ class QAPipeline(Pipeline):
 
     @checked(max_seq_length=3, top_k=1)
     def __call__(self, *inputs: Any, question: str | list[str] | None = None, context: str | list[str] | None = None,
-                 examples: list | None = None, squad: SquadConfig | None = None, max_seq_length: int = 384,
+                 examples: list | None = None, squad: SquadConfig | None = None, max_seq_length: int = MAX_SEQ_LENGTH,
                  top_k: int = 1) -> Any:
         """The calls of transformers' question-answering pipeline: ``qa(question, context)``,
         ``qa(question=..., context=...)`` or ``qa({"question": ..., "context": ...})`` give ``{"answer",

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .errors import UserError, shown
-from .files import json_lines, read_text
+from ..errors import UserError, shown
+from ..files import json_lines, read_text
 
 TOP_K = 10
 
@@ -50,7 +50,7 @@ def _is_squad(path: str) -> bool:
 def read_pairs(path: str) -> tuple[list[Pair], list[str] | None]:
     """(pairs in the file's order, the corpus when the file defines one: a SQuAD file's paragraphs)."""
     if _is_squad(path):
-        from .tasks.squad import read_examples
+        from .squad import read_examples
 
         examples, data = read_examples(path)
         corpus = [p["context"] for a in data for p in a["paragraphs"]]
