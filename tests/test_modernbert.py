@@ -749,7 +749,7 @@ def test_banded_attention_equals_the_dense_masked_attention(T, w):
     query, T a multiple of w or not, with padding."""
     import torch.nn.functional as F
 
-    from bertforge.models.modernbert import Band, additive, banded_attention
+    from bertforge.ops.windowed import Band, additive, banded_attention
 
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(3, 2, T, 8, generator=g) for _ in range(3))
