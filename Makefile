@@ -19,7 +19,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PY) -m pip install -q --disable-pip-version-check --no-compile -e '.[test]' $(TORCH_PIN)
 	@# Bytecode for what bertforge imports only (pip would compile every file of the dependencies, one at a
 	@# time), also where the host sets PYTHONDONTWRITEBYTECODE: without it each process compiles its imports.
-	env -u PYTHONDONTWRITEBYTECODE $(PY) -c 'import bertforge.cli, bertforge.pretrain, bertforge.finetune'
+	env -u PYTHONDONTWRITEBYTECODE $(PY) -c 'import bertforge.cli, bertforge.train.pretrain, bertforge.train.finetune'
 	touch $@
 
 demo: install

@@ -332,10 +332,10 @@ def cmd_matmul(dtype: str, seconds: float) -> None:
 # the first epoch's instances) and SQuAD's features run on the CPU before training; the training loop builds
 # each batch while the accelerator waits for it.
 TIMERS = (("bertforge.data", "PretrainingData", "__init__", "tokenize_seconds"),
-          ("bertforge.pretrain", "Pretraining", "next_batches", "data_seconds"),
+          ("bertforge.train.pretrain", "Pretraining", "next_batches", "data_seconds"),
           ("bertforge.tasks.squad", "SquadTask", "read", "read_seconds"),
           ("bertforge.tasks.squad", "SquadTask", "encode", "features_seconds"),
-          ("bertforge.finetune", "FineTuning", "next_batches", "data_seconds"))
+          ("bertforge.train.finetune", "FineTuning", "next_batches", "data_seconds"))
 
 
 def _epochs(data) -> dict:

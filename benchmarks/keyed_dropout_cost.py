@@ -18,7 +18,7 @@ from bertforge.bench import pretraining_batch
 from bertforge.config import ImplConfig, PretrainConfig, PretrainModelConfig, TrainConfig
 from bertforge.models import BertConfig
 from bertforge.devices import resolve_device, setup_backend
-from bertforge.engine import Engine
+from bertforge.train.engine import Engine
 from bertforge.models.initialization import set_dropout
 from bertforge.models import BertForPreTraining
 from bertforge.models.modernbert import ModernBertConfig, ModernBertForMaskedLM

@@ -11,7 +11,7 @@ import argparse
 from torch.profiler import ProfilerActivity, profile
 
 import bertforge.bench as bench
-from bertforge.engine import Engine
+from bertforge.train.engine import Engine
 
 
 def main() -> None:

@@ -28,7 +28,7 @@ def run(root: str) -> None:
     os.environ["BERTFORGE_THREADS"] = "1"
     os.environ["BERTFORGE_CACHE"] = os.path.join(root, "cache")
     from bertforge.cli import main
-    from bertforge.demo_corpus import write_story_corpus
+    from bertforge.demo.corpus import write_story_corpus
 
     corpus, tok = os.path.join(root, "corpus"), os.path.join(root, "tok")
     os.makedirs(corpus, exist_ok=True)

@@ -3,7 +3,7 @@ and document-end arrays that the cache of commit 1b969d3 built from them with al
 
 ``tests/test_prepare.py`` checks ``bertforge prepare`` against these digests.  They were made by running this
 file with that commit's source first on the path (``PYTHONPATH=OLD/src python tests/reference_corpora.py``),
-which prints them; only the standard library and ``bertforge.demo_corpus`` (unchanged since) are used to
+which prints them; only the standard library and ``bertforge.demo.corpus`` (unchanged since) are used to
 write the inputs.
 """
 
@@ -62,7 +62,7 @@ def _text(rng: random.Random, paragraphs: int) -> str:
 def write_mixed(folder: str, seed: int = 0) -> list[str]:
     """A folder of every text format pretraining reads in its default mode: JSONL (one document a line, an
     empty one among them), plain text (one file, one document), gzipped JSONL and text."""
-    from bertforge.demo_corpus import write_story_corpus
+    from bertforge.demo.corpus import write_story_corpus
 
     rng = random.Random(seed)
     os.makedirs(folder, exist_ok=True)

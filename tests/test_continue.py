@@ -63,7 +63,7 @@ def test_init_alone_trains_and_records_the_continue_recipe(inputs, tmp_path, cap
 
 def test_the_continue_recipe_trains_with_the_models_own_dropout_and_starting_values(inputs, tmp_path):
     from bertforge.ops import Dropout
-    from bertforge.plan import Given, pretraining_objective, start_plan
+    from bertforge.train.plan import Given, pretraining_objective, start_plan
 
     cfg = pretrain_settings(str(tmp_path / "o"), str(inputs / "corpus.jsonl"), init=str(inputs / "headed"))
     model = pretraining_objective(cfg, start_plan(Given(init=True)), BertConfig.load(str(inputs / "headed")), None).model
@@ -118,7 +118,7 @@ def test_resume_keeps_the_continue_recipe(inputs, tmp_path, capsys):
 
 def test_a_missing_masked_lm_head_starts_tied_at_berts_initialisation_and_the_log_says_so(inputs, tmp_path,
                                                                                           minilm_dir):
-    from bertforge.plan import Given, pretraining_objective, start_plan
+    from bertforge.train.plan import Given, pretraining_objective, start_plan
 
     bare, out = str(inputs / "bare"), tmp_path / "run"
     assert main(_pretrain(inputs, out, "--init", bare, "--max-steps", "1")) == 0

@@ -97,7 +97,7 @@ def test_a_runs_own_files_are_never_its_input(tmp_path, capsys):
     import shutil
 
     from bertforge.cli import main
-    from bertforge.demo_corpus import write_story_corpus
+    from bertforge.demo.corpus import write_story_corpus
 
     from .helpers import tiny_pretrain
 
@@ -140,7 +140,7 @@ def test_every_command_that_reads_a_folder_passes_over_bertforge_outputs_inside_
     from bertforge import corpus, prepared
     from bertforge.cli import main
     from bertforge.outputs import MARKER
-    from bertforge.demo_corpus import write_story_corpus
+    from bertforge.demo.corpus import write_story_corpus
 
     from .helpers import tiny_pretrain
 

@@ -38,7 +38,7 @@ from bertforge.bench import pretraining_batch
 from bertforge.cli import main
 from bertforge.config import ImplConfig, TrainConfig
 from bertforge.devices import autocast_context, resolve_device, setup_backend
-from bertforge.engine import build_optimizer, param_groups
+from bertforge.train.engine import build_optimizer, param_groups
 from bertforge.ops import layout as P
 from bertforge.ops.layout import Layout
 from bertforge.ops.rows import pretraining_losses
@@ -346,7 +346,7 @@ def test_compiled_objective_equals_eager_on_cuda(report):
     import time
 
     from bertforge.config import PretrainConfig
-    from bertforge.engine import maybe_compile
+    from bertforge.train.engine import maybe_compile
     from bertforge.objectives import MaskedLM
 
     torch.manual_seed(0)

@@ -73,7 +73,7 @@ def test_instance_statistics_on_gutenberg(gutenberg):
 
 def test_segments_are_whole_sentences_until_truncated():
     """A segment starts and ends on sentence boundaries unless it had to be truncated to fit."""
-    from bertforge.demo_corpus import generate_stories
+    from bertforge.demo.corpus import generate_stories
     from bertforge.tokenizer import from_vocab
 
     stories = generate_stories(30, seed=1)

@@ -7,8 +7,8 @@ import time
 from dataclasses import replace
 
 from bertforge.cli import main
-from bertforge.demo import DemoSettings
-from bertforge.demo_corpus import (
+from bertforge.demo.run import DemoSettings
+from bertforge.demo.corpus import (
     LAUGHED,
     LOVED,
     NEGATIVE,

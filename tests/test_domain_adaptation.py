@@ -14,7 +14,7 @@ import pathlib
 import subprocess
 import sys
 
-from bertforge.demo_corpus import generate_stories, sentiment_split
+from bertforge.demo.corpus import generate_stories, sentiment_split
 
 from .conftest import data_path
 

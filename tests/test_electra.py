@@ -16,7 +16,7 @@ from bertforge.checkpoint import list_checkpoints, load_checkpoint
 from bertforge.cli import main
 from bertforge.config import TrainConfig
 from bertforge.models import BertConfig
-from bertforge.engine import build_optimizer
+from bertforge.train.engine import build_optimizer
 from bertforge.models.electra import ElectraForMaskedLM, ElectraPretraining, generator_config, sample
 from bertforge.ops.dropout import DropoutKeys
 from .helpers import tiny_pretrain, torchrun

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from bertforge.config import ImplConfig, TrainConfig
-from bertforge.engine import Engine, LinearSchedule, NonFiniteLoss, TrainState
+from bertforge.train.engine import Engine, LinearSchedule, NonFiniteLoss, TrainState
 
 
 def _model():

@@ -88,7 +88,7 @@ def test_evaluate_mlm_equals_transformers_on_the_same_masked_tokens(tmp_path, ca
 
     transformers = pytest.importorskip("transformers")
     from bertforge.corpus import iter_documents
-    from bertforge.demo_corpus import write_story_corpus
+    from bertforge.demo.corpus import write_story_corpus
     from bertforge.evaluation import mlm_blocks
     from bertforge.tokenizer import load_tokenizer, save_tokenizer, train_vocabulary
 

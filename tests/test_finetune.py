@@ -313,7 +313,7 @@ def test_default_learning_rate_follows_the_models_width(setup, tmp_path):
 
 
 SLOW_STEPS = """import sys, time
-from bertforge.engine import Engine
+from bertforge.train.engine import Engine
 step = Engine.step
 Engine.step = lambda self, *args, **kw: (time.sleep(0.3), step(self, *args, **kw))[1]  # time to signal it mid-run
 from bertforge.cli import main
@@ -387,7 +387,7 @@ def test_validation_is_optional_a_split_of_the_training_file_or_a_slice(setup, t
 
 def test_fine_tuning_checkpoints_by_time_without_save_every(setup, tmp_path, monkeypatch, capsys):
     import bertforge.checkpoint as ckpt
-    import bertforge.lifecycle as lifecycle
+    import bertforge.train.lifecycle as lifecycle
 
     saved, save = [], ckpt.save_checkpoint
     monkeypatch.setattr(ckpt, "save_checkpoint", lambda out, step, *a, **kw: saved.append(step) or save(out, step, *a, **kw))

@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from bertforge.cli import main
-from bertforge.demo_corpus import generate_stories, sentiment_split, write_story_corpus
+from bertforge.demo.corpus import generate_stories, sentiment_split, write_story_corpus
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 STAGES = ["env", "tests", "bench_mini", "bench_base", "bench_modern_1k", "bench_modern_8k", "pretrain", "squad"]

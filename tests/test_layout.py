@@ -90,5 +90,5 @@ def test_model_file_holds_no_kernels_and_inference_no_training():
             reached.add(m)
             todo.append(m)
     assert "bertforge.tasks.squad" in reached  # the walk does follow function-level imports
-    for training in ("bertforge.engine", "bertforge.finetune", "bertforge.pretrain"):
+    for training in ("bertforge.train.engine", "bertforge.train.finetune", "bertforge.train.pretrain"):
         assert training not in reached, training

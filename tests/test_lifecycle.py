@@ -1,4 +1,4 @@
-"""The run's lifecycle on a toy :class:`~bertforge.lifecycle.TrainingRun` (a linear regression, no data files, no
+"""The run's lifecycle on a toy :class:`~bertforge.train.lifecycle.TrainingRun` (a linear regression, no data files, no
 BERT): what every command's run inherits, tested once at the seam, in-process and in milliseconds: a signal
 stops the run after a whole step with a checkpoint of it, and the run resumed from it ends exactly as the
 uninterrupted one; ``save_every`` means the same for every command; a non-finite loss names the last good
@@ -16,7 +16,7 @@ import sys
 import pytest
 import torch
 
-import bertforge.lifecycle as lifecycle
+import bertforge.train.lifecycle as lifecycle
 from bertforge import checkpoint as ckpt
 from bertforge.devices import Dist
 from bertforge.errors import TrainingError
@@ -113,12 +113,12 @@ def test_a_timed_run_ends_on_time_with_its_final_evaluation_and_no_steps_in_the_
                                                                                               monkeypatch):
     """--max-time bounds the whole run, and the time its evaluations take shortens what is left of the
     learning rate's decay instead of cutting it in steps (an evaluation here costs as much as 30 steps)."""
-    import bertforge.engine
+    import bertforge.train.engine
 
     from . import toy_run
 
     clock = VirtualClock()
-    for module in (lifecycle, bertforge.engine, toy_run):
+    for module in (lifecycle, bertforge.train.engine, toy_run):
         monkeypatch.setattr(module, "time", clock)
     (tmp_path / "o").mkdir()
     run = ToyRun(tmp_path / "o", toy_train(max_steps=None, max_time=2.0, eval_every=50, save_every=0),

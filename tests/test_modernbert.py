@@ -549,7 +549,7 @@ def test_the_family_comes_from_init_and_another_arch_is_refused(small_text_corpu
 
 def test_the_modernbert_base_preset_names_its_family():
     from bertforge.config import PretrainConfig
-    from bertforge.plan import resolve_arch
+    from bertforge.train.plan import resolve_arch
 
     cfg = PretrainConfig()
     cfg.model.preset = "modernbert-base"

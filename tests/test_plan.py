@@ -8,7 +8,7 @@ import itertools
 import pytest
 
 from bertforge.errors import UserError
-from bertforge.plan import Given, StartPlan, start_plan
+from bertforge.train.plan import Given, StartPlan, start_plan
 
 FLAGS = ("resume", "checkpointed", "saved_tokenizer", "prepared", "tokenizer", "init", "add_vocab", "model_config")
 

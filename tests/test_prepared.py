@@ -242,7 +242,7 @@ def test_bad_input_is_one_error_naming_the_line(minilm_dir, tmp_path, monkeypatc
 def test_torchrun_ranks_wait_for_the_preparation_outside_any_collective(minilm_dir, tmp_path):
     """Two processes, a process-group timeout shorter than the preparation: one prepares, the other waits on
     the lock file, and the run succeeds (the old barrier failed here)."""
-    from bertforge.demo_corpus import write_story_corpus
+    from bertforge.demo.corpus import write_story_corpus
 
     corpus = write_story_corpus(tmp_path / "stories.jsonl", n_docs=2000)
     # the preparation made 8 s longer than it is (tests/slow_prepare.py), the timeout 4 s: both margins hold on

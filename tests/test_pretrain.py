@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from bertforge.checkpoint import list_checkpoints, load_checkpoint
 from bertforge.cli import main
-from bertforge.engine import LinearSchedule
+from bertforge.train.engine import LinearSchedule
 from .helpers import tiny_pretrain, torchrun
 
 
@@ -158,7 +158,7 @@ def test_a_kill_at_any_instant_of_a_save_resumes_to_the_uninterrupted_run(fault,
 def test_a_save_killed_midway_leaves_the_previous_checkpoint(small_text_corpus, story_tok_dir, tmp_path, monkeypatch):
     out = tmp_path / "run"
     assert main(["--quiet", *_args(small_text_corpus, story_tok_dir, out, "--max-steps", "10", "--save-every", "5", "--eval-every", "0")]) == 0
-    import bertforge.pretrain as pt
+    import bertforge.train.pretrain as pt
 
     real_save = torch.save
 
@@ -175,7 +175,7 @@ def test_a_save_killed_midway_leaves_the_previous_checkpoint(small_text_corpus, 
     assert not [n for n in os.listdir(out / "checkpoints") if n.startswith(".")]  # the half-written folder is gone
     from bertforge import BertConfig, BertForPreTraining
     from bertforge.config import TrainConfig
-    from bertforge.engine import build_optimizer
+    from bertforge.train.engine import build_optimizer
 
     model = BertForPreTraining(BertConfig.load(str(out)))
     engine_state, state = load_checkpoint(list_checkpoints(str(out))[-1][1], model)
@@ -324,7 +324,7 @@ def test_compiled_objective_equals_eager():
     from bertforge.bench import pretraining_batch
     from bertforge.config import ImplConfig, PretrainConfig
     from bertforge.models import BertConfig
-    from bertforge.engine import maybe_compile
+    from bertforge.train.engine import maybe_compile
     from bertforge.models import BertForPreTraining
     from bertforge.objectives import MaskedLM
 
@@ -408,7 +408,7 @@ def test_the_budget_recipe_is_the_default_and_bert_is_one_flag_away(small_text_c
 
 def test_budget_training_runs_without_dropout_and_saves_the_models_own(monkeypatch, small_text_corpus, story_tok_dir, tmp_path):
     """``--dropout`` is pretraining's: the model trains with it and config.json keeps the model's dropout."""
-    from bertforge import pretrain
+    from bertforge.train import pretrain
     from bertforge.ops import Dropout
 
     seen = []

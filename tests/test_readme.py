@@ -13,7 +13,7 @@ import shlex
 import pytest
 
 from bertforge.cli import main
-from bertforge.demo_corpus import write_story_corpus
+from bertforge.demo.corpus import write_story_corpus
 
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
 

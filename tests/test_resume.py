@@ -195,7 +195,7 @@ def test_a_damaged_checkpoint_written_again_on_resume_leaves_nothing_behind(dama
 def test_a_restarted_run_keeps_the_vocabulary_it_had_trained(inputs, tmp_path, capsys, monkeypatch):
     """A run that trained its own vocabulary and was killed before its first checkpoint starts again with that
     vocabulary (read from its folder), not with one trained again."""
-    import bertforge.plan as plan_mod
+    import bertforge.train.plan as plan_mod
 
     out = tmp_path / "run"
     args = [a for a in _args(inputs, out)[1:] if a != str(inputs / "tok")]
@@ -215,7 +215,7 @@ def test_a_restarted_run_keeps_the_vocabulary_it_had_trained(inputs, tmp_path, c
 
 def _interrupted_fine_tune(tmp_path) -> tuple[list[str], pathlib.Path]:
     """(the command, its output) of a fine-tuning run stopped at its end, after its checkpoints."""
-    import bertforge.finetune as finetune_mod
+    import bertforge.train.finetune as finetune_mod
 
     from .helpers import tiny_model_dir
 
@@ -303,7 +303,7 @@ def test_a_run_killed_after_its_final_checkpoint_is_finished_by_resume(inputs, t
 def test_ctrl_c_during_the_final_evaluation_lets_the_run_finish(inputs, tmp_path, capsys, monkeypatch):
     """The stop handler holds through the end: a run without a checkpoint yet (--save-every 0) that gets Ctrl-C
     while it evaluates its last step finishes and keeps its output, instead of being removed."""
-    import bertforge.pretrain as pretrain
+    import bertforge.train.pretrain as pretrain
 
     evaluate = pretrain.Pretraining.evaluate
 

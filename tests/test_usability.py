@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 import bertforge
 from bertforge.cli import main
-from bertforge.demo_corpus import generate_stories
+from bertforge.demo.corpus import generate_stories
 
 from .helpers import tiny_model_dir, tiny_pretrain
 

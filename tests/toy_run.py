@@ -1,4 +1,4 @@
-"""A toy :class:`~bertforge.lifecycle.TrainingRun` (a linear regression on a fixed random table: no data files, no
+"""A toy :class:`~bertforge.train.lifecycle.TrainingRun` (a linear regression on a fixed random table: no data files, no
 BERT) on which the tests check once, at the seam, what every command's run inherits: signals, saves and their
 fault points, exact resumption, timed ends and torchrun.
 
@@ -19,9 +19,9 @@ import torch
 
 from bertforge.config import ImplConfig, TrainConfig
 from bertforge.devices import Dist, init_distributed
-from bertforge.engine import Engine, LinearSchedule
+from bertforge.train.engine import Engine, LinearSchedule
 from bertforge.errors import TrainingError
-from bertforge.lifecycle import TrainingRun
+from bertforge.train.lifecycle import TrainingRun
 
 
 class Linear(torch.nn.Linear):

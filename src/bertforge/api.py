@@ -79,7 +79,7 @@ def run_pretraining(out: str | os.PathLike, data: list[str | os.PathLike] | str 
     """``bertforge pretrain``: settings by their flag names (``preset``, ``tokenizer``, ``max_steps``,
     ``max_time="30m"``, ``batch_size``, ``lr``, ...), over a YAML/JSON ``config`` file if given, over the
     saved configuration on ``resume``.  Returns the final metrics (also in ``out/metrics.json``)."""
-    from .pretrain import pretrain
+    from .train.pretrain import pretrain
     from .settings import pretrain_settings
 
     out, data, config, settings = _paths(out), _paths(data, listed=True), _paths(config), _paths(settings)
@@ -95,7 +95,7 @@ def run_finetuning(task: str, model: str | os.PathLike = "", train: str | os.Pat
     file if given (or a run's ``finetune_config.json``), the task's own defaults for the rest; ``resume``
     continues an interrupted run from its newest checkpoint.  Returns the best evaluation's metrics (also in
     ``out/metrics.json``)."""
-    from .finetune import finetune
+    from .train.finetune import finetune
     from .settings import finetune_settings
     from .tasks import TASKS
 

@@ -3,7 +3,7 @@
 ``--task pretrain`` (the default) times pretraining and inference; ``--task classify|squad|embed`` a fine-tuning
 step (:func:`run_finetune_bench`; embed's against sentence-transformers' MultipleNegativesRankingLoss step).
 
-Training: a full pretraining step exactly as ``bertforge pretrain`` runs it (:meth:`bertforge.engine.Engine.step`
+Training: a full pretraining step exactly as ``bertforge pretrain`` runs it (:meth:`bertforge.train.engine.Engine.step`
 with the masked-LM objective, :class:`bertforge.objectives.MaskedLM`: forward with dropout masks keyed by
 sequence on the CPU, backward, clipping, fused AdamW) against ``transformers.BertForPreTraining`` (SDPA
 attention, AdamW, clipping) on the same masked batch held in memory: random tokens, or with ``text`` and
@@ -35,11 +35,11 @@ import torch
 
 from .config import ImplConfig, PretrainConfig, TrainConfig
 from .devices import autocast_context, resolve_device, setup_backend
-from .engine import Engine, build_optimizer
 from .errors import UserError
-from .models.flops import flops_per_token
 from .models import FAMILIES, BertConfig, BertForPreTraining, BertModel, family
+from .models.flops import flops_per_token
 from .objectives import MaskedLM
+from .train.engine import Engine, build_optimizer
 
 
 def matmul_peak(device: torch.device, seconds: float = 0.5, sizes: tuple[int, ...] = (1024, 2048, 4096),
@@ -122,7 +122,7 @@ def _inference_batches(B: int, vocab: int, data_dir: str | None, n_batches: int)
             sentences = [line.split("\t")[0] for line in f.read().splitlines()[1:]]
         source = "SST-2 dev sentences"
     if sentences is None:
-        from .demo_corpus import generate_stories
+        from .demo.corpus import generate_stories
 
         sentences = [" ".join(s[i : i + 2]) for s in generate_stories(400, seed=3) for i in range(0, len(s), 2)]
     from .tokenizer import train_vocabulary

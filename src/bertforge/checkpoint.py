@@ -253,7 +253,7 @@ def _save_weights(tensors: dict[str, torch.Tensor], path: str, metadata: dict | 
 def save_checkpoint(out: str, step: int, model, engine_state: dict, run_state: dict, keep: int,
                     extra_weights: dict[str, dict[str, torch.Tensor]] | None = None) -> str:
     """Write checkpoint ``step`` atomically and keep only the newest ``keep``: the weights, the engine's state
-    (:meth:`~bertforge.engine.Engine.state_dict`: the optimizer in ``optimizer.pt``, the rest with the run's own
+    (:meth:`~bertforge.train.engine.Engine.state_dict`: the optimizer in ``optimizer.pt``, the rest with the run's own
     ``run_state`` in ``trainer_state.pt``), and each of ``extra_weights`` as ``NAME.safetensors``."""
     final = os.path.join(out, CHECKPOINTS, f"step-{step:08d}")
     state = {**engine_state["train"], "rng": engine_state["rng"], "generators": engine_state["generators"],
@@ -288,7 +288,7 @@ def _read(path: str) -> tuple[dict, dict, dict]:
 
 
 def _engine_state(opt_state: dict, state: dict) -> dict:
-    """The engine's part of a checkpoint, as :meth:`~bertforge.engine.Engine.load_state_dict` takes it."""
+    """The engine's part of a checkpoint, as :meth:`~bertforge.train.engine.Engine.load_state_dict` takes it."""
     # TrainState's keys, as the save flattened them in (an untimed run's older checkpoints have no time_progress)
     train = {k: state[k] for k in ("step", "elapsed", "time_progress", "tokens_seen", "meters") if k in state}
     return {"optimizer": opt_state, "train": train, "rng": state["rng"], "generators": state["generators"],

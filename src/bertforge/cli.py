@@ -171,7 +171,7 @@ def cmd_finetune(a: argparse.Namespace) -> int:
 
 def _add_finetune_parsers(sub) -> None:
     from .config import finetune_lr_rule
-    from .lifecycle import SAVE_INTERVAL
+    from .train.lifecycle import SAVE_INTERVAL
     from .tasks import TASKS
 
     ft = sub.add_parser("finetune", help="fine-tune a BERT: classification, SQuAD, embeddings, NER")
@@ -370,7 +370,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_demo(a: argparse.Namespace) -> int:
-    from .demo import run_demo, summary_lines
+    from .demo.run import run_demo, summary_lines
 
     summary = run_demo(a.out, quick=a.quick, wordpiece=a.wordpiece, progress=progress_shown(a.progress), seed=a.seed)
     for text in summary_lines(summary, a.out):
@@ -432,7 +432,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .atomic import path_shown, write_failure
 
     modelcard.COMMAND = modelcard.command_line(list(sys.argv[1:] if argv is None else argv))  # for the model cards
-    from .lifecycle import sigterm_as_interrupt
+    from .train.lifecycle import sigterm_as_interrupt
 
     try:  # one signal handler for every command: SIGTERM cleans up as Ctrl-C does (a training loop: StopSignals)
         with _file_size_limit_as_error(), sigterm_as_interrupt():

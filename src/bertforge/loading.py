@@ -15,9 +15,9 @@ from tokenizers import Tokenizer
 
 from .checkpoint import has_weight
 from .config import ImplConfig
-from .models import BertConfig, family, for_folder, load_config
 from .devices import resolve_device
 from .errors import UserError, require_type
+from .models import BertConfig, family, for_folder, load_config
 from .tokenizer import check_vocab_fits, load_tokenizer
 
 log = logging.getLogger("bertforge")
@@ -106,7 +106,7 @@ def load_for_inference(path: str | os.PathLike, model_class: type, device: str =
 def pretrained_length(model_dir: str) -> int | None:
     """The longest sequence ``bertforge pretrain`` trained the model in ``model_dir`` on, when it trained it
     from its start (positions beyond it are still at their starting values); None when unknown."""
-    from .runfolder import RunFolder
+    from .train.runfolder import RunFolder
 
     try:
         saved = RunFolder(model_dir, "pretrain").saved()

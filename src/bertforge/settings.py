@@ -40,7 +40,7 @@ from .config import (
 )
 from .errors import UserError, shown
 from .models import family
-from .runfolder import COMMAND, CORPUS, RunFolder
+from .train.runfolder import COMMAND, CORPUS, RunFolder
 
 log = logging.getLogger("bertforge")
 
@@ -50,7 +50,7 @@ def pretrain_settings(out: str, data: list[str] | str | None = None, resume: boo
                       **settings: Any) -> PretrainConfig:
     """The configuration of ``bertforge pretrain``: the recipe's defaults (or, on ``resume``, the run saved
     in ``out``), then the ``config`` file's settings, then ``settings`` (flat names, as the flags)."""
-    from .lifecycle import recover
+    from .train.lifecycle import recover
 
     recover(out)  # (an output an interrupted run left aside is back before a file of it is read: --config's)
     from_file = sectioned_settings(read_config_file(config), PretrainConfig.SECTIONS) if config else {}
@@ -243,7 +243,7 @@ def finetune_settings(task: str, model: str = "", train: str = "", validation: s
     """(configuration, the task's own settings) of ``bertforge finetune TASK``: the task's defaults, then
     the ``config`` file's, then ``settings`` (flat names, as the flags); the arguments name the model, the
     files and the output folder (over the file's)."""
-    from .lifecycle import recover
+    from .train.lifecycle import recover
     from .tasks import TASKS
 
     if task not in TASKS:

@@ -3,7 +3,7 @@
 An objective (:class:`~bertforge.objectives.base.PretrainingObjective`) is the module the engine trains: it
 builds its model, computes the loss of a micro-batch, says what a step adds to the log, evaluates, saves
 its outputs, counts its FLOPs and describes itself on the model card.  The pretraining loop
-(:mod:`bertforge.pretrain`) names none of them; it asks :func:`objective_class` for the one a run
+(:mod:`bertforge.train.pretrain`) names none of them; it asks :func:`objective_class` for the one a run
 chose, and :func:`bertforge.loading.masked_lm` asks each whether a directory is its masked LM.
 
 * ``mlm`` (:mod:`.mlm`): masked language modelling, with next sentence prediction when asked (BERT's).

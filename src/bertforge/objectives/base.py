@@ -6,13 +6,13 @@ import torch
 import torch.nn as nn
 
 from ..config import PretrainConfig
-from ..models import BertConfig
 from ..evaluation import evaluate_pretraining
+from ..models import BertConfig
 
 
 class PretrainingObjective(nn.Module):
     """The module the engine trains around ``model`` (what checkpoints hold): an
-    :class:`~bertforge.engine.Objective` (``forward``, :meth:`counts`, :meth:`loss`).  On the CPU, with ``seed``,
+    :class:`~bertforge.train.engine.Objective` (``forward``, :meth:`counts`, :meth:`loss`).  On the CPU, with ``seed``,
     dropout masks are keyed by (seed, ``step``, each sequence's index in the epoch: the batch's
     ``sequence_ids``), so that they do not depend on how sequences are split among processes and micro-batches
     (on CUDA the fused attention kernels draw their own).
@@ -31,7 +31,7 @@ class PretrainingObjective(nn.Module):
     @classmethod
     def build(cls, cfg: PretrainConfig, config: BertConfig, from_init: bool) -> PretrainingObjective:
         """The objective around a new model (``from_init``: --init's weights), built from the current random
-        state (:func:`bertforge.plan.pretraining_objective`)."""
+        state (:func:`bertforge.train.plan.pretraining_objective`)."""
         raise NotImplementedError
 
     @classmethod

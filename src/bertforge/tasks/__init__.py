@@ -1,7 +1,7 @@
 """Fine-tuning tasks: sentence (pair) classification, SQuAD v1.1 extractive question answering, sentence
 embeddings, and token classification (named entities).
 
-Each is a :class:`~bertforge.tasks.base.FinetuneTask` that the one runner (:mod:`bertforge.finetune`)
+Each is a :class:`~bertforge.tasks.base.FinetuneTask` that the one runner (:mod:`bertforge.train.finetune`)
 trains; their data handling is also what evaluation and prediction use.
 """
 

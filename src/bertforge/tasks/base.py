@@ -1,4 +1,4 @@
-"""What a fine-tuning task supplies to the one runner (:func:`bertforge.finetune.finetune`).
+"""What a fine-tuning task supplies to the one runner (:func:`bertforge.train.finetune.finetune`).
 
 Tasks import nothing of training, so that inference (:mod:`bertforge.predict`) can use their data
 handling (SQuAD windows and post-processing) without the training engine.
@@ -14,12 +14,12 @@ from tokenizers import Tokenizer
 
 from ..commands import add_setting_flags, positive_int
 from ..config import FinetuneConfig
-from ..models import BertConfig
 from ..errors import UserError
+from ..models import BertConfig
 
 
 class FinetuneTask:
-    """What a task supplies to :func:`~bertforge.finetune.finetune`.  Called in this order: ``read`` (before
+    """What a task supplies to :func:`~bertforge.train.finetune.finetune`.  Called in this order: ``read`` (before
     any model is loaded), ``configure``, ``encode``, then ``evaluate`` after every epoch, ``write_outputs`` at
     the end."""
 

@@ -18,13 +18,13 @@ from tokenizers import Tokenizer
 from ..batching import pad_batch
 from ..commands import emit, one_line, positive_int, text_input_flags
 from ..config import FinetuneConfig, dataclass_from_dict, progress_shown, setting, validate_fields
+from ..corpus import table_rows
 from ..errors import UserError, checked, shown
 from ..evaluation import by_length, classification_metrics
-from ..inference import Pipeline, labelled_head, paired
-from ..corpus import table_rows
 from ..files import json_lines, read_text
-from ..models import BertConfig, BertForSequenceClassification
+from ..inference import Pipeline, labelled_head, paired
 from ..loading import check_max_seq_length, for_folder, load_for_inference, model_dir
+from ..models import BertConfig, BertForSequenceClassification
 from ..tokenizer import special_ids
 from .base import FinetuneTask, use_labels
 
@@ -297,7 +297,7 @@ class ClassificationTask(FinetuneTask):
 
     @classmethod
     def bench_default_data(cls, folder: str) -> tuple[str, str]:
-        from ..demo_corpus import write_sentiment
+        from ..demo.corpus import write_sentiment
 
         paths = write_sentiment(folder, n_train=2000, seed=0)  # the demo's sentiment sentences
         return paths["train"], paths["validation"]

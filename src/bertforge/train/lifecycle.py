@@ -4,7 +4,7 @@ resume, interruption, and the final metrics, model card and plots.
 
 A command subclasses :class:`TrainingRun` with what is its own (its data, its objective, its evaluation and
 what its checkpoints add to the engine's state) and calls :meth:`TrainingRun.fit`.  The engine
-(:mod:`bertforge.engine`) owns the step and its state; :mod:`bertforge.checkpoint` writes and reads it.
+(:mod:`bertforge.train.engine`) owns the step and its state; :mod:`bertforge.checkpoint` writes and reads it.
 
 A checkpoint holds everything that decides the rest of the run (weights, optimizer moments, every process's
 random state, the data position, the step, the logging meters), so that a run killed at any point and
@@ -28,16 +28,16 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from . import checkpoint as ckpt
-from . import modelcard
-from .config import ImplConfig, TrainConfig, progress_shown
-from .devices import Dist, init_distributed, resolve_device, setup_backend
-from .engine import Engine, NonFiniteLoss
-from .errors import TrainingError, UserError
-from .atomic import (atomic_write_json, creating, missing_folders, remove_folders,
+from .. import checkpoint as ckpt
+from .. import modelcard
+from ..atomic import (atomic_write_json, creating, missing_folders, remove_folders,
                      remove_stale_temporaries, writing)
-from .outputs import Output, marker_kind, write_marker
-from .logs import MetricsLog, duration, file_log, log_step, rounded
+from ..config import ImplConfig, TrainConfig, progress_shown
+from ..devices import Dist, init_distributed, resolve_device, setup_backend
+from ..errors import TrainingError, UserError
+from ..logs import MetricsLog, duration, file_log, log_step, rounded
+from ..outputs import Output, marker_kind, write_marker
+from .engine import Engine, NonFiniteLoss
 from .runfolder import RunFolder
 
 log = logging.getLogger("bertforge")
@@ -263,7 +263,7 @@ SAVE_INTERVAL = 15 * 60
 
 
 class TrainingRun:
-    """One training run on one :class:`~bertforge.engine.Engine`.  Subclasses give:
+    """One training run on one :class:`~bertforge.train.engine.Engine`.  Subclasses give:
 
     * :meth:`next_batches`: this process's micro-batches of the next step;
     * :meth:`record`: what a step adds to the meters; :meth:`log_line`: the logged row and its text;

@@ -1,6 +1,6 @@
 """``bertforge pretrain``: pretraining by any objective of :mod:`bertforge.objectives`, with evaluation,
 plots, atomic checkpoints, exact resume, and DistributedDataParallel under ``torchrun``; the run's life is
-:mod:`bertforge.lifecycle`'s.
+:mod:`bertforge.train.lifecycle`'s.
 
 Output folder layout::
 
@@ -39,28 +39,29 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
-from . import checkpoint as ckpt
-from . import modelcard, vocabulary
-from .atomic import atomic_write_json
-from .batching import to_device
-from .config import PretrainConfig
-from .data import PretrainingData
-from .devices import Dist
+from .. import checkpoint as ckpt
+from .. import modelcard
+from .. import vocabulary
+from ..atomic import atomic_write_json
+from ..batching import to_device
+from ..config import PretrainConfig
+from ..data import PretrainingData
+from ..devices import Dist
+from ..errors import UserError, shown
+from ..evaluation import fill_mask_samples
+from ..logs import rounded
+from ..models import load_config
+from ..objectives import OBJECTIVES, objective_class
+from ..outputs import MODEL_FILES, Output, register_output
+from ..plots import plot_pretraining
+from ..prepared import tokenizer_fingerprint
+from ..settings import as_run, check_resumed, recipe_said, say_schedule_changed
+from ..tokenizer import load_tokenizer, save_tokenizer, special_ids
 from .engine import Engine, LinearSchedule
-from .errors import UserError, shown
-from .evaluation import fill_mask_samples
 from .lifecycle import TrainingRun, finish, preflight, run_folder, start_run
-from .models import load_config
-from .logs import rounded
-from .objectives import OBJECTIVES, objective_class
-from .outputs import MODEL_FILES, Output, register_output
 from .plan import (StartPlan, pretraining_config, pretraining_objective, pretraining_plan, pretraining_tokenizer,
                    resolve_arch, take_prepared_reading)
-from .plots import plot_pretraining
 from .runfolder import COMMAND, CORPUS, SETTINGS_FILES, RunFolder
-from .settings import as_run, check_resumed, recipe_said, say_schedule_changed
-from .prepared import tokenizer_fingerprint
-from .tokenizer import load_tokenizer, save_tokenizer, special_ids
 
 log = logging.getLogger("bertforge")
 
@@ -174,7 +175,7 @@ def _corpus_said(c: dict) -> str:
 
 # ------------------------------------------------------------------------------------------------ the run
 class Pretraining(TrainingRun):
-    """One pretraining run: the loop of :class:`~bertforge.lifecycle.TrainingRun` over the loader's batches."""
+    """One pretraining run: the loop of :class:`~bertforge.train.lifecycle.TrainingRun` over the loader's batches."""
 
     desc = "pretraining"
     required = ("loader",)

@@ -7,9 +7,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from . import checkpoint as ckpt
-from .errors import UserError
-from .files import read_json_object
+from .. import checkpoint as ckpt
+from ..errors import UserError
+from ..files import read_json_object
 
 SETTINGS_FILES = {"pretrain": "pretrain_config.json", "finetune": "finetune_config.json"}
 CORPUS = "corpus"  # beside the settings: what the run trains on, by content (a digest)

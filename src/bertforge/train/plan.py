@@ -31,16 +31,16 @@ from dataclasses import dataclass
 import torch
 from tokenizers import Tokenizer
 
-from . import vocabulary
-from .config import progress_shown
-from .corpus import iter_texts
-from .errors import UserError, shown
-from .loading import check_max_seq_length
-from .models import FAMILIES, family, family_of, load_config
-from .models.initialization import local_attention_heads_, set_dropout, sinusoidal_positions_
-from .objectives import objective_class
-from .prepared import is_prepared, prepared_settings, tokenizer_fingerprint
-from .tokenizer import check_vocab_fits, load_tokenizer, special_ids, train_vocabulary
+from .. import vocabulary
+from ..config import progress_shown
+from ..corpus import iter_texts
+from ..errors import UserError, shown
+from ..loading import check_max_seq_length
+from ..models import FAMILIES, family, family_of, load_config
+from ..models.initialization import local_attention_heads_, set_dropout, sinusoidal_positions_
+from ..objectives import objective_class
+from ..prepared import is_prepared, prepared_settings, tokenizer_fingerprint
+from ..tokenizer import check_vocab_fits, load_tokenizer, special_ids, train_vocabulary
 
 log = logging.getLogger("bertforge")
 
@@ -125,7 +125,7 @@ def resolve_arch(cfg, saved: dict | None) -> None:
 
 # ------------------------------------------------------------------------------------------------ pretraining
 def pretraining_plan(cfg, resume: bool, folder) -> StartPlan:
-    """The plan of pretraining run ``cfg`` (``folder``: its :class:`~bertforge.runfolder.RunFolder`)."""
+    """The plan of pretraining run ``cfg`` (``folder``: its :class:`~bertforge.train.runfolder.RunFolder`)."""
     m = cfg.model
     return start_plan(Given(resume=resume, checkpointed=resume and bool(folder.checkpoints()),
                             saved_tokenizer=folder.has_tokenizer, prepared=any(is_prepared(p) for p in cfg.data.data),
@@ -242,7 +242,7 @@ def _vocab_pair(cfg) -> str:
 def pretraining_objective(cfg, plan: StartPlan, config, tok):
     """The run's objective around its model, as ``plan`` says: --init's weights (grown to ``tok``'s vocabulary with
     --add-vocab), or a new model at the recipe's starting values; a continued run's weights come from its
-    checkpoint afterwards (:meth:`~bertforge.lifecycle.TrainingRun.restore`)."""
+    checkpoint afterwards (:meth:`~bertforge.train.lifecycle.TrainingRun.restore`)."""
     mc = cfg.model
     torch.manual_seed(cfg.train.seed)
     built = load_config(mc.init) if plan.grow else config

@@ -37,17 +37,17 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 
-from .config import PretrainConfig
-from .tasks.classify import ClassifyConfig
-from .corpus import iter_texts
-from .demo_corpus import generate_stories, write_sentiment, write_story_corpus
-from .outputs import Output, register_output, remove_output, write_marker
-from .finetune import finetune
-from .models import BertConfig, BertForPreTraining
-from .predict import pipeline
-from .pretrain import pretrain
-from .tasks.classify import ClassificationTask, evaluate_classifier_model
-from .tokenizer import save_tokenizer, train_vocabulary
+from ..config import PretrainConfig
+from ..corpus import iter_texts
+from ..models import BertConfig, BertForPreTraining
+from ..outputs import Output, register_output, remove_output, write_marker
+from ..predict import pipeline
+from ..tasks.classify import ClassifyConfig
+from ..tasks.classify import ClassificationTask, evaluate_classifier_model
+from ..tokenizer import save_tokenizer, train_vocabulary
+from ..train.finetune import finetune
+from ..train.pretrain import pretrain
+from .corpus import generate_stories, write_sentiment, write_story_corpus
 
 log = logging.getLogger("bertforge")
 # what a demo folder holds (its --overwrite replaces nothing else)

@@ -22,9 +22,9 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
-from .config import ImplConfig, TrainConfig
-from .devices import Dist, autocast_context, resolve_precision
-from .errors import TrainingError
+from ..config import ImplConfig, TrainConfig
+from ..devices import Dist, autocast_context, resolve_precision
+from ..errors import TrainingError
 
 log = logging.getLogger("bertforge")
 

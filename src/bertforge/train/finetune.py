@@ -27,23 +27,23 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
-from . import checkpoint as ckpt
-from . import modelcard
-from .atomic import atomic_write_json
-from .batching import EpochBatches, plan_steps, to_device
-from .config import FinetuneConfig, dataclass_from_dict, validate_fields
-from .devices import Dist
-from .embeddings import ST_FILES
+from .. import checkpoint as ckpt
+from .. import modelcard
+from ..atomic import atomic_write_json
+from ..batching import EpochBatches, plan_steps, to_device
+from ..config import FinetuneConfig, dataclass_from_dict, validate_fields
+from ..devices import Dist
+from ..embeddings import ST_FILES
+from ..errors import TrainingError, UserError, shown
+from ..loading import check_max_seq_length, for_folder, warn_untrained_positions
+from ..outputs import MODEL_FILES, register_output
+from ..plots import plot_finetuning
+from ..settings import check_resumed, file_digest, say_schedule_changed
+from ..tasks import FinetuneTask
+from ..tokenizer import check_vocab_fits, load_tokenizer
 from .engine import Engine, LinearSchedule
-from .errors import TrainingError, UserError, shown
 from .lifecycle import TrainingRun, finish, preflight, run_folder, start_run
-from .loading import check_max_seq_length, for_folder, warn_untrained_positions
-from .outputs import MODEL_FILES, register_output
-from .plots import plot_finetuning
 from .runfolder import COMMAND, CORPUS, SETTINGS_FILES, RunFolder
-from .settings import check_resumed, file_digest, say_schedule_changed
-from .tasks import FinetuneTask
-from .tokenizer import check_vocab_fits, load_tokenizer
 
 log = logging.getLogger("bertforge")
 
@@ -172,7 +172,7 @@ def write_outputs(folder: str, task: FinetuneTask, cfg: FinetuneConfig, model, t
 
 
 class FineTuning(TrainingRun):
-    """One fine-tuning run: the loop of :class:`~bertforge.lifecycle.TrainingRun` over the task's examples,
+    """One fine-tuning run: the loop of :class:`~bertforge.train.lifecycle.TrainingRun` over the task's examples,
     evaluated after every epoch (and every ``eval_every`` steps); the best evaluation's weights are kept, and
     a checkpoint also holds the evaluations so far and the best one's weights, so that a resumed run ends with
     the weights of the uninterrupted one, bit for bit."""
