@@ -19,7 +19,7 @@ from bertforge.tasks.contrastive import _picking, _same
 from bertforge.tasks.retrieval import evaluate, metrics, pairs_set, read_pairs, read_retrieval_set, search
 from bertforge.tokenizer import train_vocabulary
 
-from .helpers import killed_and_resumed, same_run, torchrun
+from .helpers import torchrun
 
 TOPICS = {"cat": "the cat sat on the warm mat all day", "dog": "a dog ran after the red ball in the park",
           "sea": "waves of the sea broke on the rocks", "tree": "an old tree grew tall beside the river",
@@ -273,14 +273,4 @@ def test_torchrun_matches_one_process(setup, tmp_path, capsys):
         rows = [[json.loads(x)["loss"] for x in (o / "metrics.jsonl").read_text().splitlines() if '"train"' in x]
                 for o in (one, other)]
         assert len(rows[0]) == 6 and max(abs(x - y) for x, y in zip(*rows)) < 1e-5
-    capsys.readouterr()
-
-
-@pytest.mark.slow
-def test_killed_and_resumed_ends_as_the_uninterrupted_run(setup, tmp_path, capsys):
-    args = ["--batch-size", "4", "--epochs", "2", "--save-every", "2", "--log-every", "1", "--validation",
-            str(setup / "pairs.jsonl")]
-    straight, killed = killed_and_resumed(lambda out: _args(setup, out, *args), tmp_path)
-    same_run(straight, killed)
-    assert (straight / "modules.json").read_text() == (killed / "modules.json").read_text()
     capsys.readouterr()
