@@ -13,8 +13,8 @@ words and subwords of a new corpus, every old id kept.
   a ``##`` continuation could never be one); normaliser, pre-tokeniser and post-processor are the old ones.
 * :func:`extend_model`: the token embeddings, the MLM decoder (still tied to them) and its bias grown to the
   tokenizer's size, in every family (its table through ``get_input_embeddings``, its output layer through
-  ``grow_output_layer``).  A new entry's embedding starts as the mean of the rows of the pieces the old tokenizer splits it into, and so
-  does its decoder bias: the new token's logit then starts as the mean of its
+  ``grow_output_layer``).  A new entry's embedding starts as the mean of the rows of the pieces the old
+  tokenizer splits it into, and so does its decoder bias: the new token's logit then starts as the mean of its
   pieces' logits, never above the largest of them, so the new rows do not pull the predictions away from
   the model's until training moves them (a zero bias would put a new token above its pieces wherever, as
   usual, their biases are negative).
