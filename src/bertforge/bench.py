@@ -33,6 +33,7 @@ import time
 
 import torch
 
+from .commands import positive_int
 from .config import ImplConfig, PretrainConfig, TrainConfig
 from .devices import autocast_context, resolve_device, setup_backend
 from .errors import UserError
@@ -589,3 +590,55 @@ def _finetune_rounds(engine: Engine, theirs, opt_theirs, batches: list[dict], re
 
 
 __all__ = ["run_bench", "run_finetune_bench", "matmul_peak", "pretraining_batch", "text_batch"]
+
+
+# ------------------------------------------------------------------------------------------------ the command
+def add_bench_parser(sub) -> None:
+    """``bertforge bench``'s parser (``sub``: the command line's sub-parsers)."""
+    from .tasks import TASKS
+
+    b = sub.add_parser("bench", help="pretraining, inference or fine-tuning speed against transformers, side by side")
+    b.add_argument("--task", default="pretrain", choices=("pretrain", *TASKS),
+                   help="pretrain (training step and inference), or a fine-tuning task's step (against its "
+                        "reference library: transformers, or sentence-transformers for embeddings)")
+    b.add_argument("--preset", default="mini")
+    b.add_argument("--arch", choices=tuple(FAMILIES),
+                   help="the model family of the random --preset model (default: bert; pretrain with a family "
+                        "without next sentence prediction: its masked-LM step, training only)")
+    b.add_argument("--model",
+                   help="fine-tuning tasks: a model directory of any family to fine-tune (default: a random --preset "
+                        "model of --arch)")
+    b.add_argument("--train", help="fine-tuning tasks: the training file (default: SST-2, SQuAD train-8k or WNUT-16 "
+                                   "under --data-dir)")
+    b.add_argument("--group-by-length", action="store_true", help="fine-tuning tasks: batches of similar lengths")
+    b.add_argument("--batch-size", type=positive_int, default=32)
+    b.add_argument("--seq-len", type=positive_int, help="default: 128, or the task's length")
+    b.add_argument("--steps", type=positive_int, default=3, help="training steps per timed round")
+    b.add_argument("--rounds", type=positive_int, default=7, help="alternating rounds (the median is reported)")
+    b.add_argument("--vocab-size", type=positive_int, help="default: the tokenizer's with --tokenizer, else 30522")
+    b.add_argument("--device", default="auto")
+    b.add_argument("--precision", default="auto", help="auto (bf16 autocast on CUDA, fp32 on CPU), fp32, bf16")
+    b.add_argument("--text",
+                   help="build the training batch from this corpus file (with --tokenizer) instead of random tokens")
+    b.add_argument("--tokenizer", help="tokenizer or model directory, or vocab.txt, for --text")
+    b.add_argument("--threads", type=positive_int)
+    b.add_argument("--data-dir", default=os.environ.get("BERTFORGE_DATA"), help="for SST-2 sentences (inference)")
+    b.add_argument("--no-inference", dest="inference", action="store_false")
+    b.add_argument("--compile", action="store_true",
+                   help="also time the pretraining step under torch.compile against the same step eager")
+    b.set_defaults(func=cmd_bench)
+
+
+def cmd_bench(a) -> int:
+    if a.task != "pretrain":
+        if a.arch is not None and a.model:
+            raise UserError("bench --arch names the family of a random --preset model; --model's family is read "
+                            "from its config.json")
+        run_finetune_bench(a.task, a.model, a.preset, a.batch_size, a.seq_len, a.steps, a.rounds, a.device, a.data_dir,
+                           a.train, group_by_length=a.group_by_length, threads=a.threads, precision=a.precision,
+                           arch=a.arch or "bert", out=lambda line: print(line, flush=True))
+        return 0
+    run_bench(a.preset, a.batch_size, a.seq_len or 128, a.steps, a.rounds, a.vocab_size, a.device, a.data_dir,
+              a.inference, a.threads, out=lambda line: print(line, flush=True), text=a.text, tokenizer=a.tokenizer,
+              precision=a.precision, compile=a.compile, arch=a.arch or "bert")
+    return 0

@@ -292,9 +292,8 @@ def _add_predict_parsers(sub) -> None:
 # ------------------------------------------------------------------------------------------------ parser
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
+    from .bench import add_bench_parser
     from .config import TOKENIZER_MODELS, PretrainDataConfig
-    from .models import FAMILIES
-    from .tasks import TASKS
 
     p = _Parser(prog="bertforge", description="Pretrain BERT from scratch and fine-tune it.")
     p.add_argument("--version", action="version", version=f"bertforge {__version__}")
@@ -336,36 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
     dm.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
     dm.set_defaults(func=cmd_demo)
 
-    b = sub.add_parser("bench", help="pretraining, inference or fine-tuning speed against transformers, side by side")
-    b.add_argument("--task", default="pretrain", choices=("pretrain", *TASKS),
-                   help="pretrain (training step and inference), or a fine-tuning task's step (against its "
-                        "reference library: transformers, or sentence-transformers for embeddings)")
-    b.add_argument("--preset", default="mini")
-    b.add_argument("--arch", choices=tuple(FAMILIES),
-                   help="the model family of the random --preset model (default: bert; pretrain with a family "
-                        "without next sentence prediction: its masked-LM step, training only)")
-    b.add_argument("--model",
-                   help="fine-tuning tasks: a model directory of any family to fine-tune (default: a random --preset "
-                        "model of --arch)")
-    b.add_argument("--train", help="fine-tuning tasks: the training file (default: SST-2, SQuAD train-8k or WNUT-16 "
-                                   "under --data-dir)")
-    b.add_argument("--group-by-length", action="store_true", help="fine-tuning tasks: batches of similar lengths")
-    b.add_argument("--batch-size", type=positive_int, default=32)
-    b.add_argument("--seq-len", type=positive_int, help="default: 128, or the task's length")
-    b.add_argument("--steps", type=positive_int, default=3, help="training steps per timed round")
-    b.add_argument("--rounds", type=positive_int, default=7, help="alternating rounds (the median is reported)")
-    b.add_argument("--vocab-size", type=positive_int, help="default: the tokenizer's with --tokenizer, else 30522")
-    b.add_argument("--device", default="auto")
-    b.add_argument("--precision", default="auto", help="auto (bf16 autocast on CUDA, fp32 on CPU), fp32, bf16")
-    b.add_argument("--text",
-                   help="build the training batch from this corpus file (with --tokenizer) instead of random tokens")
-    b.add_argument("--tokenizer", help="tokenizer or model directory, or vocab.txt, for --text")
-    b.add_argument("--threads", type=positive_int)
-    b.add_argument("--data-dir", default=os.environ.get("BERTFORGE_DATA"), help="for SST-2 sentences (inference)")
-    b.add_argument("--no-inference", dest="inference", action="store_false")
-    b.add_argument("--compile", action="store_true",
-                   help="also time the pretraining step under torch.compile against the same step eager")
-    b.set_defaults(func=cmd_bench)
+    add_bench_parser(sub)
     return p
 
 
@@ -375,23 +345,6 @@ def cmd_demo(a: argparse.Namespace) -> int:
     summary = run_demo(a.out, quick=a.quick, wordpiece=a.wordpiece, progress=progress_shown(a.progress), seed=a.seed)
     for text in summary_lines(summary, a.out):
         print(text)
-    return 0
-
-
-def cmd_bench(a: argparse.Namespace) -> int:
-    from .bench import run_bench, run_finetune_bench
-
-    if a.task != "pretrain":
-        if a.arch is not None and a.model:
-            raise UserError("bench --arch names the family of a random --preset model; --model's family is read "
-                            "from its config.json")
-        run_finetune_bench(a.task, a.model, a.preset, a.batch_size, a.seq_len, a.steps, a.rounds, a.device, a.data_dir,
-                           a.train, group_by_length=a.group_by_length, threads=a.threads, precision=a.precision,
-                           arch=a.arch or "bert", out=lambda line: print(line, flush=True))
-        return 0
-    run_bench(a.preset, a.batch_size, a.seq_len or 128, a.steps, a.rounds, a.vocab_size, a.device, a.data_dir,
-              a.inference, a.threads, out=lambda line: print(line, flush=True), text=a.text, tokenizer=a.tokenizer,
-              precision=a.precision, compile=a.compile, arch=a.arch or "bert")
     return 0
 
 
