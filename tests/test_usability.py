@@ -225,3 +225,24 @@ def test_the_python_api_shows_no_progress_bar_without_a_terminal(book, tok, tmp_
     err = capsys.readouterr().err
     assert "%|" not in err and "step/s" not in err and "s/step" not in err, err  # (stderr is no terminal here)
     assert (tmp_path / "ft" / "metrics.json").is_file()
+
+
+@pytest.mark.slow
+def test_a_reader_that_stops_early_ends_the_command_quietly(tmp_path):
+    """`bertforge predict ... --json | head`: the pipe's reader goes away, and the command ends without a
+    traceback (issue 67), with the status a shell reports for a tool a pipe's end stopped."""
+    import subprocess
+    import sys
+
+    from .helpers import tiny_model_dir
+
+    texts = [" ".join(s) for s in generate_stories(40, seed=1)]
+    model = tiny_model_dir(tmp_path / "m", texts, vocab_size=300)
+    (tmp_path / "in.txt").write_text("\n".join(f"{t} [MASK] ." for t in texts * 20) + "\n")
+    proc = subprocess.Popen([sys.executable, "-m", "bertforge", "predict", "fill-mask", "--model", model, "--input",
+                             str(tmp_path / "in.txt"), "--json", "--top-k", "50"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    assert proc.stdout.read(100)
+    proc.stdout.close()  # as `head -c 100` does
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141 and "Traceback" not in err and "BrokenPipe" not in err, err[-2000:]

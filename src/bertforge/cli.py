@@ -377,6 +377,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
     except SystemExit as e:  # --help, --version, or a usage error already printed
         return int(e.code or 0)
+    except BrokenPipeError:
+        return _reader_gone()
     # under torchrun every process meets the same inputs and the same errors: one of them says so per machine
     replica = os.environ.get("LOCAL_RANK", "0") != "0"
     setup_logging(a.quiet, replica)
@@ -399,6 +401,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt as e:  # (with what to do next, where the interrupted work says it)
         say(f"error: {e.args[0] if e.args else 'interrupted'}")
         return 130
+    except BrokenPipeError:  # `bertforge predict ... --json | head`: the reader has what it wanted
+        return _reader_gone()
     except Exception as e:  # a failed write that no save named (each names its output itself)
         code = write_failure(e)
         if code is None:
@@ -406,6 +410,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         where = f" {path_shown(e.filename)}" if getattr(e, "filename", None) else ""
         say(f"error: cannot write{where}: {os.strerror(code)}")
         return 2
+
+
+def _reader_gone() -> int:
+    """Stdout's reader closed the pipe: end quietly as Unix tools do (128 + SIGPIPE, what a shell reports for one
+    that a pipe's end stopped), with stdout pointed at nothing so that the interpreter's last flush fails no more."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 141
 
 
 @contextlib.contextmanager
