@@ -551,3 +551,15 @@ def test_a_config_file_in_sections_with_its_out_and_a_runs_own_settings_repeat_i
     assert main(["--quiet", "pretrain", "--config", str(out / "pretrain_config.json"), "--out", str(again),
                  "--no-progress"]) == 0
     assert (again / "model.safetensors").read_bytes() == (out / "model.safetensors").read_bytes()
+
+
+def test_elapsed_moves_on_every_log_line_of_a_run_by_steps(small_text_corpus, story_tok_dir, tmp_path, capsys):
+    """A run without --max-time printed `elapsed 0:00:00` until its first evaluation (issue 67, item 3): the
+    clock moves at every log line, in train.log and metrics.jsonl alike."""
+    out = tmp_path / "run"
+    assert main(["--quiet", *_args(small_text_corpus, story_tok_dir, out, "--max-steps", "6", "--log-every", "1",
+                                   "--eval-every", "0", length=32, batch=4)]) == 0
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    elapsed = [r["elapsed"] for r in rows if r["type"] == "train"]
+    assert len(elapsed) == 6 and elapsed[0] > 0 and all(b > a for a, b in zip(elapsed, elapsed[1:])), elapsed
+    capsys.readouterr()

@@ -444,6 +444,7 @@ class TrainingRun:
                              "command and --resume")
 
     def _log(self, out: dict) -> None:
+        self.engine.tick()  # the clock moves at every line, not only where a timed schedule or an evaluation reads it
         row, text, postfix = self.log_line(out)
         self.metrics.write(row)
         if self.d.is_main:
