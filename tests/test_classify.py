@@ -184,3 +184,25 @@ def test_text_columns_must_hold_text_and_labels_may_be_numbers(tmp_path):
         resolve_columns(read_table(str(tmp_path / "numbers.jsonl")), ClassifyConfig(), "numbers.jsonl")
     with pytest.raises(UserError, match="record 1: 'text' must be text, not list"):
         resolve_columns([{"text": ["a"], "label": "x"}], ClassifyConfig(), "rows")
+
+
+def test_evaluate_and_predict_read_the_columns_the_model_was_trained_on(tmp_path, capsys):
+    """After `finetune classify --text-column review --label-column sentiment`, `evaluate classify` and `predict
+    classify --input` read those columns without being told (issue 67, item 5); a flag still wins."""
+    rows = [("a fine film", "pos"), ("a dull film", "neg"), ("great fun", "pos"), ("awful mess", "neg")] * 5
+    (tmp_path / "reviews.csv").write_text("id,review,sentiment\n" + "".join(f"{i},{t},{y}\n"
+                                                                          for i, (t, y) in enumerate(rows)))
+    model = tiny_model_dir(tmp_path / "m", [t for t, _ in rows], vocab_size=60, kind="wordlevel")
+    out, data = tmp_path / "out", str(tmp_path / "reviews.csv")
+    assert main(["--quiet", "finetune", "classify", "--model", model, "--train", data, "--validation", data, "--out",
+                 str(out), "--text-column", "review", "--label-column", "sentiment", "--epochs", "1",
+                 "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main(["--quiet", "evaluate", "classify", "--model", str(out), "--data", data]) == 0
+    assert json.loads(capsys.readouterr().out)["accuracy"] == pytest.approx(
+        json.loads((out / "metrics.json").read_text())["accuracy"])
+    assert main(["--quiet", "predict", "classify", "--model", str(out), "--input", data, "--json"]) == 0
+    assert [r["text"] for r in json.loads(capsys.readouterr().out)] == [t for t, _ in rows]
+    assert main(["--quiet", "predict", "classify", "--model", str(out), "--input", data, "--json",
+                 "--text-column", "sentiment"]) == 0  # a flag wins
+    assert [r["text"] for r in json.loads(capsys.readouterr().out)] == [y for _, y in rows]

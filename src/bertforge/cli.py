@@ -200,8 +200,9 @@ def cmd_evaluate(a: argparse.Namespace) -> int:
     fn = a.api
     params = {k for k, p in inspect.signature(fn).parameters.items() if p.kind != p.VAR_KEYWORD}
     kw = {k: v for k, v in vars(a).items() if k in params and v is not None}
-    if a.settings_kind is not None:
-        kw.update(dataclasses.asdict(task_settings(a, a.settings_kind)))
+    if a.settings_kind is not None:  # checked whole; those given passed on (the others: the model's own, or defaults)
+        task_settings(a, a.settings_kind)
+        kw.update(explicit_flags(a, [f.name for f in dataclasses.fields(a.settings_kind)]))
     print(json.dumps(fn(**kw)))
     return 0
 

@@ -21,7 +21,7 @@ from ..config import FinetuneConfig, dataclass_from_dict, progress_shown, settin
 from ..corpus import table_rows
 from ..errors import UserError, checked, shown
 from ..evaluation import by_length, classification_metrics
-from ..files import json_lines, read_text
+from ..files import json_lines, json_object_or_none, read_text
 from ..inference import Pipeline, labelled_head, paired
 from ..loading import check_max_seq_length, for_folder, load_for_inference, model_dir
 from ..models import BertConfig, BertForSequenceClassification
@@ -109,6 +109,14 @@ def resolve_columns(rows: list[dict], cfg: ClassifyConfig, path: str,
     return text, pair, cfg.label_column
 
 
+def saved_columns(model: str) -> dict[str, str]:
+    """The columns a classifier was fine-tuned on (its folder's ``finetune_config.json``), which ``evaluate`` and
+    ``predict`` read unless told otherwise; none for a folder that bertforge did not fine-tune."""
+    saved = json_object_or_none(os.path.join(model, "finetune_config.json")) or {}
+    task = saved.get("task") if isinstance(saved.get("task"), dict) else {}
+    return {k: task[k] for k in ("text_column", "text_pair_column", "label_column") if isinstance(task.get(k), str)}
+
+
 def input_texts(a) -> list[str]:
     """The texts of a ``predict`` command (``a``, its flags): those given, or ``--input``'s, a line each of a text
     file, or the text column (``--text-column``) of a table."""
@@ -117,8 +125,8 @@ def input_texts(a) -> list[str]:
     if a.input:
         if a.input.endswith((".tsv", ".csv", ".jsonl", ".json")):
             rows = read_table(a.input)
-            col, _, _ = resolve_columns(rows, ClassifyConfig(text_column=getattr(a, "text_column", None)), a.input,
-                                        need_label=False)
+            column = getattr(a, "text_column", None) or saved_columns(a.model).get("text_column")
+            col, _, _ = resolve_columns(rows, ClassifyConfig(text_column=column), a.input, need_label=False)
             return [r[col] for r in rows]
         lines = [t for t in read_text(a.input, "input file").splitlines() if t.strip()]
         if not lines:
@@ -328,12 +336,12 @@ def evaluate_classifier_model(path: str, data: str, task: ClassifyConfig, max_se
 def evaluate_classifier(model: str | os.PathLike, data: str | os.PathLike, max_seq_length: int | None = None,
                         batch_size: int = 64, device: str = "auto", **columns: Any) -> dict:
     """``bertforge evaluate classify``: accuracy, macro-F1 and loss of a fine-tuned classifier on ``data``;
-    ``columns``: ``text_column``, ``text_pair_column``, ``label_column``; ``max_seq_length`` by default 128, or
-    the model's positions when it has fewer."""
+    ``columns``: ``text_column``, ``text_pair_column``, ``label_column``, by default the model's own (those it
+    was fine-tuned on); ``max_seq_length`` by default 128, or the model's positions when it has fewer."""
 
-    settings = dataclass_from_dict(ClassifyConfig(), columns, "evaluate_classifier's columns")
-    validate_fields(settings)
     model, data = os.fspath(model), os.fspath(data)
+    settings = dataclass_from_dict(ClassifyConfig(**saved_columns(model)), columns, "evaluate_classifier's columns")
+    validate_fields(settings)
     return evaluate_classifier_model(model, data, settings, max_seq_length, batch_size, device)
 
 
