@@ -224,3 +224,25 @@ def test_api_inputs_of_other_types_are_taken_or_refused_in_one_line(tmp_path, mo
             dist_timeout()
     monkeypatch.setenv("BERTFORGE_DIST_TIMEOUT", "30")
     assert dist_timeout() == 30.0
+
+
+def test_the_apis_types_are_taken_or_refused_in_one_line(tmp_path, capsys):
+    """Issue 66, class 10: max_time of another type was a traceback (a list, bytes) or a one-second budget
+    (True); a settings path may be any os.PathLike, as run_finetuning's are; predict qa --input with --top-k
+    said nothing of it."""
+    import pathlib
+
+    from bertforge.config import parse_duration
+    from bertforge.tasks.base import given_settings
+    from bertforge.tasks.ner import NerConfig
+
+    for bad in ([90], b"90s", True):
+        with pytest.raises(UserError, match="max_time must be a duration"):
+            parse_duration(bad)
+    with pytest.raises(UserError, match="max_time must be a duration"):
+        bertforge.run_finetuning("classify", model="m", train="t", out=str(tmp_path / "o"), max_time=[90])
+    assert given_settings(NerConfig(), {"labels_file": pathlib.Path("tags.txt")}, "where").labels_file == "tags.txt"
+    (tmp_path / "squad.json").write_text('{"data": []}')
+    assert main(["--quiet", "predict", "qa", "--model", str(tmp_path), "--input", str(tmp_path / "squad.json"),
+                 "--top-k", "3"]) == 2
+    assert "--top-k gives a question's k best answers" in capsys.readouterr().err

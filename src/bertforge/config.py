@@ -362,8 +362,11 @@ def parse_duration(text: str | float | int | None) -> float | None:
 
     if isinstance(text, datetime.timedelta):
         return text.total_seconds()
-    if text is None or isinstance(text, (int, float)):
+    if text is None or isinstance(text, (int, float)) and not isinstance(text, bool):
         return None if text is None else float(text)
+    if not isinstance(text, str):  # (True would be a one-second budget; a list or bytes no duration at all)
+        raise UserError(f"max_time must be a duration (90s, 30m, 2h), a number of seconds or a timedelta, not "
+                        f"{type(text).__name__} {shown(text)}")
     import re
 
     s = text.strip().lower()

@@ -172,6 +172,19 @@ class FinetuneTask:
         return {}
 
 
+def given_settings(base: Any, given: dict[str, Any], where: str) -> Any:
+    """A task's settings dataclass: ``base`` with the fields ``given`` (paths as ``os.PathLike`` too), checked as
+    the flags are; an unknown name is refused naming ``where``."""
+    import os
+
+    from ..config import dataclass_from_dict, validate_fields
+
+    given = {k: os.fspath(v) if isinstance(v, os.PathLike) else v for k, v in given.items()}
+    settings = dataclass_from_dict(base, given, where)
+    validate_fields(settings)
+    return settings
+
+
 def use_labels(config: BertConfig, labels: list[str]) -> bool:
     """Name the model's outputs ``labels`` (``id2label``); True when the checkpoint's were others (a new head)."""
     same = config.id2label and [config.id2label[i] for i in sorted(config.id2label)] == labels

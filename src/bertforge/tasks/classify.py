@@ -17,7 +17,7 @@ from tokenizers import Tokenizer
 
 from ..batching import pad_batch
 from ..commands import emit, one_line, positive_int, text_input_flags
-from ..config import FinetuneConfig, dataclass_from_dict, progress_shown, setting, validate_fields
+from ..config import FinetuneConfig, progress_shown, setting
 from ..corpus import table_rows
 from ..errors import UserError, checked, shown
 from ..evaluation import by_length, classification_metrics
@@ -26,7 +26,7 @@ from ..inference import Pipeline, labelled_head, paired
 from ..loading import check_max_seq_length, for_folder, load_for_inference, model_dir
 from ..models import BertConfig, BertForSequenceClassification
 from ..tokenizer import special_ids
-from .base import FinetuneTask, use_labels
+from .base import FinetuneTask, given_settings, use_labels
 
 log = logging.getLogger("bertforge")
 
@@ -340,8 +340,7 @@ def evaluate_classifier(model: str | os.PathLike, data: str | os.PathLike, max_s
     was fine-tuned on); ``max_seq_length`` by default 128, or the model's positions when it has fewer."""
 
     model, data = os.fspath(model), os.fspath(data)
-    settings = dataclass_from_dict(ClassifyConfig(**saved_columns(model)), columns, "evaluate_classifier's columns")
-    validate_fields(settings)
+    settings = given_settings(ClassifyConfig(**saved_columns(model)), columns, "evaluate_classifier's columns")
     return evaluate_classifier_model(model, data, settings, max_seq_length, batch_size, device)
 
 

@@ -23,7 +23,7 @@ from tokenizers import Tokenizer
 
 from ..batching import pad_batch
 from ..commands import emit, one_line, positive_int, text_input_flags
-from ..config import FinetuneConfig, dataclass_from_dict, progress_shown, setting, validate_fields
+from ..config import FinetuneConfig, progress_shown, setting
 from ..errors import UserError, checked, shown
 from ..evaluation import by_length
 from ..inference import Pipeline, labelled_head
@@ -31,7 +31,7 @@ from ..files import json_lines, read_text
 from ..loading import check_max_seq_length, for_folder, load_for_inference, model_dir
 from ..models import BertConfig, BertForTokenClassification
 from ..tokenizer import special_ids
-from .base import FinetuneTask, use_labels
+from .base import FinetuneTask, given_settings, use_labels
 from .classify import input_texts
 
 log = logging.getLogger("bertforge")
@@ -404,8 +404,7 @@ def evaluate_ner(model: str | os.PathLike, data: str | os.PathLike, max_seq_leng
     accuracy of a fine-tuned token classifier on ``data``; ``settings``: ``token_column``, ``tag_column``,
     ``labels_file``, ``strict``."""
 
-    cfg = dataclass_from_dict(NerConfig(), settings, "evaluate_ner's settings")
-    validate_fields(cfg)
+    cfg = given_settings(NerConfig(), settings, "evaluate_ner's settings")
     return evaluate_ner_model(os.fspath(model), os.fspath(data), cfg, max_seq_length, batch_size, device)
 
 

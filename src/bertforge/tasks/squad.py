@@ -23,7 +23,7 @@ from tokenizers import Tokenizer
 
 from ..batching import pad_batch
 from ..commands import add_setting_flags, emit, positive_int, task_settings
-from ..config import FinetuneConfig, dataclass_from_dict, progress_shown, setting, validate_fields
+from ..config import FinetuneConfig, progress_shown, setting
 from ..corpus import table_rows
 from ..errors import UserError, checked, require_type, shown
 from ..evaluation import by_length, squad_evaluate
@@ -33,7 +33,7 @@ from ..files import read_json
 from ..models import BertConfig, BertForQuestionAnswering, head_class
 from ..loading import check_max_seq_length, for_folder, load_for_inference, model_dir, refuse_other_head
 from ..tokenizer import special_ids
-from .base import FinetuneTask
+from .base import FinetuneTask, given_settings
 
 log = logging.getLogger("bertforge")
 MAX_SEQ_LENGTH = 384  # SQuAD's windows of question and context: BERT's and transformers' run_qa's
@@ -344,11 +344,14 @@ class SquadTask(FinetuneTask):
 
     @classmethod
     def predict(cls, a) -> None:
-        p = QAPipeline(a.model, device=a.device, batch_size=a.batch_size, progress=progress_shown(None))
         cfg = task_settings(a, SquadConfig)
+        if a.input and (a.question is not None or a.context is not None):
+            raise UserError("give --question/--context or --input, not both")
+        if a.input and a.top_k != 1:
+            raise UserError("--top-k gives a question's k best answers; with --input each question gets its best one "
+                            "(the predictions file SQuAD scores)")
+        p = QAPipeline(a.model, device=a.device, batch_size=a.batch_size, progress=progress_shown(None))
         if a.input:
-            if a.question is not None or a.context is not None:
-                raise UserError("give --question/--context or --input, not both")
             examples, _ = read_examples(a.input)
             res = p(examples=examples, squad=cfg, max_seq_length=a.max_seq_length)
             emit(a, res, lambda r: [f"{k}\t{v}" for k, v in r.items()])
@@ -462,8 +465,7 @@ def evaluate_squad(data: str | os.PathLike, predictions: str | os.PathLike | Non
         return evaluate_predictions_file(data, predictions)
     if write_predictions:
         check_output_file(write_predictions, overwrite, "--write-predictions", inputs=(data,))
-    cfg = dataclass_from_dict(SquadConfig(), settings, "evaluate_squad's settings")
-    validate_fields(cfg)
+    cfg = given_settings(SquadConfig(), settings, "evaluate_squad's settings")
     return evaluate_squad_model(os.fspath(model), data, cfg, max_seq_length, batch_size, device, write_predictions)
 
 
