@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from bertforge import BertConfig, BertForPreTraining
+from bertforge import BertConfig, BertForPreTraining, BertForSequenceClassification
 from bertforge.checkpoint import list_checkpoints
 from bertforge.cli import main
 from bertforge.tokenizer import train_vocabulary
@@ -397,3 +397,24 @@ def test_fine_tuning_checkpoints_by_time_without_save_every(setup, tmp_path, mon
     assert main(_args(setup, tmp_path / "p", "--batch-size", "4", "--epochs", "1", "--save-every", "0")) == 0
     assert saved == [1, 2, 3]  # --save-every 0: none
     capsys.readouterr()
+
+
+def test_a_timed_run_that_barely_trained_says_so(tmp_path, capsys):
+    """Issue 67, item 2: a --max-time too short for its run (set-up and evaluation ate it) ended with status 0 and
+    no word; now a warning with the figures and what to do, in the log, metrics.json and the model card."""
+    rows = [("a good film", "1"), ("a bad film", "0")] * 2500
+    (tmp_path / "train.tsv").write_text("sentence\tlabel\n" + "".join(f"{t}\t{y}\n" for t, y in rows))
+    tok = train_vocabulary([t for t, _ in rows[:4]], 40, kind="wordlevel", min_frequency=1)
+    torch.manual_seed(0)
+    model = tmp_path / "m"
+    BertForSequenceClassification(BertConfig.preset("tiny", vocab_size=tok.get_vocab_size(),
+                                                    max_position_embeddings=16)).save_pretrained(str(model), tok)
+    out = tmp_path / "out"
+    assert main(["finetune", "classify", "--model", str(model), "--train", str(tmp_path / "train.tsv"),
+                 "--validation-split", "0.01", "--out", str(out), "--batch-size", "1", "--max-time", "1s",
+                 "--max-seq-length", "8", "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert "of an epoch of" in err and "Give a longer --max-time" in err, err[-2000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert "barely trained" in metrics["warnings"][0]
+    assert "**Warning:** --max-time 0:00:01 trained" in (out / "README.md").read_text()

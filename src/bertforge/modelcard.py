@@ -153,6 +153,11 @@ def write(folder: str, text: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ the runs' cards
+def warned(metrics: dict) -> str:
+    """The run's warnings (metrics.json's ``warnings``), for a card's summary."""
+    return "".join(f"\n\n**Warning:** {w}." for w in metrics.get("warnings") or ())
+
+
 def pretraining_card(cfg, objective, final: dict, command: list[str] | None) -> str:
     """A pretraining run's card: ``cfg`` its PretrainConfig, ``final`` its metrics.json."""
     from .logs import duration
@@ -164,7 +169,7 @@ def pretraining_card(cfg, objective, final: dict, command: list[str] | None) -> 
                f"heads ({final['parameters'] / 1e6:.1f}M parameters with its training heads), pretrained "
                f"{'from ' + cfg.model.init if cfg.model.init else 'from scratch'} by {what}: {final['steps']} "
                f"steps, {final['tokens_seen']:,} tokens, {duration(final['wall_seconds'])} on {final['device']} "
-               f"({final['processes']} process(es)), the {cfg.recipe} recipe.")
+               f"({final['processes']} process(es)), the {cfg.recipe} recipe.{warned(final)}")
     t, dc, mc = cfg.train, cfg.data, cfg.model
     settings = {"recipe": cfg.recipe, "objective": mc.objective, "arch": mc.arch,
                 "preset": mc.model_config or mc.preset,
@@ -196,14 +201,14 @@ def finetuning_card(task, cfg, metrics: dict, load: str | None = None) -> str:
         kept = (f"the weights of epoch {metrics['best_epoch']} (step {metrics['best_step']}) kept, the best by "
                 f"{task.select} on {on}")
     summary = f"`{cfg.model}` fine-tuned for {task.name} on `{dc.train_file}` for {length}; {kept}."
-    summary = f"{summary} {task.describe()}".rstrip()
+    summary = f"{summary} {task.describe()}".rstrip() + warned(metrics)
     settings = {"task": task.name, "epochs": t.epochs, "max_steps": t.max_steps, "max_time (s)": t.max_time,
                 "grad_accum": t.grad_accum, "eval_every": t.eval_every, "batch_size": t.batch_size, "lr": t.lr,
                 "warmup_ratio": t.warmup_ratio, "weight_decay": t.weight_decay, "max_seq_length": dc.max_seq_length,
                 "max_train_examples": dc.max_train_examples, "validation_split": dc.validation_split,
                 "max_eval_examples": dc.max_eval_examples, "group_by_length": dc.group_by_length,
                 "seed": t.seed, **dataclasses.asdict(task.settings)}
-    shown = {k: v for k, v in metrics.items() if k != "epochs"}
+    shown = {k: v for k, v in metrics.items() if k not in ("epochs", "warnings")}
     return render(f"{task.name} model fine-tuned by bertforge", summary,
                   task.pipeline_tag, shown, settings,
                   [dc.train_file, dc.validation_file], cfg.model, base_license(cfg.model),

@@ -106,7 +106,7 @@ def finetune(task: FinetuneTask, cfg: FinetuneConfig, overwrite: bool = False, r
             best, history, train_seconds = run.train(resume)
             record = run_record(cfg, task, d.world, files, folder.command() if resume else modelcard.COMMAND)
             metrics = {} if best is None else write_outputs(out, task, cfg, model, tok, best, history,
-                                                            train_seconds, record, checkpointed)
+                                                            train_seconds, record, checkpointed, run.warnings)
         d.barrier()  # the other processes wait until rank 0 has written the outputs
         return metrics
 
@@ -146,7 +146,8 @@ def check_resumed_files(folder: RunFolder, cfg: FinetuneConfig, task: FinetuneTa
 
 
 def write_outputs(folder: str, task: FinetuneTask, cfg: FinetuneConfig, model, tok, best: EpochResult,
-                  history: list[EpochResult], train_seconds: float, record: dict, checkpointed: bool) -> dict:
+                  history: list[EpochResult], train_seconds: float, record: dict, checkpointed: bool,
+                  warnings: list[str] = ()) -> dict:
     """The fine-tuned model, the task's predictions, metrics.json, finetune_config.json, card and plots (without
     validation data: the model and what it was trained on alone)."""
     ckpt.save_pretrained(model, folder, tokenizer=tok)
@@ -159,6 +160,8 @@ def write_outputs(folder: str, task: FinetuneTask, cfg: FinetuneConfig, model, t
     else:
         metrics = {"epoch": best.epoch, "step": best.step, "epochs": [], "train_seconds": train_seconds,
                    **task.train_figures()}
+    if warnings:
+        metrics["warnings"] = list(warnings)
     atomic_write_json(os.path.join(folder, SETTINGS_FILE), record)
     plots = os.path.join(folder, "plots")
     finish(folder, metrics, modelcard.finetuning_card(task, cfg, metrics, type(model).__name__),
@@ -245,6 +248,9 @@ class FineTuning(TrainingRun):
 
     def epoch_ended(self) -> bool:
         return self.batches.epoch_ended()
+
+    def epoch_steps(self) -> int:
+        return -(-len(self.batches.features) // self.batches.batch_size)
 
     def evaluate(self) -> None:
         if not self.d.is_main or not self.validating:  # rank 0 evaluates; the others wait at the next all-reduce

@@ -294,6 +294,7 @@ class TrainingRun:
         # what a timed run's end costs (end_reserve): seconds of the steps since first_step, the last
         # evaluation's and the last save's
         self.step_seconds, self.first_step, self.eval_seconds, self.save_seconds = 0.0, 0, None, None
+        self.warnings: list[str] = []  # what the run's end says it should have done otherwise (metrics, card)
         self.estimated = None  # eval_estimate's answer
 
     # ---- hooks
@@ -322,6 +323,26 @@ class TrainingRun:
 
     def epoch_ended(self) -> bool:
         return False
+
+    def epoch_steps(self) -> int | None:
+        """Optimizer steps in an epoch (None: not known)."""
+        return None
+
+    def short_budget_said(self) -> str | None:
+        """A timed run that trained less than a tenth of an epoch, or fewer steps than its warmup would have
+        taken by steps: what it did and what to do, else None."""
+        s, st, t = self.engine.schedule, self.engine.state, self.t
+        epoch = self.epoch_steps()
+        if s is None or not s.max_time or not epoch:
+            return None
+        warmup = t.warmup_steps if t.warmup_steps is not None else int(t.warmup_ratio * epoch * (t.epochs or 1))
+        if st.step >= 0.1 * epoch and st.step >= warmup:
+            return None
+        spent = max(0.0, st.elapsed - self.step_seconds)
+        return (f"--max-time {duration(s.max_time)} trained {st.step} step(s), {100 * st.step / epoch:.2g}% of an "
+                f"epoch of {epoch}: set-up, evaluations and saves took {duration(spent)} of it; the model has barely "
+                "trained. "
+                "Give a longer --max-time, a smaller --max-eval-samples or fewer evaluations (--eval-every)")
 
     def save_model(self) -> None:
         """Rank 0, after each checkpoint: refresh the model directory (pretraining's output is one)."""
@@ -365,6 +386,11 @@ class TrainingRun:
                 raise TrainingError(f"interrupted at step {st.step}{where}") from None
             finally:
                 self.progress.bar.close()
+            said = self.short_budget_said()
+            if said:
+                self.warnings.append(said)
+                if self.d.is_main:
+                    log.warning("%s", said)
             if self.evaluated_at != st.step:
                 self._evaluate()
             return self.finish()

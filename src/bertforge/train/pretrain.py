@@ -211,6 +211,9 @@ class Pretraining(TrainingRun):
         return self.fit()
 
     # ---- the loop's hooks
+    def epoch_steps(self) -> int:
+        return self.data.loader.steps_in_epoch(0)
+
     def next_batches(self) -> list[dict]:
         epoch, rows = self.data.loader.next_rows()
         parts = np.array_split(rows, self.cfg.train.grad_accum)
@@ -286,7 +289,7 @@ class Pretraining(TrainingRun):
                  "wall_seconds": self.engine.tick(), "train_seconds_this_session": self.session_time,
                  "model_flops_per_token": self.objective.flops_per_token(),
                  "parameters": self.objective.model.num_parameters(), "device": str(self.engine.device),
-                 "processes": self.d.world}
+                 "processes": self.d.world, **({"warnings": self.warnings} if self.warnings else {})}
         self.metrics.close()
         out = self.cfg.out
         card = modelcard.pretraining_card(self.cfg, self.objective, final, self.folder.command())
