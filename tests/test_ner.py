@@ -203,3 +203,16 @@ def test_accumulation_matches_one_batch(setup, tmp_path, capsys):
     a, b = load_file(one / "model.safetensors"), load_file(accum / "model.safetensors")
     assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-5
     capsys.readouterr()
+
+
+def test_conll_files_as_people_export_them(tmp_path):
+    """Issue 66, classes 3 and 4: a sentence break of tabs alone, a token with a no-break space ("10\u00a0000") in a
+    space-separated file, and a token holding U+2028 (which str.splitlines took for a line end) read as written."""
+    from bertforge.tasks.ner import NerConfig
+
+    (tmp_path / "tabs.conll").write_text("Anna\tB-per\nran\tO\n\t\nParis\tB-geo\n")
+    assert [s.tokens for s in read_ner(str(tmp_path / "tabs.conll"), NerConfig())] == [["Anna", "ran"], ["Paris"]]
+    (tmp_path / "spaces.conll").write_text("10\u00a0000 O\nfans B-group\n\nwe\u2028go O\n")
+    sentences = read_ner(str(tmp_path / "spaces.conll"), NerConfig())
+    assert [s.tokens for s in sentences] == [["10\u00a0000", "fans"], ["we\u2028go"]]
+    assert [s.tags for s in sentences] == [["O", "B-group"], ["O"]]

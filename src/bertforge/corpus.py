@@ -342,7 +342,7 @@ def read_part(path: str, start: int = 0, end: int | None = None, text_field: str
     if not _is_text_file(path):
         yield from _documents_of(_jsonl_part_texts(lines, path, start, text_field))
     elif doc_separator == "line":
-        yield from _documents_of(t for line in lines for t in line.splitlines() if t.strip())
+        yield from _documents_of(t for t in (line.rstrip("\r\n") for line in lines) if t.strip())
     elif doc_separator == "blank-line":
         yield from _google_documents(lines)
     elif doc_separator == "file":

@@ -15,6 +15,15 @@ from .errors import UserError, require_file
 READ_BYTES = 1 << 20  # a reader holds one block: its memory stays the same whatever the file's size
 
 
+def lines_of(text: str) -> list[str]:
+    """The lines of a text file's contents, split at line ends only (``\n``, ``\r\n``): ``str.splitlines`` also
+    splits at U+2028, U+0085, form feeds and the other separators, which a token or a text may hold."""
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
 def read_text(path: str, what: str = "file") -> str:
     """A whole text file (``.gz`` decompressed) as UTF-8."""
     require_file(path, what)

@@ -21,7 +21,7 @@ from ..config import FinetuneConfig, progress_shown, setting
 from ..corpus import table_rows
 from ..errors import UserError, checked, shown
 from ..evaluation import by_length, classification_metrics
-from ..files import json_lines, json_object_or_none, read_text
+from ..files import json_lines, json_object_or_none, lines_of, read_text
 from ..inference import Pipeline, labelled_head, paired
 from ..loading import check_max_seq_length, for_folder, load_for_inference, model_dir
 from ..models import BertConfig, BertForSequenceClassification
@@ -128,7 +128,7 @@ def input_texts(a) -> list[str]:
             column = getattr(a, "text_column", None) or saved_columns(a.model).get("text_column")
             col, _, _ = resolve_columns(rows, ClassifyConfig(text_column=column), a.input, need_label=False)
             return [r[col] for r in rows]
-        lines = [t for t in read_text(a.input, "input file").splitlines() if t.strip()]
+        lines = [t for t in lines_of(read_text(a.input, "input file")) if t.strip()]
         if not lines:
             raise UserError(f"{a.input} has no lines")
         return lines

@@ -14,6 +14,7 @@ import io
 import json
 import logging
 import os
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +28,7 @@ from ..config import FinetuneConfig, progress_shown, setting
 from ..errors import UserError, checked, shown
 from ..evaluation import by_length
 from ..inference import Pipeline, labelled_head
-from ..files import json_lines, read_text
+from ..files import json_lines, lines_of, read_text
 from ..loading import check_max_seq_length, for_folder, load_for_inference, model_dir
 from ..models import BertConfig, BertForTokenClassification
 from ..tokenizer import special_ids
@@ -61,8 +62,11 @@ class Sentence:
 # ------------------------------------------------------------------------------------------------ reading
 def _conll(path: str, text: str, settings: NerConfig) -> list[Sentence]:
     sentences, tokens, tags = [], [], []
-    for n, line in enumerate(text.splitlines(), 1):
-        fields = [f.strip() for f in line.split("\t")] if "\t" in line else line.split()
+    for n, line in enumerate(lines_of(text), 1):
+        # tab-separated columns, else ASCII spaces (a no-break space inside a token, "10\u00a0000", is no separator);
+        # a line of whitespace alone ends a sentence, as a blank one does
+        fields = [] if not line.strip() else [f.strip(" ") for f in line.split("\t")] if "\t" in line else \
+            [f for f in re.split(r"[ ]+", line.strip(" ")) if f]
         if not fields:
             if tokens:
                 sentences.append(Sentence(tokens, tags))
@@ -87,7 +91,7 @@ def _conll(path: str, text: str, settings: NerConfig) -> list[Sentence]:
 def _jsonl(path: str, text: str, settings: NerConfig) -> list[Sentence]:
     names = None
     if settings.labels_file:
-        names = [x.strip() for x in read_text(settings.labels_file, "labels file").splitlines() if x.strip()]
+        names = [x.strip() for x in lines_of(read_text(settings.labels_file, "labels file")) if x.strip()]
     sentences = []
     for n, obj in json_lines(io.StringIO(text), path):
         tokens = obj.get("tokens")
