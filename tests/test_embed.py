@@ -274,3 +274,19 @@ def test_torchrun_matches_one_process(setup, tmp_path, capsys):
                 for o in (one, other)]
         assert len(rows[0]) == 6 and max(abs(x - y) for x, y in zip(*rows)) < 1e-5
     capsys.readouterr()
+
+
+def test_bm25_credits_no_passage_that_shares_no_word(tmp_path, capsys):
+    """Issue 66, class 6: with queries that share no word with any passage, BM25 scores every passage 0 and the
+    first ten in index order counted as hits; passages of stop words alone ended in a traceback."""
+    pytest.importorskip("bm25s")
+    pairs = [{"query": f"zyx{i} qwv{i}", "positive": f"the cat number {i} sat on a mat"} for i in range(12)]
+    (tmp_path / "pairs.jsonl").write_text("".join(json.dumps(p) + "\n" for p in pairs))
+    assert main(["--quiet", "evaluate", "retrieval", "--model", "bm25", "--data", str(tmp_path / "pairs.jsonl")]) == 0
+    figures = json.loads(capsys.readouterr().out)
+    assert figures["mrr@10"] == figures["recall@10"] == 0.0
+    stop = [{"query": "the cat", "positive": "the of and"}, {"query": "a dog", "positive": "a an the"}]
+    (tmp_path / "stop.jsonl").write_text("".join(json.dumps(p) + "\n" for p in stop))
+    assert main(["--quiet", "evaluate", "retrieval", "--model", "bm25", "--data", str(tmp_path / "stop.jsonl")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: BM25 has nothing to index"), err

@@ -204,10 +204,15 @@ def bm25_ranked(rs: RetrievalSet, k: int = TOP_K) -> np.ndarray:
         raise UserError("--model bm25 needs the bm25s library: pip install 'bertforge[retrieval]'") from None
     index = bm25s.BM25(k1=BM25_SETTINGS["k1"], b=BM25_SETTINGS["b"], method=BM25_SETTINGS["method"])
     stop = BM25_SETTINGS["stopwords"]
-    index.index(bm25s.tokenize(rs.corpus, stopwords=stop, show_progress=False), show_progress=False)
+    try:
+        index.index(bm25s.tokenize(rs.corpus, stopwords=stop, show_progress=False), show_progress=False)
+    except ValueError as e:  # (passages of stop words alone leave nothing to index)
+        raise UserError(f"BM25 has nothing to index: the passages hold no word but stop words ({e})") from None
     k = min(k + (rs.itself is not None), len(rs.corpus))  # (one more, for the query's own passage)
-    docs, _ = index.retrieve(bm25s.tokenize(rs.queries, stopwords=stop, show_progress=False), k=k,
-                             show_progress=False)
+    docs, scores = index.retrieve(bm25s.tokenize(rs.queries, stopwords=stop, show_progress=False), k=k,
+                                  show_progress=False)
+    # a passage that shares no word with the query scores 0: it was not retrieved, whatever its place (-1: no hit)
+    docs = np.where(np.asarray(scores) > 0, np.asarray(docs), -1)
     if rs.itself is None:
         return np.asarray(docs)
     return np.asarray([[d for d in row if d != own][: k - 1] for row, own in zip(np.asarray(docs), rs.itself)])
