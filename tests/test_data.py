@@ -162,6 +162,7 @@ def test_whole_word_masking(gutenberg):
 def test_cache_is_reused_and_keyed(small_text_corpus, story_tokenizer, tmp_path, monkeypatch):
     c1 = build_corpus([str(small_text_corpus)], story_tokenizer, cache_dir=str(tmp_path))
     import bertforge.prepared as prepared
+    import bertforge.shards as shards
 
     def boom(*a, **k):
         raise AssertionError("tokenized again")
@@ -173,7 +174,7 @@ def test_cache_is_reused_and_keyed(small_text_corpus, story_tokenizer, tmp_path,
     with pytest.raises(AssertionError, match="tokenized again"):  # another tokenizer: another cache
         build_corpus([str(small_text_corpus)], other, cache_dir=str(tmp_path))
     assert c1.tokens.dtype == np.uint16 and not isinstance(c1.tokens, np.memmap)  # small shards are read
-    monkeypatch.setattr(prepared, "MAPPED_BYTES", 0)  # large ones are memory-mapped
+    monkeypatch.setattr(shards, "MAPPED_BYTES", 0)  # large ones are memory-mapped
     assert isinstance(build_corpus([str(small_text_corpus)], story_tokenizer, cache_dir=str(tmp_path)).tokens, np.memmap)
 
 

@@ -15,9 +15,11 @@ import pytest
 
 from bertforge import UserError
 from bertforge import prepared as prepared_module
+from bertforge.children import child_pids
 from bertforge.cli import main
 from bertforge.data import build_corpus
-from bertforge.prepared import Reading, open_prepared, prepare_corpus
+from bertforge.prepared import Reading, prepare_corpus
+from bertforge.shards import open_prepared
 from bertforge.tokenizer import load_tokenizer
 
 from . import reference_corpora
@@ -281,7 +283,7 @@ def test_ctrl_c_stops_the_workers_without_a_traceback(minilm_tok, monkeypatch):
 
     failed = []
     before = set(multiprocessing.active_children())  # (another test's, under xdist: not this one's to judge)
-    before_pids = prepared_module._child_pids()
+    before_pids = child_pids()
     monkeypatch.setattr(threading, "excepthook", failed.append)
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # also where a shell started us ignoring it
     jobs = [{"s": 0.01}] + [{"s": 30.0} for _ in range(200)]  # most still queued, cancelled by pool.map
@@ -301,7 +303,7 @@ def test_ctrl_c_stops_the_workers_without_a_traceback(minilm_tok, monkeypatch):
     for p in set(multiprocessing.active_children()) - before:  # (one the pool's thread killed may be exiting)
         p.join(5)
     left = {}  # as the system sees them: running, or not reaped
-    for pid in prepared_module._child_pids() - before_pids:
+    for pid in child_pids() - before_pids:
         with contextlib.suppress(OSError):
             left[pid] = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     assert not left, f"child processes left, by pid and state: {left}"  # a running one would still sleep 30 s

@@ -49,10 +49,10 @@ from .config import progress_shown
 from .corpus import input_signature
 from .devices import Dist
 from .errors import UserError
-from .prepared import VERSION as PREPARED_VERSION
-from .prepared import Reading, TokenizedCorpus, is_prepared, open_prepared, prepare_corpus, tokenizer_fingerprint
-from .prepared import seed_int as _seed_int
-from .prepared import split_documents
+from .prepared import Reading, prepare_corpus, tokenizer_fingerprint
+from .shards import VERSION as PREPARED_VERSION
+from .shards import TokenizedCorpus, is_prepared, open_prepared, split_documents
+from .shards import seed_int as _seed_int
 from .tokenizer import SpecialIds, special_ids, vocab_tokens
 
 log = logging.getLogger("bertforge")

@@ -39,7 +39,8 @@ from ..loading import check_max_seq_length
 from ..models import FAMILIES, family, family_of, load_config
 from ..models.initialization import local_attention_heads_, set_dropout, sinusoidal_positions_
 from ..objectives import objective_class
-from ..prepared import is_prepared, prepared_settings, tokenizer_fingerprint
+from ..prepared import prepared_settings, tokenizer_fingerprint
+from ..shards import is_prepared
 from ..tokenizer import check_vocab_fits, load_tokenizer, special_ids, train_vocabulary
 
 log = logging.getLogger("bertforge")
