@@ -7,7 +7,8 @@ import pytest
 
 from bertforge.cli import main
 from bertforge.errors import UserError
-from bertforge.models import FAMILIES, BertConfig, ModernBertConfig, family, family_of, for_folder, head_class, load_config
+from bertforge.models import (FAMILIES, BertConfig, ModernBertConfig, family, family_of, for_folder, head_class,
+                              load_config)
 from bertforge.models.base import PreTrainedModel
 from bertforge.models.registry import ROLES
 from bertforge.tokenizer import SpecialIds
@@ -42,12 +43,12 @@ def test_a_role_a_family_lacks_is_one_error_naming_the_folder():
 
 
 def test_load_config_reads_config_json_once(tmp_path, monkeypatch):
-    import bertforge.models.registry as registry
+    import bertforge.models.base as base
 
     BertConfig.preset("tiny", vocab_size=64).save(str(tmp_path / "config.json"))
     reads = []
-    real = registry.read_json_object
-    monkeypatch.setattr(registry, "read_json_object", lambda *a: reads.append(a) or real(*a))
+    real = base.read_json_object
+    monkeypatch.setattr(base, "read_json_object", lambda *a: reads.append(a) or real(*a))
     for_folder(str(tmp_path), "encoder")
     assert len(reads) == 1
 

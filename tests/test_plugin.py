@@ -12,7 +12,7 @@ from bertforge.cli import main
 from bertforge.config import setting
 from bertforge.inference import Pipeline
 from bertforge.models import BertForSequenceClassification
-from bertforge.tasks import TASKS, FinetuneTask
+from bertforge.tasks import TASKS, FinetuneTask, register
 from bertforge.tasks.base import use_labels
 from bertforge.tokenizer import special_ids
 
@@ -105,7 +105,8 @@ def test_a_task_registered_outside_the_package_gets_every_command(tmp_path, caps
 
     src = pathlib.Path(bertforge.__file__).parent
     assert "longshort" not in (src / "cli.py").read_text() + (src / "api.py").read_text()
-    monkeypatch.setitem(TASKS, "longshort", LengthTask)
+    monkeypatch.setitem(TASKS, "longshort", None)  # (the test's own entry: gone at its end)
+    assert register(LengthTask) is LengthTask and TASKS["longshort"] is LengthTask
     texts = [" ".join(["the cat sat"] * k) for k in range(1, 5)] * 4
     model = tiny_model_dir(tmp_path / "m", texts, vocab_size=60)
     for name, part in (("train", texts), ("dev", texts[:8])):

@@ -499,7 +499,7 @@ def _finetune_setup(kind, cfg, transformers, tmp: str, random_preset: str | None
     model's config, the batches on ``dev``) of the task ``kind`` as ``bertforge finetune`` reads and encodes it;
     with ``random_preset``, the model is that preset of family ``arch``, randomly initialised, written to
     ``cfg.model`` first."""
-    from .loading import for_folder
+    from .models import for_folder
     from .tokenizer import load_tokenizer
 
     t = kind(kind.settings_class())

@@ -11,8 +11,8 @@ from tokenizers import Tokenizer
 from .checkpoint import has_weight
 from .errors import UserError, checked, shown
 from .evaluation import by_length
-from .loading import check_max_seq_length, for_folder, load_for_inference, model_dir
-from .models import BertConfig
+from .loading import check_max_seq_length, load_for_inference, model_dir
+from .models import BertConfig, for_folder
 from .tokenizer import special_ids
 
 log = logging.getLogger("bertforge")

@@ -31,6 +31,7 @@ from .models import BertConfig, BertForPreTraining
 
 log = logging.getLogger("bertforge")
 
+
 class FillMaskPipeline(Pipeline):
     task = "fill-mask"
     head = ("cls.predictions.transform.dense.weight", "masked-LM head (cls.predictions)",
@@ -132,8 +133,7 @@ def pipeline(task: str, model: str | os.PathLike, device: str = "auto", batch_si
     task = aliases.get(task, task)
     if task not in found:
         raise UserError(f"unknown task {shown(task)}; expected one of {', '.join([*found, *aliases])}")
-    return found[task](model, device=device, batch_size=batch_size, progress=progress,
-                            max_seq_length=max_seq_length)
+    return found[task](model, device=device, batch_size=batch_size, progress=progress, max_seq_length=max_seq_length)
 
 
 __all__ = ["pipeline", "FillMaskPipeline", "NextSentencePipeline"]

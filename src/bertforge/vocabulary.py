@@ -142,8 +142,7 @@ def extend_model(model: nn.Module, tok: Tokenizer) -> list[str]:
     pieces = old_pieces(tok, tokens, old_n)
     with torch.no_grad():
         model.set_input_embeddings(_grown(emb, pieces))
-        model.grow_output_layer(lambda t: torch.cat([t, _means(t, pieces)]) if t.dim() == 2 else
-                                torch.cat([t, _means(t[:, None], pieces)[:, 0]]))
+        model.grow_output_layer(lambda t: torch.cat([t, _means(t, pieces)]))  # (a weight's rows, or a bias)
     model.config.vocab_size = new_n
     model.tie_weights()  # the decoder is the grown embedding matrix again
     return tokens
@@ -157,7 +156,7 @@ def _grown(old: nn.Embedding, pieces: list[list[int]]) -> nn.Embedding:
 
 
 def _means(rows: torch.Tensor, pieces: list[list[int]]) -> torch.Tensor:
-    """(len(pieces), C): the mean of ``rows``' rows of each list of ids."""
+    """(len(pieces), C), or (len(pieces),) for a bias: the mean of ``rows``' rows of each list of ids."""
     return torch.stack([rows[torch.tensor(p, dtype=torch.long, device=rows.device)].mean(0) for p in pieces])
 
 

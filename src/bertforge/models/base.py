@@ -107,16 +107,29 @@ class ModelConfigJson:
 
     @classmethod
     def load(cls, path: str) -> Any:
-        if os.path.isdir(path):
-            path = os.path.join(path, "config.json")
-        if not os.path.isfile(path):
-            raise UserError(f"no config.json at {path}")
+        """The config of the folder (or config.json) at ``path``, as this family reads it."""
+        file = config_path(path)
+        return cls.from_file(file, read_config(file))
 
-        d = read_json_object(path, "config.json")
+    @classmethod
+    def from_file(cls, file: str, d: dict[str, Any]) -> Any:
+        """The config that ``d``, the contents of config.json ``file``, describes; an error names the file."""
         try:
             return cls.from_dict(d)
         except UserError as e:  # the file is what a user needs to know
-            raise UserError(f"{path}: {e}") from None
+            raise UserError(f"{file}: {e}") from None
+
+
+def config_path(path: str) -> str:
+    """The config.json of a model folder, or ``path`` itself when it names the file."""
+    return os.path.join(path, "config.json") if os.path.isdir(path) else path
+
+
+def read_config(file: str) -> dict[str, Any]:
+    """The object a config.json holds (one read of it); a UserError when it is missing or no JSON object."""
+    if not os.path.isfile(file):
+        raise UserError(f"no config.json at {file}")
+    return read_json_object(file, "config.json")
 
 
 # ------------------------------------------------------------------------------------------------ outputs
@@ -166,7 +179,8 @@ class PreTrainedModel(nn.Module):
     ``config_class``, ``base_model_prefix`` (the encoder's attribute in task models, its checkpoints' prefix),
     ``encoder_prefixes`` (a bare encoder's names), ``embeddings_name`` (the token table's attribute in its
     embeddings) and ``_init_weights``; a head sets ``head_prefixes`` (weights a checkpoint may lack: the task
-    head, freshly initialised) and, with a decoder tied to the embeddings, ``decoder_path``."""
+    head, freshly initialised), and a family says which output layer is tied to the embeddings
+    (``tied_decoder``)."""
 
     config_class: ClassVar[type]
     base_model_prefix: ClassVar[str]

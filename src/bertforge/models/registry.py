@@ -4,13 +4,13 @@ names a family or asks which one it has."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import UserError, shown
-from ..files import json_object_or_none, read_json_object
+from ..files import json_object_or_none
 from .base import check_preset as _check_preset
+from .base import config_path, read_config
 
 # What a head class does, whatever its family: the role a task or a pipeline asks a folder's family for.
 ROLES = ("encoder", "pretraining", "masked_lm", "sequence_classification", "token_classification",
@@ -67,32 +67,23 @@ def family_of_config(config: Any) -> Family:
     raise TypeError(f"no model family has config class {type(config).__name__}")
 
 
-def family_of_model(model: Any) -> Family:
-    return family_of_config(model.config)
-
-
-def _config_file(path: str) -> str:
-    return os.path.join(path, "config.json") if os.path.isdir(path) else path
+def _of_type(d: dict) -> Family:
+    """The family a config.json's contents name (``model_type``): BERT when they name none of ours (BERT's
+    reading then says what is wrong)."""
+    return FAMILIES.get(d.get("model_type")) or family("bert")
 
 
 def family_of(path: str) -> Family:
-    """The family of the folder (or config.json) at ``path``: its ``model_type``, BERT when it names none or
-    cannot be read (the loading that follows says why)."""
-    found = json_object_or_none(_config_file(path)) or {}
-    return FAMILIES.get(found.get("model_type")) or family("bert")
+    """The family of the folder (or config.json) at ``path``, BERT when it cannot be read (the loading that
+    follows says why)."""
+    return _of_type(json_object_or_none(config_path(path)) or {})
 
 
 def load_config(path: str) -> Any:
     """The config of the folder (or config.json) at ``path``, of its family, from one read of config.json."""
-    file = _config_file(path)
-    if not os.path.isfile(file):
-        raise UserError(f"no config.json at {file}")
-    d = read_json_object(file, "config.json")
-    cls = (FAMILIES.get(d.get("model_type")) or family("bert")).config_class
-    try:
-        return cls.from_dict(d)
-    except UserError as e:  # the file is what a user needs to know
-        raise UserError(f"{file}: {e}") from None
+    file = config_path(path)
+    d = read_config(file)
+    return _of_type(d).config_class.from_file(file, d)
 
 
 def head_class(config: Any, role_of: type | str, where: str = "the model") -> type:

@@ -5,6 +5,7 @@ Each is a :class:`~bertforge.tasks.base.FinetuneTask` that the one runner (:mod:
 trains; their data handling is also what evaluation and prediction use.
 """
 
+from ..errors import UserError
 from .base import FinetuneTask
 from .classify import ClassificationTask
 from .embed import EmbedTask
@@ -23,11 +24,10 @@ def register(task: type[FinetuneTask]) -> type[FinetuneTask]:
 
 def evaluation(name: str):
     """The API function of ``evaluate NAME``."""
-    from ..errors import UserError
-
     found = {t.evaluate_name: t for t in TASKS.values() if t.evaluate_name}
     if name not in found:
         raise UserError(f"unknown evaluation {name!r}; expected one of {', '.join([*found, 'mlm'])}")
     return found[name].evaluation()
+
 
 __all__ = ["TASKS", "evaluation", "register", "ClassificationTask", "EmbedTask", "FinetuneTask", "NerTask", "SquadTask"]

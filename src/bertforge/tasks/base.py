@@ -6,6 +6,7 @@ handling (SQuAD windows and post-processing) without the training engine.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -13,7 +14,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from ..commands import add_setting_flags, positive_int
-from ..config import FinetuneConfig
+from ..config import FinetuneConfig, dataclass_from_dict, validate_fields
 from ..errors import UserError
 from ..models import BertConfig
 
@@ -175,10 +176,6 @@ class FinetuneTask:
 def given_settings(base: Any, given: dict[str, Any], where: str) -> Any:
     """A task's settings dataclass: ``base`` with the fields ``given`` (paths as ``os.PathLike`` too), checked as
     the flags are; an unknown name is refused naming ``where``."""
-    import os
-
-    from ..config import dataclass_from_dict, validate_fields
-
     given = {k: os.fspath(v) if isinstance(v, os.PathLike) else v for k, v in given.items()}
     settings = dataclass_from_dict(base, given, where)
     validate_fields(settings)

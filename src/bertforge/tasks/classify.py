@@ -23,8 +23,8 @@ from ..errors import UserError, checked, shown
 from ..evaluation import by_length, classification_metrics
 from ..files import json_lines, json_object_or_none, lines_of, read_text
 from ..inference import Pipeline, labelled_head, paired
-from ..loading import check_max_seq_length, for_folder, load_for_inference, model_dir
-from ..models import BertConfig, BertForSequenceClassification
+from ..loading import check_max_seq_length, load_for_inference, model_dir
+from ..models import BertConfig, BertForSequenceClassification, for_folder
 from ..tokenizer import special_ids
 from .base import FinetuneTask, given_settings, use_labels
 

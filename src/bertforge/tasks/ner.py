@@ -29,8 +29,8 @@ from ..errors import UserError, checked, shown
 from ..evaluation import by_length
 from ..inference import Pipeline, labelled_head
 from ..files import json_lines, lines_of, read_text
-from ..loading import check_max_seq_length, for_folder, load_for_inference, model_dir
-from ..models import BertConfig, BertForTokenClassification
+from ..loading import check_max_seq_length, load_for_inference, model_dir
+from ..models import BertConfig, BertForTokenClassification, for_folder
 from ..tokenizer import special_ids
 from .base import FinetuneTask, given_settings, use_labels
 from .classify import input_texts

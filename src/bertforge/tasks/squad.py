@@ -30,8 +30,8 @@ from ..evaluation import by_length, squad_evaluate
 from ..inference import Pipeline, paired
 from ..atomic import atomic_write_text
 from ..files import read_json
-from ..models import BertConfig, BertForQuestionAnswering, head_class
-from ..loading import check_max_seq_length, for_folder, load_for_inference, model_dir, refuse_other_head
+from ..models import BertConfig, BertForQuestionAnswering, for_folder, head_class
+from ..loading import check_max_seq_length, load_for_inference, model_dir, refuse_other_head
 from ..tokenizer import special_ids
 from .base import FinetuneTask, given_settings
 

@@ -35,7 +35,8 @@ from ..config import FinetuneConfig, dataclass_from_dict, validate_fields
 from ..devices import Dist
 from ..embeddings import ST_FILES
 from ..errors import TrainingError, UserError, shown
-from ..loading import check_max_seq_length, for_folder, warn_untrained_positions
+from ..loading import check_max_seq_length, warn_untrained_positions
+from ..models import for_folder
 from ..outputs import MODEL_FILES, register_output
 from ..plots import plot_finetuning
 from ..settings import check_resumed, file_digest, say_schedule_changed

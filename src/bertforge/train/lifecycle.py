@@ -338,11 +338,10 @@ class TrainingRun:
         warmup = t.warmup_steps if t.warmup_steps is not None else int(t.warmup_ratio * epoch * (t.epochs or 1))
         if st.step >= 0.1 * epoch and st.step >= warmup:
             return None
-        spent = max(0.0, st.elapsed - self.step_seconds)
+        spent = max(0.0, st.elapsed - self.progress.start_elapsed - self.step_seconds)  # (this session's)
         return (f"--max-time {duration(s.max_time)} trained {st.step} step(s), {100 * st.step / epoch:.2g}% of an "
                 f"epoch of {epoch}: set-up, evaluations and saves took {duration(spent)} of it; the model has barely "
-                "trained. "
-                "Give a longer --max-time, a smaller --max-eval-samples or fewer evaluations (--eval-every)")
+                "trained. Give a longer --max-time, a smaller --max-eval-samples or fewer evaluations (--eval-every)")
 
     def save_model(self) -> None:
         """Rank 0, after each checkpoint: refresh the model directory (pretraining's output is one)."""
