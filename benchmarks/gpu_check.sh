@@ -9,7 +9,7 @@
 # temporary files included).  Stages, each time-boxed, none stopped by an earlier one's failure:
 #
 #   env         the machine: torch, CUDA, the GPU, package versions                       (OUTDIR/env.json)
-#   tests       pytest -m cuda tests/test_cuda.py: bf16 against fp32, variable-length attention on the fused
+#   tests       pytest -m cuda tests/train/test_cuda.py: bf16 against fp32, variable-length attention on the fused
 #               kernels, attention dropout, torch.compile, a GPU checkpoint resumed on the CPU
 #   bench_mini  bertforge bench --preset mini, batch 256 x 128 of the excerpt's text, against transformers,
 #               and the same step under --compile against eager (does torch.compile pay on this GPU?)
@@ -62,7 +62,7 @@ fi
 
 # a: the CUDA tests (on the CPU they all skip: the stage then checks that they still import and collect)
 stage tests 200 env BERTFORGE_CUDA_REPORT="$OUT/tests/figures.jsonl" "$PY" -m pytest -q -p no:cacheprovider -rA \
-  --durations=0 -m cuda tests/test_cuda.py --junitxml "$OUT/tests/junit.xml" --basetemp "$OUT/tests/tmp"
+  --durations=0 -m cuda tests/train/test_cuda.py --junitxml "$OUT/tests/junit.xml" --basetemp "$OUT/tests/tmp"
 
 # b: bertforge against transformers, bf16 autocast + SDPA + fused AdamW on both sides, neither compiled
 bench() {

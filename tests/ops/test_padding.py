@@ -6,7 +6,7 @@ and feed-forward block.  Unpadding is easy to lose without a test failing, since
 same values (a padded key mask reaching the kernel quietly turns the variable-length path off).
 
 Here on the CPU: the variable-length path that CUDA takes (``VARLEN_DEVICES`` with "cpu"; nested SDPA) and the
-CPU's per-sequence path (training with attention dropout); ``tests/test_cuda.py`` runs the same count on CUDA.
+CPU's per-sequence path (training with attention dropout); ``tests/train/test_cuda.py`` runs the same count on CUDA.
 """
 
 from __future__ import annotations

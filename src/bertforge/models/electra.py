@@ -95,8 +95,9 @@ class ElectraForMaskedLM(BertPreTrainedModel):
 
     base_model_prefix = "electra"
 
-    def __init__(self, config: BertConfig, embedding_size: int):
+    def __init__(self, config: BertConfig, embedding_size: int | None = None):
         super().__init__(config)
+        embedding_size = embedding_size or config.embedding_size  # (a generator directory's config carries it)
         self.embedding_size = embedding_size
         self.electra = ElectraModel(config, embedding_size)
         self.generator_predictions = ElectraGeneratorPredictions(config, embedding_size)
@@ -119,16 +120,9 @@ class ElectraForMaskedLM(BertPreTrainedModel):
         d.update(model_type="electra", embedding_size=self.embedding_size, tie_word_embeddings=True)
         return d
 
-    @classmethod
-    def from_pretrained(cls, path, map_location="cpu", **_) -> ElectraForMaskedLM:
-        model = cls(*generator_config_of(path))
-        sd = checkpoint.read_state_dict(path)
-        sd = {k: v for k, v in sd.items() if k != "generator_lm_head.weight" and not k.endswith("position_ids")}
-        missing, unexpected = model.load_state_dict(sd, strict=False)
-        if missing or unexpected:
-            raise UserError(f"weights in {path} do not fit an ELECTRA generator: missing {missing[:6]}, "
-                            f"unexpected {unexpected[:6]}")
-        return model.to(map_location)
+def load_generator(path) -> ElectraForMaskedLM:
+    """The generator a run saved beside its discriminator (``<run>/generator``)."""
+    return ElectraForMaskedLM.from_pretrained(path, config=generator_config_of(path))
 
 
 # ------------------------------------------------------------------------------------------------ discriminator
@@ -228,15 +222,17 @@ def sample(logits: torch.Tensor, seq_of_row: torch.Tensor, keys=None, sampler: t
     return torch.searchsorted(cdf, u, right=True).squeeze(1).clamp_(max=cdf.shape[1] - 1)
 
 
-def generator_config_of(path: str) -> tuple[BertConfig, int]:
-    """(config, embedding size) of an ELECTRA generator directory."""
+def generator_config_of(path: str) -> BertConfig:
+    """The config of an ELECTRA generator directory, with its ``embedding_size``."""
     d = read_json_object(os.path.join(path, checkpoint.CONFIG_NAME), "config.json")
     if d.get("model_type") != "electra" or not isinstance(d.get("embedding_size"), int):
         raise UserError(f"{path} is not an ELECTRA generator directory (config.json model_type 'electra')")
     embedding_size = d.pop("embedding_size")
     d.pop("tie_word_embeddings", None)
     d["model_type"] = "bert"
-    return BertConfig.from_dict(d), embedding_size
+    config = BertConfig.from_dict(d)
+    config.embedding_size = embedding_size  # what ElectraForMaskedLM builds its smaller embeddings with
+    return config
 
 
 def is_generator_dir(path: str) -> bool:

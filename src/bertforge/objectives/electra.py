@@ -51,7 +51,7 @@ class Electra(PretrainingObjective):
     def masked_lm_of(cls, path: str) -> tuple[type, BertConfig, str] | None:
         if not is_generator_dir(path):
             return None
-        return ElectraForMaskedLM, generator_config_of(path)[0], "generator_predictions.dense.weight"
+        return ElectraForMaskedLM, generator_config_of(path), "generator_predictions.dense.weight"
 
     @property
     def masked_lm(self) -> torch.nn.Module:

@@ -1,6 +1,6 @@
 """Where a run's tokenizer, model config and weights come from: one pure function of what the command was given
 and what its output folder holds, decided before anything is read, and one table test of every combination
-(tests/test_plan.py).
+(tests/train/test_plan.py).
 
 =====================================  ===============  ===============  ==================  ===============
 what the run was given / holds         tokenizer        config           weights             starting values

@@ -1,0 +1,218 @@
+"""Token classification: the readers and schemes, windows and first-sub-token labels, fine-tuning whose figures
+equal seqeval's on its own predictions, a folder that transformers loads, and the errors of bad input."""
+
+import json
+import os
+
+import pytest
+import torch
+
+from bertforge import BertConfig, BertForPreTraining
+from bertforge.cli import main
+from bertforge.tasks.ner import NerConfig
+from bertforge.errors import UserError
+from bertforge.tasks.ner import Sentence, best_windows, read_ner, scheme_of, training_features, windows
+from bertforge.tokenizer import train_vocabulary
+
+from ..conftest import data_path
+
+PEOPLE, PLACES = ["anna", "boris", "carla", "dmitri", "elena"], ["paris", "oslo", "lima", "rome"]
+
+
+def _sentences(n: int) -> list[tuple[list[str], list[str]]]:
+    out = []
+    for i in range(n):
+        p, q = PEOPLE[i % 5], PLACES[i % 4]
+        if i % 3 == 0:
+            out.append(([p, "smith", "went", "to", q, "today"], ["B-per", "I-per", "O", "O", "B-loc", "O"]))
+        else:
+            out.append((["we", "met", p, "in", q], ["O", "O", "B-per", "O", "B-loc"]))
+    return out
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    d = tmp_path_factory.mktemp("ner")
+    rows = _sentences(24)
+    (d / "train.conll").write_text("-DOCSTART-\tO\n\n" + "\n\n".join(
+        "\n".join(f"{t}\t{g}" for t, g in zip(*r)) for r in rows) + "\n")
+    words = [" ".join(r[0]) for r in rows]
+    tok = train_vocabulary(words, 100, kind="wordpiece", min_frequency=1)
+    torch.manual_seed(0)
+    cfg = BertConfig.preset("tiny", vocab_size=tok.get_vocab_size(), max_position_embeddings=512)
+    BertForPreTraining(cfg).save_pretrained(str(d / "model"), tokenizer=tok)
+    return d
+
+
+def _args(d, out, *extra) -> list[str]:
+    return ["--quiet", "finetune", "ner", "--model", str(d / "model"), "--train", str(d / "train.conll"), "--out",
+            str(out), "--lr", "1e-3", "--no-progress", "--seed", "1", "--max-seq-length", "32", *extra]
+
+
+def test_conll_and_jsonl_read_alike(tmp_path):
+    (tmp_path / "a.conll").write_text("-DOCSTART- -X- O O\n\nEU NNP B-NP B-ORG\nrejects VBZ B-VP O\n\nPeter NNP B-NP B-PER\n")
+    s = read_ner(str(tmp_path / "a.conll"), NerConfig())  # CoNLL-2003's four columns: the tag is the last
+    assert [(x.tokens, x.tags) for x in s] == [(["EU", "rejects"], ["B-ORG", "O"]), (["Peter"], ["B-PER"])]
+    (tmp_path / "l.txt").write_text("O\nB-PER\nI-PER\n")
+    (tmp_path / "b.jsonl").write_text(json.dumps({"tokens": ["Peter", "Pan"], "ner_tags": [1, 2]}) + "\n")
+    s = read_ner(str(tmp_path / "b.jsonl"), NerConfig(labels_file=str(tmp_path / "l.txt")))
+    assert s == [Sentence(["Peter", "Pan"], ["B-PER", "I-PER"])]
+    with pytest.raises(UserError, match="need their names"):
+        read_ner(str(tmp_path / "b.jsonl"), NerConfig())
+
+
+def test_schemes_are_told_apart_and_mixing_them_is_refused():
+    assert scheme_of([Sentence(["a", "b"], ["B-x", "I-x"])], "f") == "BIO"
+    assert scheme_of([Sentence(["a", "b"], ["I-x", "I-x"])], "f") == "IOB1"
+    assert scheme_of([Sentence(["a", "b"], ["B-x", "E-x"]), Sentence(["c"], ["S-y"])], "f") == "BIOES"
+    with pytest.raises(UserError, match="mix schemes"):
+        scheme_of([Sentence(["a"], ["S-x"]), Sentence(["b", "c"], ["O", "I-y"])], "f")
+
+
+def test_long_sentences_are_windows_and_every_word_is_predicted_once(setup):
+    from bertforge.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(str(setup / "model"))
+    long = Sentence(["anna", "went", "to", "paris"] * 30, ["B-per", "O", "O", "B-loc"] * 30)
+    feats, firsts, split = windows(tok, [long], 24)
+    assert split == 1 and len(feats) > 2 and all(len(f["input_ids"]) <= 24 for f in feats)
+    chosen = best_windows(feats, firsts)[0]
+    assert all(k >= 0 for k, _ in chosen)  # every word has a window
+    for w, (k, q) in enumerate(chosen):  # and it is the word's own first piece there
+        assert feats[k]["words"][q - 1] == w and firsts[0][w] == feats[k]["start"] + q - 1
+    # labels on first pieces only; with label_all_tokens the later pieces take the I- form
+    label2id = {"B-per": 0, "I-per": 1, "O": 2, "B-loc": 3, "I-loc": 4}
+    s = Sentence(["annasmithson"], ["B-per"])
+    (f,), _ = training_features(tok, [s], label2id, 24, all_tokens=False)
+    pieces = len(f["input_ids"]) - 2
+    assert pieces > 1 and f["labels"] == [-100, 0, *[-100] * (pieces - 1), -100]
+    (f,), _ = training_features(tok, [s], label2id, 24, all_tokens=True)
+    assert f["labels"] == [-100, 0, *[1] * (pieces - 1), -100]
+
+
+def test_finetune_ner_figures_equal_seqeval_on_its_predictions(setup, tmp_path, capsys):
+    from seqeval.metrics import classification_report, f1_score
+    from seqeval.scheme import IOB2
+
+    out = tmp_path / "o"
+    assert main(_args(setup, out, "--validation", str(setup / "train.conll"), "--epochs", "4", "--batch-size", "4")) == 0
+    m = json.loads((out / "metrics.json").read_text())
+    rows = [json.loads(x) for x in (out / "predictions.jsonl").read_text().splitlines()]
+    true, pred = [r["tags"] for r in rows], [r["predicted"] for r in rows]
+    assert m["f1"] == pytest.approx(f1_score(true, pred)) and len(rows) == 24
+    report = classification_report(true, pred, output_dict=True)
+    assert m["per_type"]["per"]["f1"] == pytest.approx(report["per"]["f1-score"])
+    assert m["per_type"]["loc"]["number"] == report["loc"]["support"] == 24
+    config = json.loads((out / "config.json").read_text())
+    assert config["id2label"] == {"0": "B-loc", "1": "B-per", "2": "I-per", "3": "O"}  # sorted, as run_ner
+    capsys.readouterr()
+    # evaluate ner on the same file: the best epoch's figures; --strict: seqeval's strict mode with IOB2
+    assert main(["evaluate", "ner", "--model", str(out), "--data", str(setup / "train.conll")]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["f1"] == pytest.approx(m["f1"]) and res["per_type"] == m["per_type"]
+    assert main(["evaluate", "ner", "--model", str(out), "--data", str(setup / "train.conll"), "--strict"]) == 0
+    strict = json.loads(capsys.readouterr().out)
+    assert strict["f1"] == pytest.approx(f1_score(true, pred, mode="strict", scheme=IOB2))
+
+
+def test_transformers_loads_the_token_classifier(setup, tmp_path, capsys):
+    transformers = pytest.importorskip("transformers")
+    out = tmp_path / "o"
+    assert main(_args(setup, out, "--epochs", "1", "--batch-size", "8")) == 0
+    from bertforge.models import BertForTokenClassification
+
+    ours = BertForTokenClassification.from_pretrained(str(out)).eval()
+    theirs = transformers.BertForTokenClassification.from_pretrained(str(out)).eval()
+    ids = torch.tensor([[2, 10, 11, 12, 3, 0], [2, 13, 14, 15, 16, 3]])
+    mask = (torch.arange(6) < torch.tensor([[5], [6]])).long()
+    with torch.no_grad():
+        a, b = ours(ids, mask).logits, theirs(input_ids=ids, attention_mask=mask).logits
+    assert torch.allclose(a[mask.bool()], b[mask.bool()], atol=1e-5)
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("text,message", [
+    ("", "is empty"),
+    ("anna\n", "has no tag"),
+    ("anna\tO\nwent\tO\n", "only one tag"),
+    ("anna\tPERSON\n", "is neither O nor"),
+])
+def test_bad_files_are_one_error_line_and_nothing_written(setup, tmp_path, capsys, text, message):
+    (tmp_path / "bad.conll").write_text(text)
+    args = _args(setup, tmp_path / "out")
+    args[args.index("--train") + 1] = str(tmp_path / "bad.conll")
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_validation_tag_unseen_in_training_is_refused(setup, tmp_path, capsys):
+    (tmp_path / "v.conll").write_text("anna\tB-org\n")
+    assert main(_args(setup, tmp_path / "out", "--validation", str(tmp_path / "v.conll"))) == 2
+    assert "B-org never seen in training" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["none", "simple", "first", "average", "max"])
+def test_predict_ner_equals_transformers_pipeline(setup, tmp_path_factory, capsys, strategy):
+    """predict ner --json gives transformers' token-classification pipeline's entities on the same folder, for
+    every aggregation strategy (raw text: words as the pipeline forms them from pieces, character offsets)."""
+    transformers = pytest.importorskip("transformers")
+    out = setup / "trained"
+    if not out.exists():
+        assert main(_args(setup, out, "--epochs", "3", "--batch-size", "4")) == 0
+    texts = ["Anna Smith went to Paris today!", "we met boris in lima , then annasmithson in Oslo.", "nothing here"]
+    if os.environ.get("BERTFORGE_DATA"):  # and WNUT-16's dev tweets as raw text (unknown pieces, URLs, emoji)
+        tweets = data_path("wnut16", "dev.conll").read_text(encoding="utf-8").split("\n\n")[:40]
+        texts += [" ".join(line.split("\t")[0] for line in t.splitlines() if line.strip()) for t in tweets]
+    capsys.readouterr()
+    assert main(["predict", "ner", "--model", str(out), "--json", "--aggregation", strategy, *texts]) == 0
+    ours = json.loads(capsys.readouterr().out)
+    theirs = transformers.pipeline("token-classification", model=str(out), aggregation_strategy=strategy,
+                                   device="cpu")(texts)
+    assert any(ours), "the model finds entities"
+    for a, b in zip(ours, theirs):
+        assert [{k: v for k, v in x.items() if k != "score"} for x in a] == \
+               [{k: (int(v) if k in ("index", "start", "end") else v) for k, v in x.items() if k != "score"} for x in b]
+        assert [x["score"] for x in a] == pytest.approx([float(x["score"]) for x in b], abs=1e-5)
+
+
+def test_a_sentence_classifier_is_not_read_as_a_token_classifier(setup, tmp_path, capsys):
+    out = tmp_path / "o"
+    assert main(_args(setup, out, "--epochs", "1", "--batch-size", "8")) == 0
+    config = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**config, "architectures": ["BertForSequenceClassification"]}))
+    capsys.readouterr()
+    assert main(["predict", "ner", "--model", str(out), "anna went to paris"]) == 2
+    assert "not a token classifier" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_accumulation_matches_one_batch(setup, tmp_path, capsys):
+    """The loss is the mean over the global batch's labelled tokens: two accumulated micro-batches train as one
+    batch (batches of 6 from 22 sentences of different lengths).  The engine normalises a process's micro-batches
+    as it does another process's, so this is the task's part of "torchrun x2 = one process"; torchrun itself is
+    tested once per command (test_finetune.py)."""
+    args = ["--batch-size", "6", "--epochs", "2", "--log-every", "1", "--max-train-examples", "22"]
+    one, accum = tmp_path / "one", tmp_path / "accum"
+    assert main(_args(setup, one, *args)) == 0
+    assert main(_args(setup, accum, *args, "--grad-accum", "2")) == 0
+    from safetensors.torch import load_file
+
+    a, b = load_file(one / "model.safetensors"), load_file(accum / "model.safetensors")
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-5
+    capsys.readouterr()
+
+
+def test_conll_files_as_people_export_them(tmp_path):
+    """Issue 66, classes 3 and 4: a sentence break of tabs alone, a token with a no-break space ("10\u00a0000") in a
+    space-separated file, and a token holding U+2028 (which str.splitlines took for a line end) read as written."""
+    from bertforge.tasks.ner import NerConfig
+
+    (tmp_path / "tabs.conll").write_text("Anna\tB-per\nran\tO\n\t\nParis\tB-geo\n")
+    assert [s.tokens for s in read_ner(str(tmp_path / "tabs.conll"), NerConfig())] == [["Anna", "ran"], ["Paris"]]
+    (tmp_path / "spaces.conll").write_text("10\u00a0000 O\nfans B-group\n\nwe\u2028go O\n")
+    sentences = read_ner(str(tmp_path / "spaces.conll"), NerConfig())
+    assert [s.tokens for s in sentences] == [["10\u00a0000", "fans"], ["we\u2028go"]]
+    assert [s.tags for s in sentences] == [["O", "B-group"], ["O"]]

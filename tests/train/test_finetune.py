@@ -1,0 +1,441 @@
+"""The fine-tuning runner (finetune.py): steps, accumulation, evaluation every N steps, the few-updates warning."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from bertforge import BertConfig, BertForPreTraining, BertForSequenceClassification
+from bertforge.checkpoint import list_checkpoints
+from bertforge.cli import main
+from bertforge.tokenizer import train_vocabulary
+
+from ..helpers import torchrun
+
+ROWS = [("good fun day", "pos"), ("bad sad mess", "neg"), ("a fine good show", "pos"), ("a dull bad show", "neg"),
+        ("fun and good", "pos"), ("sad and dull", "neg"), ("very good", "pos"), ("very bad mess", "neg")] * 2
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    d = tmp_path_factory.mktemp("ft")
+    (d / "t.jsonl").write_text("".join(json.dumps({"text": a, "label": b}) + "\n" for a, b in ROWS))
+    tok = train_vocabulary([r[0] for r in ROWS], 40, kind="wordlevel", min_frequency=1)
+    torch.manual_seed(0)  # no dropout: split and whole batches then make the same update
+    cfg = BertConfig.preset("tiny", vocab_size=tok.get_vocab_size(), max_position_embeddings=32, hidden_dropout_prob=0.0,
+                            attention_probs_dropout_prob=0.0)
+    BertForPreTraining(cfg).save_pretrained(str(d / "model"), tokenizer=tok)
+    torch.manual_seed(1)  # and one with dropout, whose masks a resumed run must draw as the uninterrupted one
+    cfg = BertConfig.preset("tiny", vocab_size=tok.get_vocab_size(), max_position_embeddings=32)
+    BertForPreTraining(cfg).save_pretrained(str(d / "dropout-model"), tokenizer=tok)
+    return d
+
+
+def _args(d, out, *extra, model="model") -> list[str]:
+    return ["--quiet", "finetune", "classify", "--model", str(d / model), "--train", str(d / "t.jsonl"), "--validation",
+            str(d / "t.jsonl"), "--out", str(out), "--lr", "1e-3", "--no-progress", "--seed", "1", "--max-seq-length", "16", *extra]
+
+
+def _run(d, out, *extra) -> dict:
+    args = ["--quiet", "finetune", "classify", "--model", str(d / "model"), "--train", str(d / "t.jsonl"), "--validation",
+            str(d / "t.jsonl"), "--out", str(out), "--lr", "1e-3", "--no-progress", "--seed", "1", "--max-seq-length", "16", *extra]
+    assert main(args) == 0
+    return json.loads((out / "metrics.json").read_text())
+
+
+def _weights(out) -> dict:
+    return load_file(out / "model.safetensors")
+
+
+def test_gradient_accumulation_makes_the_update_of_the_whole_batch(setup, tmp_path, capsys):
+    # 16 examples in batches of 6: the last batch of each epoch holds 4, split in micro-batches too
+    whole = _run(setup, tmp_path / "a1", "--batch-size", "6", "--epochs", "2")
+    split = _run(setup, tmp_path / "a4", "--batch-size", "6", "--epochs", "2", "--grad-accum", "3")
+    smaller = _run(setup, tmp_path / "b2", "--batch-size", "2", "--epochs", "2")  # what accumulation must not be
+    a, b, c = _weights(tmp_path / "a1"), _weights(tmp_path / "a4"), _weights(tmp_path / "b2")
+    assert all(torch.allclose(a[k], b[k], atol=2e-5, rtol=1e-4) for k in a)
+    assert not all(torch.allclose(a[k], c[k], atol=2e-5, rtol=1e-4) for k in a)
+    assert whole["epochs"][-1]["step"] == split["epochs"][-1]["step"] == 6 and smaller["epochs"][-1]["step"] == 16
+    capsys.readouterr()
+
+
+def test_max_steps_and_evaluation_every_n_steps(setup, tmp_path, capsys):
+    m = _run(setup, tmp_path / "o", "--batch-size", "4", "--max-steps", "7", "--eval-every", "3")
+    # 4 steps per epoch: evaluations at step 3, the end of epoch 1 (4), step 6 and the last step (7)
+    assert [(e["epoch"], e["step"]) for e in m["epochs"]] == [(1, 3), (1, 4), (2, 6), (2, 7)]
+    best = max(m["epochs"], key=lambda e: e["accuracy"])
+    assert (m["best_step"], m["accuracy"]) == (best["step"], best["accuracy"])
+    rows = [json.loads(x) for x in (tmp_path / "o" / "metrics.jsonl").read_text().splitlines()]
+    assert max(r["step"] for r in rows if r["type"] == "train") == 7
+    card = (tmp_path / "o" / "README.md").read_text()
+    assert "7 steps" in card and f"step {m['best_step']}" in card
+    # the kept weights are the best evaluation's: evaluating them again gives its accuracy
+    assert main(["evaluate", "classify", "--model", str(tmp_path / "o"), "--data", str(setup / "t.jsonl")]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["accuracy"] == pytest.approx(best["accuracy"])
+
+
+def test_few_updates_are_warned_and_a_batch_that_accumulation_cannot_split_refused(setup, tmp_path, capsys):
+    _run(setup, tmp_path / "o", "--batch-size", "8", "--epochs", "1")
+    assert "only 2 optimizer updates" in capsys.readouterr().err
+    args = ["finetune", "classify", "--model", str(setup / "model"), "--train", str(setup / "t.jsonl"), "--validation",
+            str(setup / "t.jsonl"), "--out", str(tmp_path / "p"), "--batch-size", "4", "--grad-accum", "8", "--no-progress"]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0] == "error: --batch-size 4 must be a positive multiple of --grad-accum 8"
+    assert not (tmp_path / "p").exists()
+
+
+def test_positions_beyond_the_pretraining_length_are_warned(setup, tmp_path, capsys):
+    # a model bertforge pretrained from scratch on 4-token sequences, fine-tuned on sentences of 5-6 tokens
+    model = tmp_path / "short"
+    shutil.copytree(setup / "model", model)
+    saved = {"data": {"max_seq_length": 4}, "model": {"init": None}}
+    (model / "pretrain_config.json").write_text(json.dumps(saved))
+    _run_model = ["--batch-size", "8", "--epochs", "1"]
+    assert main(_args(setup, tmp_path / "a", *_run_model, model=str(model))) == 0
+    assert "pretrained on sequences of at most 4 tokens and these reach 6: positions 4-5 start untrained" in capsys.readouterr().err
+    saved["data"]["max_seq_length"] = 6  # long enough: no warning
+    (model / "pretrain_config.json").write_text(json.dumps(saved))
+    assert main(_args(setup, tmp_path / "b", *_run_model, model=str(model))) == 0
+    assert "untrained" not in capsys.readouterr().err
+    saved["data"]["max_seq_length"], saved["model"]["init"] = 4, "elsewhere"  # pretrained on from other weights: unknown
+    (model / "pretrain_config.json").write_text(json.dumps(saved))
+    assert main(_args(setup, tmp_path / "c", *_run_model, model=str(model))) == 0
+    assert "untrained" not in capsys.readouterr().err
+
+
+RESUMABLE = ["--batch-size", "4", "--epochs", "3", "--save-every", "3", "--eval-every", "5", "--log-every", "1"]
+
+
+def _rows(out) -> list[dict]:
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k != "elapsed"} for r in rows]
+
+
+@pytest.mark.slow
+def test_sigkill_and_resume_end_with_the_weights_of_the_uninterrupted_run(setup, tmp_path, capsys):
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    assert main(_args(setup, straight, *RESUMABLE, model="dropout-model")) == 0
+    assert not (straight / "checkpoints").exists()  # a finished run keeps no checkpoints
+    # killed (SIGKILL, as a power loss) in the middle of its third checkpoint (step 9), the writes counted:
+    # step 3 saves 4 files (no evaluation yet), step 6 five (the best evaluation's weights too)
+    env = dict(os.environ, BERTFORGE_FAULT="write:12", PYTHONUNBUFFERED="1")
+    proc = subprocess.run([sys.executable, "-m", "bertforge", *_args(setup, killed, *RESUMABLE, model="dropout-model")],
+                          env=env, capture_output=True)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
+    assert [s for s, _ in list_checkpoints(str(killed))] == [6]  # fine-tuning keeps the newest alone
+    assert main(_args(setup, killed, *RESUMABLE, model="dropout-model")) == 2  # a new run there: refused
+    assert "already exists" in capsys.readouterr().err
+    assert main(_args(setup, killed, *RESUMABLE, "--weight-decay", "0.5", "--resume", model="dropout-model")) == 2
+    assert "--resume continues the run" in capsys.readouterr().err  # other settings than the checkpoint's: refused
+    for other in (["--freeze-embeddings"], []):  # ... before anything is loaded: the checkpoints stay as they are
+        other_model = "model" if not other else "dropout-model"
+        assert main(_args(setup, killed, *RESUMABLE, "--resume", *other, model=other_model)) == 2
+        assert "--resume continues the run" in capsys.readouterr().err
+        assert [s for s, _ in list_checkpoints(str(killed))] == [6]
+    assert main(_args(setup, killed, *RESUMABLE, "--resume", model="dropout-model")) == 0
+    a, b = _weights(straight), _weights(killed)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert _rows(straight) == _rows(killed)
+    m1, m2 = (json.loads((o / "metrics.json").read_text()) for o in (straight, killed))
+    assert (m1["best_step"], m1["accuracy"]) == (m2["best_step"], m2["accuracy"])
+    assert (straight / "predictions.jsonl").read_text() == (killed / "predictions.jsonl").read_text()
+    assert not (killed / "checkpoints").exists()
+
+
+@pytest.mark.slow
+def test_resume_refuses_data_that_changed_since_the_run_started(setup, tmp_path, capsys):
+    """Found by hostile testing (2): a resumed run read its files again and trained on whatever they now held (a
+    label flipped in --train, a row edited in --validation) without a word; the checkpoint records their content."""
+    data = tmp_path / "t.jsonl"
+    shutil.copy(setup / "t.jsonl", data)
+    out = tmp_path / "killed"
+    args = ["--quiet", "finetune", "classify", "--model", str(setup / "model"), "--train", str(data), "--validation",
+            str(data), "--out", str(out), "--lr", "1e-3", "--no-progress", "--max-seq-length", "16", *RESUMABLE]
+    env = dict(os.environ, BERTFORGE_FAULT="write:6", PYTHONUNBUFFERED="1")  # killed in its second checkpoint
+    proc = subprocess.run([sys.executable, "-m", "bertforge", *args], env=env, capture_output=True)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
+    assert [s for s, _ in list_checkpoints(str(out))] == [3]
+    original = data.read_text()
+    flipped = original.replace('"pos"', '"tmp"', 1).replace('"neg"', '"pos"', 1).replace('"tmp"', '"neg"', 1)
+    for changed in (flipped, original.replace("good fun day", "good fun night")):
+        data.write_text(changed)
+        assert main([*args, "--resume"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert err.startswith("error: ") and "on the data it was started on, and --train" in err, err
+        assert "now holds other examples" in err and "Traceback" not in err
+        assert [s for s, _ in list_checkpoints(str(out))] == [3]
+    data.write_text(original)
+    assert main([*args, "--resume"]) == 0
+
+
+def test_resume_needs_a_checkpoint(setup, tmp_path, capsys):
+    assert main(_args(setup, tmp_path / "none", "--resume")) == 2
+    assert "nothing to resume" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_an_interrupted_checkpointed_run_can_be_overwritten(setup, tmp_path, capsys):
+    out = tmp_path / "o"
+    env = dict(os.environ, BERTFORGE_FAULT="write:6")
+    proc = subprocess.run([sys.executable, "-m", "bertforge", *_args(setup, out, *RESUMABLE)], env=env, capture_output=True)
+    assert proc.returncode == -signal.SIGKILL and list_checkpoints(str(out))
+    (out / "checkpoints" / ".step-00000009.tmp-x").mkdir()  # what a killed save leaves
+    assert main(_args(setup, out, *RESUMABLE, "--overwrite")) == 0
+    assert (out / "model.safetensors").is_file() and not (out / "checkpoints").exists()
+    capsys.readouterr()
+
+
+@pytest.mark.slow
+def test_torchrun_and_accumulation_with_dropout_match_one_process(setup, tmp_path, capsys):
+    """Dropout masks keyed by (seed, step, example): two processes, or one accumulating two micro-batches,
+    compute the one-process run.  Batches of 6 from 13 examples: each epoch's last batch holds one example,
+    so the second process has none there (it takes part with a batch that counts for nothing)."""
+    args = ["--batch-size", "6", "--max-train-examples", "13", "--epochs", "2", "--log-every", "1"]
+    one, accum, two = tmp_path / "one", tmp_path / "accum", tmp_path / "two"
+    assert main(_args(setup, one, *args, model="dropout-model")) == 0
+    assert main(_args(setup, accum, *args, "--grad-accum", "2", model="dropout-model")) == 0
+    r = subprocess.run([*torchrun(2), "-m", "bertforge",
+                        *_args(setup, two, *args, model="dropout-model")], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    a = _weights(one)
+    for other in (accum, two):
+        b = _weights(other)
+        assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-5, other
+        la = [x["loss"] for x in _rows(one) if x["type"] == "train"]
+        lb = [x["loss"] for x in _rows(other) if x["type"] == "train"]
+        assert len(la) == 6 and max(abs(x - y) for x, y in zip(la, lb)) < 1e-5
+    assert json.loads((two / "finetune_config.json").read_text())["processes"] == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["accum", "one", "two"]  # one writer, nothing beside (yet)
+    # and dropout is on: the same model without it ends elsewhere
+    shutil.copytree(setup / "dropout-model", tmp_path / "m0")
+    c = json.loads((tmp_path / "m0" / "config.json").read_text())
+    (tmp_path / "m0" / "config.json").write_text(json.dumps({**c, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}))
+    assert main(_args(setup, tmp_path / "nodrop", *args, model=str(tmp_path / "m0"))) == 0  # (an absolute model path)
+    assert not torch.allclose(_weights(tmp_path / "nodrop")["classifier.weight"], a["classifier.weight"], atol=1e-4)
+    capsys.readouterr()
+
+
+@pytest.mark.slow
+def test_embeddings_gather_every_process_vectors_as_one_process(tmp_path, capsys):
+    """In-batch negatives across processes: each gathers the others' vectors, so two processes accumulating two
+    micro-batches each train as one (batches of 6 from 13 pairs, with repeated passages; the last batch of each
+    epoch holds one pair, so the second process has none there)."""
+    from ..tasks.test_embed import _args as embed_args, write_setup
+
+    d = write_setup(tmp_path)
+    args = ["--batch-size", "6", "--epochs", "2", "--log-every", "1", "--symmetric"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert main(embed_args(d, one, *args)) == 0
+    r = subprocess.run([*torchrun(2), "-m", "bertforge", *embed_args(d, two, *args, "--grad-accum", "2")],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    a, b = _weights(one), _weights(two)
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-5
+    la, lb = ([x["loss"] for x in _rows(o) if x["type"] == "train"] for o in (one, two))
+    assert len(la) == 6 and max(abs(x - y) for x, y in zip(la, lb)) < 1e-5
+    capsys.readouterr()
+
+
+def test_config_file_replays_a_run_and_flags_override_it(setup, tmp_path, capsys):
+    first = _run(setup, tmp_path / "first", "--batch-size", "4", "--epochs", "2")
+    # the run's own finetune_config.json as --config (another --out): the same run
+    saved = tmp_path / "first" / "finetune_config.json"
+    assert main(["--quiet", "finetune", "classify", "--config", str(saved), "--out", str(tmp_path / "again")]) == 0
+    a, b = _weights(tmp_path / "first"), _weights(tmp_path / "again")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert json.loads((tmp_path / "again" / "metrics.json").read_text())["accuracy"] == first["accuracy"]
+    # a YAML file of the flags' names, a flag over it
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(f"model: {setup / 'model'}\ntrain: {setup / 't.jsonl'}\nvalidation_file: {setup / 't.jsonl'}\n"
+                   "batch-size: 4\nepochs: 2\nlr: 5e-1\nseed: 1\ndata: {max_seq_length: 16}\nlabel_column: label\n")
+    assert main(["--quiet", "finetune", "classify", "--config", str(cfg), "--lr", "1e-3", "--out", str(tmp_path / "yaml"),
+                 "--no-progress"]) == 0
+    saved = json.loads((tmp_path / "yaml" / "finetune_config.json").read_text())["finetune"]
+    assert saved["train"]["lr"] == 1e-3 and saved["train"]["batch_size"] == 4 and saved["data"]["max_seq_length"] == 16
+    c = _weights(tmp_path / "yaml")
+    assert all(torch.equal(a[k], c[k]) for k in a)  # the same settings as the first run
+    capsys.readouterr()
+    for text, message in (("lrr: 1\n", "unknown key(s) for finetune classify: lrr"), ("compile: true\n", "compile cannot be set"),
+                          ("[1, 2]\n", "must hold a mapping"), ("doc_stride: 64\n", "for finetune classify: doc_stride"),
+                          ("1: 2\n", "1 is not a setting's name"), ("lr: [\n", "cannot parse config file")):
+        cfg.write_text(f"model: {setup / 'model'}\n" + text if not text.startswith("[") else text)
+        args = ["finetune", "classify", "--config", str(cfg), "--train", str(setup / "t.jsonl"), "--validation",
+                str(setup / "t.jsonl"), "--out", str(tmp_path / "bad")]
+        assert main(args) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
+        assert not (tmp_path / "bad").exists()
+
+
+def test_group_by_length_batches_similar_lengths_in_a_random_order(setup, tmp_path, capsys):
+    from bertforge.batching import GROUP_BATCHES, group_by_length
+
+    gen = torch.Generator().manual_seed(0)
+    lengths = torch.randint(1, 200, (1000,), generator=gen).tolist()
+    order = torch.randperm(1000, generator=gen).numpy()
+    grouped = group_by_length(order, lengths, 4)
+    assert sorted(grouped.tolist()) == list(range(1000))  # every example once
+    size = GROUP_BATCHES * 4
+    for i in range(0, 1000, size):  # each run of 50 batches: the same examples as the random order's, longest first
+        run = grouped[i : i + size].tolist()
+        assert set(run) == set(order[i : i + size].tolist()) and [lengths[j] for j in run] == sorted((lengths[j] for j in run), reverse=True)
+    padding = lambda o: sum(4 * max(lengths[j] for j in o[k : k + 4]) - sum(lengths[j] for j in o[k : k + 4])  # noqa: E731
+                            for k in range(0, 1000, 4))
+    assert padding(grouped) < padding(order) / 10
+    m = _run(setup, tmp_path / "g", "--batch-size", "4", "--epochs", "2", "--group-by-length")
+    saved = json.loads((tmp_path / "g" / "finetune_config.json").read_text())["finetune"]
+    assert saved["data"]["group_by_length"] is True and m["epochs"][-1]["step"] == 8
+    capsys.readouterr()
+
+
+@pytest.mark.slow
+def test_torchrun_killed_in_a_save_and_resumed_ends_as_one_uninterrupted_process(setup, tmp_path, capsys):
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    assert main(_args(setup, straight, *RESUMABLE, model="dropout-model")) == 0
+    torchrun_ = [*torchrun(2), "-m", "bertforge"]
+    env = dict(os.environ, BERTFORGE_FAULT="write:12")  # rank 0 (the writer) killed in its third checkpoint
+    r = subprocess.run([*torchrun_, *_args(setup, killed, *RESUMABLE, model="dropout-model")], env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode != 0 and [s for s, _ in list_checkpoints(str(killed))] == [6], r.stderr[-3000:]
+    r = subprocess.run([*torchrun_, *_args(setup, killed, *RESUMABLE, "--resume", model="dropout-model")], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    a, b = _weights(straight), _weights(killed)
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-5
+    ra, rb = _rows(straight), _rows(killed)
+    assert [(x["type"], x["step"]) for x in ra] == [(x["type"], x["step"]) for x in rb]
+    assert all(abs(x.get("loss", 0) - y.get("loss", 0)) < 1e-5 for x, y in zip(ra, rb))
+    assert not (killed / "checkpoints").exists()
+    capsys.readouterr()
+
+
+def test_default_learning_rate_follows_the_models_width(setup, tmp_path):
+    """Without --lr a run takes the rate for its model's width (tiny: hidden 128), saved with the run so that
+    its finetune_config.json repeats it; --lr wins; the rule itself by width."""
+    from bertforge.config import FINETUNE_LR_BY_WIDTH, finetune_lr
+
+    assert finetune_lr(128) == finetune_lr(256) == FINETUNE_LR_BY_WIDTH[0][1]
+    assert finetune_lr(384) == finetune_lr(768) == FINETUNE_LR_BY_WIDTH[-1][1] < finetune_lr(256)
+    base = ["--quiet", "finetune", "classify", "--model", str(setup / "model"), "--train", str(setup / "t.jsonl"),
+            "--validation", str(setup / "t.jsonl"), "--no-progress", "--max-seq-length", "16", "--max-steps", "2"]
+    assert main([*base, "--out", str(tmp_path / "auto")]) == 0
+    saved = json.loads((tmp_path / "auto" / "finetune_config.json").read_text())["finetune"]["train"]
+    assert saved["lr"] == finetune_lr(128)
+    assert main([*base, "--out", str(tmp_path / "given"), "--lr", "3e-5"]) == 0
+    assert json.loads((tmp_path / "given" / "finetune_config.json").read_text())["finetune"]["train"]["lr"] == 3e-5
+    assert main([*base, "--out", str(tmp_path / "missing"), "--model", str(tmp_path / "nowhere")]) == 2
+
+
+SLOW_STEPS = """import sys, time
+from bertforge.train.engine import Engine
+step = Engine.step
+Engine.step = lambda self, *args, **kw: (time.sleep(0.3), step(self, *args, **kw))[1]  # time to signal it mid-run
+from bertforge.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_during_fine_tuning_saves_a_checkpoint_and_the_run_resumes(setup, tmp_path, capsys, sig):
+    """Ctrl-C, or the SIGTERM that torchrun and job schedulers send: the run stops after its current step with a
+    checkpoint of it (without --save-every), one error line saying how to continue, exit status 1; --resume
+    finishes it without reporting the restored head as new, and the card's command has no --resume."""
+    out = tmp_path / "o"
+    args = _args(setup, out, "--batch-size", "4", "--epochs", "3", "--log-every", "1")
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_STEPS, *args[1:]], stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    seen = []
+    for line in proc.stderr:  # the first step's log line: training has begun
+        seen.append(line)
+        if line.startswith("step 1/"):
+            proc.send_signal(sig)
+            break
+    err = "".join(seen) + proc.stderr.read()
+    assert proc.wait(timeout=120) == 1, err[-2000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("error: interrupted at step ") and "resume with" in last and "--resume" in last, err
+    assert "Traceback" not in err
+    step = int(last.split()[4])
+    assert 1 <= step < 12 and [s for s, _ in list_checkpoints(str(out))] == [step]
+    assert "newly initialised" in err  # the first run's new classifier ...
+    saved = list_checkpoints(str(out))[0][1]
+    assert main([*args[1:], "--resume"]) == 0
+    resumed = capsys.readouterr().err  # ... comes from the checkpoint on resume
+    assert "newly initialised" not in resumed and f"resumed from {saved}" in resumed
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["epochs"][-1]["step"] == 12 and not (out / "checkpoints").exists()
+    card = (out / "README.md").read_text()
+    assert "finetune classify" in card and "--resume" not in card
+
+
+def _plain(d, out, *extra) -> list[str]:
+    """A fine-tuning command without --validation."""
+    return ["finetune", "classify", "--model", str(d / "model"), "--train", str(d / "t.jsonl"), "--out", str(out),
+            "--lr", "1e-3", "--no-progress", "--seed", "1", "--max-seq-length", "16", "--batch-size", "4", *extra]
+
+
+def test_validation_is_optional_a_split_of_the_training_file_or_a_slice(setup, tmp_path, capsys):
+    # no validation data: trained, not evaluated, and said; the last weights are the model
+    assert main(_plain(setup, tmp_path / "none", "--epochs", "1")) == 0
+    cap = capsys.readouterr()
+    assert "not evaluated" in cap.err and json.loads(cap.out.strip().splitlines()[-1])["step"] == 4
+    m = json.loads((tmp_path / "none" / "metrics.json").read_text())
+    assert m["epochs"] == [] and m["step"] == 4 and (tmp_path / "none" / "model.safetensors").is_file()
+    assert "not evaluated" in (tmp_path / "none" / "README.md").read_text()
+    # a part of the training file held out (at random, by --seed): 4 of 16 examples
+    assert main(_plain(setup, tmp_path / "split", "--epochs", "1", "--validation-split", "0.25")) == 0
+    assert "on 12 examples (2 labels: neg, pos), validating on 4" in capsys.readouterr().err
+    m = json.loads((tmp_path / "split" / "metrics.json").read_text())
+    assert (m["train_examples"], m["validation_examples"], m["epochs"][-1]["step"]) == (12, 4, 3)
+    # the first N validation examples (transformers' name too)
+    assert main(_plain(setup, tmp_path / "slice", "--epochs", "1", "--validation", str(setup / "t.jsonl"),
+                       "--max_eval_samples", "3")) == 0
+    assert json.loads((tmp_path / "slice" / "metrics.json").read_text())["validation_examples"] == 3
+    assert len((tmp_path / "slice" / "predictions.jsonl").read_text().splitlines()) == 3
+    capsys.readouterr()
+    assert main(_plain(setup, tmp_path / "both", "--validation", str(setup / "t.jsonl"), "--validation-split", "0.2")) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not both" in err[0] and not (tmp_path / "both").exists()
+
+
+def test_fine_tuning_checkpoints_by_time_without_save_every(setup, tmp_path, monkeypatch, capsys):
+    import bertforge.checkpoint as ckpt
+    import bertforge.train.lifecycle as lifecycle
+
+    saved, save = [], ckpt.save_checkpoint
+    monkeypatch.setattr(ckpt, "save_checkpoint", lambda out, step, *a, **kw: saved.append(step) or save(out, step, *a, **kw))
+    monkeypatch.setattr(lifecycle, "SAVE_INTERVAL", 0)  # due after every step
+    assert main(_args(setup, tmp_path / "o", "--batch-size", "4", "--epochs", "1")) == 0
+    assert saved == [1, 2, 3] and not (tmp_path / "o" / "checkpoints").exists()  # (not at the end: it is the end)
+    assert main(_args(setup, tmp_path / "p", "--batch-size", "4", "--epochs", "1", "--save-every", "0")) == 0
+    assert saved == [1, 2, 3]  # --save-every 0: none
+    capsys.readouterr()
+
+
+def test_a_timed_run_that_barely_trained_says_so(tmp_path, capsys):
+    """Issue 67, item 2: a --max-time too short for its run (set-up and evaluation ate it) ended with status 0 and
+    no word; now a warning with the figures and what to do, in the log, metrics.json and the model card."""
+    rows = [("a good film", "1"), ("a bad film", "0")] * 2500
+    (tmp_path / "train.tsv").write_text("sentence\tlabel\n" + "".join(f"{t}\t{y}\n" for t, y in rows))
+    tok = train_vocabulary([t for t, _ in rows[:4]], 40, kind="wordlevel", min_frequency=1)
+    torch.manual_seed(0)
+    model = tmp_path / "m"
+    BertForSequenceClassification(BertConfig.preset("tiny", vocab_size=tok.get_vocab_size(),
+                                                    max_position_embeddings=16)).save_pretrained(str(model), tok)
+    out = tmp_path / "out"
+    assert main(["finetune", "classify", "--model", str(model), "--train", str(tmp_path / "train.tsv"),
+                 "--validation-split", "0.01", "--out", str(out), "--batch-size", "1", "--max-time", "1s",
+                 "--max-seq-length", "8", "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert "of an epoch of" in err and "Give a longer --max-time" in err, err[-2000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert "barely trained" in metrics["warnings"][0]
+    assert "**Warning:** --max-time 0:00:01 trained" in (out / "README.md").read_text()

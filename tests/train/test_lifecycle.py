@@ -1,0 +1,221 @@
+"""The run's lifecycle on a toy :class:`~bertforge.train.lifecycle.TrainingRun` (a linear regression, no data files, no
+BERT): what every command's run inherits, tested once at the seam, in-process and in milliseconds: a signal
+stops the run after a whole step with a checkpoint of it, and the run resumed from it ends exactly as the
+uninterrupted one; ``save_every`` means the same for every command; a non-finite loss names the last good
+checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import bertforge.train.lifecycle as lifecycle
+from bertforge import checkpoint as ckpt
+from bertforge.devices import Dist
+from bertforge.errors import TrainingError
+
+from ..helpers import torchrun
+from ..toy_run import ToyRun, toy_train, weights
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _rows(out) -> list[str]:
+    return [line for line in (out / "metrics.jsonl").read_text().splitlines() if '"elapsed"' not in line]
+
+
+@pytest.fixture(autouse=True)
+def _python_sigint():
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_a_signal_saves_the_step_and_the_resumed_run_ends_as_the_uninterrupted_one(tmp_path):
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    for out in (straight, stopped):
+        out.mkdir()
+    run = ToyRun(straight, toy_train())
+    run.fit()
+    assert [s for s, _ in ckpt.list_checkpoints(str(straight))] == [4, 8]  # (the last: the command's own)
+    assert run.evaluations == [5, 10, 12]
+
+    with pytest.raises(TrainingError, match="interrupted at step 6 by SIGINT; saved a checkpoint of it"):
+        ToyRun(stopped, toy_train(), signal_at=6).fit()
+    assert [s for s, _ in ckpt.list_checkpoints(str(stopped))] == [4, 6]
+    resumed = ToyRun(stopped, toy_train())
+    resumed.restore()
+    assert resumed.engine.state.step == 6 and resumed.position == 6
+    resumed.fit()
+    assert resumed.engine.state.step == 12
+    assert torch.equal(resumed.engine.objective.model.weight, run.engine.objective.model.weight)
+    assert _rows(stopped) == _rows(straight)  # every logged row and evaluation, as if never stopped
+
+
+def test_save_every_is_steps_or_the_clock_and_zero_saves_nothing_before_the_end(tmp_path, monkeypatch):
+    saved: list[int] = []
+    save = ckpt.save_checkpoint
+    monkeypatch.setattr(ckpt, "save_checkpoint", lambda out, step, *a, **k: saved.append(step) or save(out, step, *a,
+                                                                                                        **k))
+    for every, expected in ((4, [4, 8]), (0, []), (None, list(range(1, 12)))):
+        out = tmp_path / str(every)
+        out.mkdir()
+        monkeypatch.setattr(lifecycle, "SAVE_INTERVAL", 0)  # None: by the clock, due after every step
+        saved.clear()
+        ToyRun(out, toy_train(save_every=every)).fit()
+        assert saved == expected, every
+
+
+def test_a_non_finite_loss_names_the_last_good_checkpoint(tmp_path):
+    (tmp_path / "o").mkdir()
+    run = ToyRun(tmp_path / "o", toy_train(max_grad_norm=1e30), lr=1e30)  # diverges within a few steps
+    with pytest.raises(TrainingError, match="the loss is not finite at step"):
+        run.fit()
+
+
+def test_a_second_training_run_in_the_same_process_is_refused(tmp_path):
+    """Found by hostile testing: two runs from two threads of the API changed each other's weights (one global
+    random state) and shared one log. While one runs, another is refused before it writes anything."""
+    from bertforge.api import run_pretraining
+    from bertforge.errors import UserError
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("The cat sat on the mat. It was warm. A dog ran in the park. The sun was up.\n" * 20)
+    with lifecycle.ONE_RUN:  # as while another thread's run goes on
+        with pytest.raises(UserError, match="another training run is going on in this process"):
+            run_pretraining(str(tmp_path / "o"), data=[str(corpus)], preset="tiny", max_steps=1, vocab_size=100)
+    assert not (tmp_path / "o").exists()
+
+
+class VirtualClock:
+    """The run's clock without the host's speed: time passes only while the toy sleeps (its steps, evaluations)."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    monotonic = perf_counter
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_a_timed_run_ends_on_time_with_its_final_evaluation_and_no_steps_in_the_learning_rate(tmp_path,
+                                                                                              monkeypatch):
+    """--max-time bounds the whole run, and the time its evaluations take shortens what is left of the
+    learning rate's decay instead of cutting it in steps (an evaluation here costs as much as 30 steps)."""
+    import bertforge.train.engine
+
+    from .. import toy_run
+
+    clock = VirtualClock()
+    for module in (lifecycle, bertforge.train.engine, toy_run):
+        monkeypatch.setattr(module, "time", clock)
+    (tmp_path / "o").mkdir()
+    run = ToyRun(tmp_path / "o", toy_train(max_steps=None, max_time=2.0, eval_every=50, save_every=0),
+                 pace=0.01, eval_pace=0.3)
+    t0 = clock.now
+    run.fit()
+    took = clock.now - t0
+    assert 2.0 - 1e-6 <= took <= 2.0 + 0.01 + 1e-6, took  # to a step; the final evaluation alone would add 15%
+    assert len(run.evaluations) >= 2 and run.evaluations[-1] == run.engine.state.step
+    rows = [json.loads(line) for line in (tmp_path / "o" / "metrics.jsonl").read_text().splitlines()]
+    lr = [r["lr"] for r in rows if r["type"] == "train"]
+    falls = [a - b for a, b in zip(lr, lr[1:])]
+    assert min(falls) >= 0 and lr[-1] < 0.05 * lr[0]
+    assert max(falls) <= 4 * sorted(falls)[len(falls) // 2], falls  # an evaluation's 0.3 s would be a 30x fall
+
+
+def test_a_timed_run_resumed_goes_on_with_the_share_of_its_budget_used(tmp_path):
+    """Found in review: a checkpoint kept a timed run's progress but resuming read it back as 0, so the learning
+    rate started its decay (and warm-up) over again."""
+    (tmp_path / "o").mkdir()
+    timed = toy_train(max_steps=None, max_time=60.0, save_every=0, eval_every=0)
+    stopped = ToyRun(tmp_path / "o", timed, signal_at=6, pace=0.05)
+    with pytest.raises(TrainingError, match="interrupted at step 6"):
+        stopped.fit()
+    used = stopped.engine.state.time_progress
+    assert used > 0
+    resumed = ToyRun(tmp_path / "o", timed)
+    resumed.restore()
+    assert resumed.engine.state.time_progress == used and resumed.engine.lr() == stopped.engine.lr()
+
+
+class _SecondProcess(Dist):
+    """Rank 1 of two, whose all-reduce adds rank 0's figures (``theirs``) to its own."""
+
+    def __init__(self, theirs: list[float]):
+        super().__init__(rank=1, world=2)
+        self.theirs = theirs
+
+    def all_sum(self, values: list[float], device) -> list[float]:
+        return [a + b for a, b in zip(values, self.theirs)]
+
+
+def test_a_timed_runs_progress_and_its_skipped_evaluation_are_rank_0s_on_every_process(tmp_path):
+    """Every decision of a timed run that a clock makes travels in the step's one all-reduce: another process
+    takes rank 0's share of the budget used, and skips an evaluation when rank 0 does (each by its own clock,
+    one process would wait in an evaluation's barrier that the other skipped)."""
+    (tmp_path / "o").mkdir()
+    run = ToyRun(tmp_path / "o", toy_train(max_steps=None, max_time=60.0, save_every=0))
+    run.d = _SecondProcess([0.0, 0.0, 0.25, 1.0])  # rank 0: a quarter of the budget used, too near the end
+    assert run._agree(lifecycle.StopSignals(), 0.01) == (False, False, True)
+    assert run.engine.state.time_progress == 0.25
+    run.d = _SecondProcess([0.0, 0.0, 0.5, 0.0])
+    assert run._agree(lifecycle.StopSignals(), 0.01) == (False, False, False)
+    assert run.engine.state.time_progress == 0.5
+
+
+def _toy(out, *flags: str, env: dict | None = None, under: list[str] | None = None) -> subprocess.CompletedProcess:
+    """The toy run as a command of its own: in one process, or ``under`` torchrun."""
+    start = under or [sys.executable]
+    return subprocess.run([*start, "-m", "tests.toy_run", str(out), *flags], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, **(env or {})}, cwd=ROOT)
+
+
+@pytest.mark.slow
+def test_a_kill_at_any_instant_of_a_save_resumes_to_the_uninterrupted_run(tmp_path):
+    """SIGKILL (a power cut) at each write and rename of the second checkpoint: the run resumed from what is left
+    (the first checkpoint, or the second whole) ends exactly as the run never killed."""
+    (tmp_path / "straight").mkdir()
+    straight = ToyRun(tmp_path / "straight", toy_train())
+    straight.fit()
+    # a toy checkpoint is four files written, then one folder renamed into place: the second's are writes 5-8
+    for fault in ("write:5", "write:6", "write:7", "write:8", "rename:2"):
+        out = tmp_path / fault.replace(":", "-")
+        r = _toy(out, env={"BERTFORGE_FAULT": fault})
+        assert r.returncode == -signal.SIGKILL, (fault, r.stderr[-2000:])
+        assert [s for s, _ in ckpt.list_checkpoints(str(out))] == ([4, 8] if fault == "rename:2" else [4]), fault
+        resumed = ToyRun(out, toy_train())
+        resumed.restore()
+        resumed.fit()
+        assert weights(resumed) == weights(straight), fault
+        assert _rows(out) == _rows(tmp_path / "straight"), fault
+
+
+@pytest.mark.slow
+def test_under_torchrun_a_signal_to_one_process_stops_both_and_the_resumed_run_ends_as_one_process(tmp_path):
+    """Two processes, each with half of every batch: SIGINT to rank 0 stops both after the same step with one
+    checkpoint of it; resumed under torchrun, the run ends as one process with the whole batches does."""
+    (tmp_path / "one").mkdir()
+    one = ToyRun(tmp_path / "one", toy_train())
+    one.fit()
+    out = tmp_path / "two"
+    r = _toy(out, "--signal-at", "6", under=torchrun(2))
+    assert r.returncode != 0 and [s for s, _ in ckpt.list_checkpoints(str(out))] == [4, 6], r.stderr[-3000:]
+    assert r.stderr.count("error: interrupted at step 6") == 2, r.stderr[-3000:]
+    r = _toy(out, "--resume", under=torchrun(2))
+    assert r.returncode == 0, r.stderr[-3000:]
+    two = json.loads((out / "weights.json").read_text())
+    assert max(abs(a - b) for a, b in zip(two, weights(one))) < 1e-6
+    ra, rb = (_rows(tmp_path / "one"), _rows(out))
+    assert [json.loads(x)["step"] for x in ra] == [json.loads(x)["step"] for x in rb]
