@@ -13,10 +13,11 @@ pytest.importorskip("transformers")
 
 
 @pytest.mark.parametrize("task,arch", [("classify", "bert"), ("squad", "bert"), ("embed", "bert"), ("ner", "bert"),
-                                       ("classify", "modernbert")])
+                                       ("rerank", "bert"), ("classify", "modernbert")])
 def test_finetune_bench_times_the_same_model_on_the_same_batches(task, arch, tmp_path, capsys):
     extra = ["--arch", arch]
-    if task in ("squad", "embed"):  # a slice of SQuAD, shorter windows (embed: its questions and paragraphs)
+    if task in ("squad", "embed", "rerank"):  # a slice of SQuAD, shorter windows (embed, rerank: its questions and
+        # paragraphs)
         squad = json.loads(data_path("squad", "dev-v1.1.json").read_text(encoding="utf-8"))
         (tmp_path / "s.json").write_text(json.dumps({"data": [{"title": "t", "paragraphs": squad["data"][0]["paragraphs"][:6]}]}))
         extra += ["--train", str(tmp_path / "s.json"), "--seq-len", "256"]

@@ -77,6 +77,14 @@ def sentence_transformers_difference(task, folder: str) -> float:
     return float(abs(pipeline(task.predict_name, model=folder, device="cpu")(texts) - theirs).max())
 
 
+def cross_encoder_difference(task, folder: str) -> float:
+    """sentence-transformers' CrossEncoder scores of the folder against our pipeline's."""
+    st = pytest.importorskip("sentence_transformers")
+    pairs = [("where does anna work", FACTS[0]), ("where does anna work", FACTS[1])]
+    theirs = st.CrossEncoder(folder, device="cpu").predict(pairs)
+    return float(abs(pipeline(task.predict_name, model=folder, device="cpu").predict(pairs) - theirs).max())
+
+
 @dataclass
 class Sample:
     write: Callable[[pathlib.Path], tuple[str, str]]  # (training file, validation file) in a folder
@@ -90,6 +98,8 @@ SAMPLES = {
     "squad": Sample(_squad, lambda p: p(question="where does anna live", context=FACTS[0]), {"doc_stride": 8}),
     "embed": Sample(_embed, lambda p: p(["where does anna work"]), reference=sentence_transformers_difference),
     "ner": Sample(_ner, lambda p: p(["anna lives in oslo"])),
+    "rerank": Sample(_embed, lambda p: p("where does anna work", FACTS[:3]), {"num_negatives": 2, "top_k": 4},
+                     reference=cross_encoder_difference),
 }
 
 
@@ -108,6 +118,8 @@ def test_a_task_reads_trains_evaluates_predicts_and_leaves_a_reference_folder(na
     train, validation = sample.write(tmp_path)
     settings = sample.settings or {}
     flags = [x for k, v in settings.items() for x in (f"--{k.replace('_', '-')}", str(v))]
+    taken = {k: v for k, v in settings.items() if task.evaluate_flags is None or k in task.evaluate_flags}
+    evaluate_flags = [x for k, v in taken.items() for x in (f"--{k.replace('_', '-')}", str(v))]
     out = tmp_path / "out"
     assert main(["--quiet", "finetune", name, "--model", base, "--train", train, "--validation", validation,
                  "--out", str(out), "--max-steps", "2", "--batch-size", "4", "--max-seq-length", "32", "--lr", "1e-3",
@@ -118,10 +130,10 @@ def test_a_task_reads_trains_evaluates_predicts_and_leaves_a_reference_folder(na
     assert metrics["best_step"] == 2 and all(metrics[k] == printed[k] for k in task.printed)
 
     # the saved folder scores its validation file as the run did, by the API and by `evaluate NAME`
-    api = evaluate(task.evaluate_name, model=str(out), data=validation, max_seq_length=32, **settings)
+    api = evaluate(task.evaluate_name, model=str(out), data=validation, max_seq_length=32, **taken)
     assert all(api[k] == pytest.approx(printed[k], abs=1e-6) for k in task.printed), (api, printed)
     assert main(["--quiet", "evaluate", task.evaluate_name, "--model", str(out), "--data", validation,
-                 "--max-seq-length", "32", *flags]) == 0
+                 "--max-seq-length", "32", *evaluate_flags]) == 0
     said = json.loads(capsys.readouterr().out)
     assert all(said[k] == pytest.approx(api[k], abs=1e-6) for k in task.printed), (said, api)
 

@@ -243,6 +243,29 @@ def test_embeddings_gather_every_process_vectors_as_one_process(tmp_path, capsys
     capsys.readouterr()
 
 
+@pytest.mark.slow
+def test_reranking_groups_train_under_torchrun_and_accumulation_as_one_process(tmp_path, capsys):
+    """A reranking example is a query with its passages (a group of pairs; dropout keyed by query and slot): two
+    processes accumulating two micro-batches each train as one (5 queries in batches of 4: the last batch of the
+    epoch holds one query, so the second process has none there), with dropout on."""
+    from ..tasks.test_rerank import _base, _squad
+
+    squad, base = _squad(tmp_path / "s.json"), _base(tmp_path / "base")
+    args = ["--quiet", "finetune", "rerank", "--model", base, "--train", squad, "--batch-size", "4", "--epochs", "2",
+            "--max-train-examples", "5", "--num-negatives", "2", "--max-seq-length", "32", "--lr", "1e-3",
+            "--log-every", "1", "--no-progress", "--seed", "3"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert main([*args, "--out", str(one)]) == 0
+    r = subprocess.run([*torchrun(2), "-m", "bertforge", *args[1:], "--out", str(two), "--grad-accum", "2"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    a, b = _weights(one), _weights(two)
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-5
+    la, lb = ([x["loss"] for x in _rows(o) if x["type"] == "train"] for o in (one, two))
+    assert len(la) == 4 and max(abs(x - y) for x, y in zip(la, lb)) < 1e-5
+    capsys.readouterr()
+
+
 def test_config_file_replays_a_run_and_flags_override_it(setup, tmp_path, capsys):
     first = _run(setup, tmp_path / "first", "--batch-size", "4", "--epochs", "2")
     # the run's own finetune_config.json as --config (another --out): the same run

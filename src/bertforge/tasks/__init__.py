@@ -1,5 +1,5 @@
 """Fine-tuning tasks: sentence (pair) classification, SQuAD v1.1 extractive question answering, sentence
-embeddings, and token classification (named entities).
+embeddings, token classification (named entities), and reranking (a cross-encoder).
 
 Each is a :class:`~bertforge.tasks.base.FinetuneTask` that the one runner (:mod:`bertforge.train.finetune`)
 trains; their data handling is also what evaluation and prediction use.
@@ -10,9 +10,11 @@ from .base import FinetuneTask
 from .classify import ClassificationTask
 from .embed import EmbedTask
 from .ner import NerTask
+from .rerank import RerankTask
 from .squad import SquadTask
 
-TASKS: dict[str, type[FinetuneTask]] = {t.name: t for t in (ClassificationTask, SquadTask, EmbedTask, NerTask)}
+TASKS: dict[str, type[FinetuneTask]] = {t.name: t for t in (ClassificationTask, SquadTask, EmbedTask, NerTask,
+                                                                  RerankTask)}
 
 
 def register(task: type[FinetuneTask]) -> type[FinetuneTask]:
@@ -30,4 +32,4 @@ def evaluation(name: str):
     return found[name].evaluation()
 
 
-__all__ = ["TASKS", "evaluation", "register", "ClassificationTask", "EmbedTask", "FinetuneTask", "NerTask", "SquadTask"]
+__all__ = ["TASKS", "evaluation", "register", "ClassificationTask", "EmbedTask", "FinetuneTask", "NerTask", "RerankTask", "SquadTask"]
