@@ -8,30 +8,34 @@ the model classes load and save Hugging Face BERT directories (``from_pretrained
 ``save_pretrained``).
 """
 
-from .api import (
-    embed,
-    evaluate,
-    evaluate_classifier,
-    evaluate_mlm,
-    evaluate_ner,
-    evaluate_retrieval,
-    evaluate_squad,
-    pipeline,
-    prepare,
-    run_finetuning,
-    run_pretraining,
-    train_tokenizer,
-)
-from .errors import UserError
-from .models import (
-    BertConfig,
-    BertForMaskedLM,
-    BertForPreTraining,
-    BertForQuestionAnswering,
-    BertForSequenceClassification,
-    BertModel,
-)
-from .tokenizer import load_tokenizer
+import importlib
+
+# The names below load on first use (PEP 562), so that `bertforge --version` answers without importing torch.
+_WHERE = {
+    **dict.fromkeys(("embed", "evaluate", "evaluate_classifier", "evaluate_mlm", "evaluate_ner", "evaluate_retrieval",
+                     "evaluate_squad", "pipeline", "prepare", "run_finetuning", "run_pretraining", "train_tokenizer"),
+                    "api"),
+    "UserError": "errors",
+    **dict.fromkeys(("BertConfig", "BertForMaskedLM", "BertForPreTraining", "BertForQuestionAnswering",
+                     "BertForSequenceClassification", "BertModel"), "models"),
+    "load_tokenizer": "tokenizer",
+}
+
+
+def __getattr__(name: str):
+    if name in _WHERE:
+        value = getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    try:  # a submodule (`bertforge.tasks`), as an eager package would have imported it
+        return importlib.import_module(f".{name}", __name__)
+    except ModuleNotFoundError:
+        raise AttributeError(f"module 'bertforge' has no attribute {name!r}") from None
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_WHERE})
+
 
 __version__ = "0.2.0"
 

@@ -75,33 +75,41 @@ def prepare(data: list[str | os.PathLike] | str | os.PathLike, tokenizer: str | 
 @checked
 def run_pretraining(out: str | os.PathLike, data: list[str | os.PathLike] | str | os.PathLike | None = None,
                     resume: bool = False, overwrite: bool = False, config: str | os.PathLike | None = None,
-                    **settings: Any) -> dict:
+                    quiet: bool = False, **settings: Any) -> dict:
     """``bertforge pretrain``: settings by their flag names (``preset``, ``tokenizer``, ``max_steps``,
     ``max_time="30m"``, ``batch_size``, ``lr``, ...), over a YAML/JSON ``config`` file if given, over the
-    saved configuration on ``resume``.  Returns the final metrics (also in ``out/metrics.json``)."""
+    saved configuration on ``resume``.  Returns the final metrics (also in ``out/metrics.json``).  The run says
+    on stderr what the command line says (``quiet``: warnings only; a program that handles bertforge's log
+    lines itself keeps them)."""
+    from .logs import shown_on_stderr
     from .train.pretrain import pretrain
     from .settings import pretrain_settings
 
     out, data, config, settings = _paths(out), _paths(data, listed=True), _paths(config), _paths(settings)
-    return pretrain(pretrain_settings(out, data, resume, config, **settings), resume=resume, overwrite=overwrite)
+    with shown_on_stderr(quiet):
+        return pretrain(pretrain_settings(out, data, resume, config, **settings), resume=resume, overwrite=overwrite)
 
 
 @checked
 def run_finetuning(task: str, model: str | os.PathLike = "", train: str | os.PathLike = "",
                    validation: str | os.PathLike = "", out: str | os.PathLike = "", overwrite: bool = False,
-                   resume: bool = False, config: str | os.PathLike | None = None, **settings: Any) -> dict:
+                   resume: bool = False, config: str | os.PathLike | None = None, quiet: bool = False,
+                   **settings: Any) -> dict:
     """``bertforge finetune classify|squad``: settings by their flag names (``epochs``, ``lr``,
     ``batch_size``, ``max_seq_length``, ``text_column``, ``doc_stride``, ...) over a YAML/JSON ``config``
     file if given (or a run's ``finetune_config.json``), the task's own defaults for the rest; ``resume``
-    continues an interrupted run from its newest checkpoint.  Returns the best evaluation's metrics (also in
+    continues an interrupted run from its newest checkpoint; ``quiet`` as :func:`run_pretraining`'s.  Returns the
+    best evaluation's metrics (also in
     ``out/metrics.json``)."""
+    from .logs import shown_on_stderr
     from .train.finetune import finetune
     from .settings import finetune_settings
     from .tasks import TASKS
 
     model, train, validation, out, config = (_paths(p) for p in (model, train, validation, out, config))
     cfg, task_settings = finetune_settings(task, model, train, validation, out, config, **_paths(settings))
-    return finetune(TASKS[task](task_settings), cfg, overwrite=overwrite, resume=resume)
+    with shown_on_stderr(quiet):
+        return finetune(TASKS[task](task_settings), cfg, overwrite=overwrite, resume=resume)
 
 
 @checked(seed=0, batch_size=1, max_blocks=1)

@@ -17,12 +17,12 @@ import os
 import sys
 from collections.abc import Sequence
 
-from tqdm import tqdm
 
 from .commands import (NOT_THE_SAME, add_setting_flags, emit, explicit_flags, non_negative_int, one_line, positive_int,
                        shown, task_settings)
 from .config import progress_shown
 from .errors import TrainingError, UserError
+from .logs import setup_logging
 
 log = logging.getLogger("bertforge")
 
@@ -45,31 +45,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str):  # noqa: D401 - argparse API
         self.exit(2, f"error: {message} (see '{self.prog} --help')\n")
-
-
-class _TqdmHandler(logging.Handler):
-    """Log lines that do not break a progress bar."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            tqdm.write(self.format(record), file=sys.stderr)
-        except Exception:  # logging must never raise
-            self.handleError(record)
-
-
-def setup_logging(quiet: bool = False, replica: bool = False) -> None:
-    """Log lines on stderr: from INFO, or WARNING when ``quiet``; a ``replica`` (a process of torchrun other than
-    its machine's first, which says the same) shows errors only."""
-    for h in list(log.handlers):
-        if isinstance(h, _TqdmHandler):
-            log.removeHandler(h)
-    h = _TqdmHandler()
-    h.addFilter(lambda r: not getattr(r, "bar_shown", False))  # what the progress bar already shows
-    h.setFormatter(logging.Formatter("%(message)s"))
-    h.setLevel(logging.ERROR if replica else logging.WARNING if quiet else logging.INFO)
-    log.addHandler(h)
-    log.setLevel(logging.INFO)  # a run's train.log gets everything, whatever stderr shows
-    log.propagate = False
 
 
 # ------------------------------------------------------------------------------------------------ tokenizer

@@ -7,10 +7,60 @@ import contextlib
 import json
 import logging
 import os
+import sys
 
 from .atomic import atomic_write_text
 
 log = logging.getLogger("bertforge")
+
+
+class _TqdmHandler(logging.Handler):
+    """Log lines that do not break a progress bar."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        from tqdm import tqdm
+
+        try:
+            tqdm.write(self.format(record), file=sys.stderr)
+        except Exception:  # logging must never raise
+            self.handleError(record)
+
+
+def setup_logging(quiet: bool = False, replica: bool = False) -> None:
+    """Log lines on stderr: from INFO, or WARNING when ``quiet``; a ``replica`` (a process of torchrun other than
+    its machine's first, which says the same) shows errors only."""
+    for h in list(log.handlers):
+        if isinstance(h, _TqdmHandler):
+            log.removeHandler(h)
+    h = _TqdmHandler()
+    h.addFilter(lambda r: not getattr(r, "bar_shown", False))  # what the progress bar already shows
+    h.setFormatter(logging.Formatter("%(message)s"))
+    h.setLevel(logging.ERROR if replica else logging.WARNING if quiet else logging.INFO)
+    log.addHandler(h)
+    log.setLevel(logging.INFO)  # a run's train.log gets everything, whatever stderr shows
+    log.propagate = False
+
+
+@contextlib.contextmanager
+def shown_on_stderr(quiet: bool = False):
+    """A run started from Python says on stderr what the command line says (its step lines, warnings and result),
+    unless ``quiet`` (warnings only) or the program shows bertforge's lines itself: a handler of its own on the
+    ``bertforge`` logger, or root handlers that take INFO."""
+    root = logging.getLogger()
+    if any(isinstance(h, _TqdmHandler) for h in log.handlers) or any(
+            not isinstance(h, logging.FileHandler) for h in log.handlers) or (
+            root.handlers and root.isEnabledFor(logging.INFO) and log.propagate):
+        yield
+        return
+    level, propagate = log.level, log.propagate
+    setup_logging(quiet)
+    try:
+        yield
+    finally:
+        for h in [h for h in log.handlers if isinstance(h, _TqdmHandler)]:
+            log.removeHandler(h)
+        log.setLevel(level)
+        log.propagate = propagate
 steps_log = logging.getLogger("bertforge.steps")  # the training lines: train.log always, the terminal without a bar
 
 

@@ -246,3 +246,38 @@ def test_the_apis_types_are_taken_or_refused_in_one_line(tmp_path, capsys):
     assert main(["--quiet", "predict", "qa", "--model", str(tmp_path), "--input", str(tmp_path / "squad.json"),
                  "--top-k", "3"]) == 2
     assert "--top-k gives a question's k best answers" in capsys.readouterr().err
+
+
+def test_a_run_started_from_python_says_its_steps_on_stderr(tmp_path, capsys):
+    """Issue 67, item 4: `run_finetuning` and `run_pretraining` trained in silence (their lines went to train.log
+    only); now stderr shows what the command line shows, `quiet=True` keeps the warnings only, and a program that
+    handles bertforge's log lines itself keeps them."""
+    import logging
+
+    from bertforge.logs import log
+
+    from ..helpers import tiny_model_dir
+
+    for h in list(log.handlers):  # (what an earlier command of this process left: a fresh Python session)
+        log.removeHandler(h)
+    log.propagate = True
+    rows = [{"text": f"the cat number {i} is {'happy' if i % 2 else 'sad'}", "label": i % 2} for i in range(8)]
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    model = tiny_model_dir(tmp_path / "m", [r["text"] for r in rows], vocab_size=60)
+    common = dict(model=model, train=str(tmp_path / "t.jsonl"), validation=str(tmp_path / "t.jsonl"), max_steps=2,
+                  batch_size=4, log_every=1, max_seq_length=16, progress=False)
+    bertforge.run_finetuning("classify", out=str(tmp_path / "a"), **common)
+    err = capsys.readouterr().err
+    assert "step 1/2" in err and "step 2/2" in err, err
+    assert not log.handlers and log.propagate  # (as it was)
+    bertforge.run_finetuning("classify", out=str(tmp_path / "b"), quiet=True, **common)
+    err = capsys.readouterr().err
+    assert "step 1/2" not in err and "only 2 optimizer updates" in err, err  # (a warning still shows)
+    mine = logging.StreamHandler()
+    log.addHandler(mine)  # the program's own handler: bertforge adds none
+    try:
+        bertforge.run_finetuning("classify", out=str(tmp_path / "c"), **common)
+        assert log.handlers == [mine]
+    finally:
+        log.removeHandler(mine)
+    capsys.readouterr()

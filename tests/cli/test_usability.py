@@ -246,3 +246,15 @@ def test_a_reader_that_stops_early_ends_the_command_quietly(tmp_path):
     proc.stdout.close()  # as `head -c 100` does
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 141 and "Traceback" not in err and "BrokenPipe" not in err, err[-2000:]
+
+
+def test_version_answers_without_importing_torch():
+    """Issue 67, item 7: `bertforge --version` imported torch (1.8 s of CPU, 11 s on a loaded machine)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.argv = ['bertforge', '--version']; import bertforge.__main__ as m; m.console_main(); "
+            "print('torch' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.split("\n")[:2] == [f"bertforge {__import__('bertforge').__version__}",
+                                                              "False"], r

@@ -216,3 +216,32 @@ def test_duplicate_question_ids_and_rows_of_the_wrong_type_are_refused(tmp_path)
         read_examples(str(tmp_path / "dup.json"))
     with pytest.raises(UserError, match="rows: row 0: 'context' must be text, not list"):
         squad_from_rows([{"id": "1", "context": ["a", "b"], "question": "q", "answers": []}], "rows")
+
+
+def test_predictions_of_the_first_questions_are_scored_over_those(tmp_path, capsys):
+    """Issue 67, item 6: a run's predictions after --max-eval-samples cover the data file's first N questions;
+    `evaluate squad --predictions` scores those N (it scored all, unanswered as wrong) and says so."""
+    paragraphs = [{"context": f"the fox number {i} sleeps in den {i}", "qas": [
+        {"id": f"q{i}", "question": f"where does fox {i} sleep", "answers": [{"text": f"den {i}",
+                                                                             "answer_start": 26 + len(str(i))}]}]}
+                  for i in range(5)]
+    data = tmp_path / "d.json"
+    data.write_text(json.dumps({"version": "1.1", "data": [{"title": "t", "paragraphs": paragraphs}]}))
+    (tmp_path / "run").mkdir()  # a run's folder: its predictions beside the settings that cut them
+    (tmp_path / "run" / "finetune_config.json").write_text(json.dumps({"finetune": {"data": {"max_eval_examples": 2}}}))
+    first = tmp_path / "run" / "predictions.json"
+    first.write_text(json.dumps({"q0": "den 0", "q1": "den 1"}))
+    assert main(["--quiet", "evaluate", "squad", "--data", str(data), "--predictions", str(first)]) == 0
+    said = capsys.readouterr()
+    res = json.loads(said.out)
+    assert res["exact_match"] == 100.0 and res["questions"] == 2 and res["questions_in_data"] == 5
+    assert "cover the first 2 of the 5 questions" in said.err and "--max-eval-samples 2" in said.err
+    (tmp_path / "loose.json").write_text(first.read_text())  # the same, outside the run: the official rule
+    loose = str(tmp_path / "loose.json")
+    assert main(["--quiet", "evaluate", "squad", "--data", str(data), "--predictions", loose]) == 0
+    assert json.loads(capsys.readouterr().out)["questions"] == 5
+    other = tmp_path / "run" / "other.json"  # not the first questions: every question scored, as before
+    other.write_text(json.dumps({"q0": "den 0", "q3": "den 3"}))
+    assert main(["--quiet", "evaluate", "squad", "--data", str(data), "--predictions", str(other)]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["exact_match"] == 40.0 and res["questions"] == 5 and "questions_in_data" not in res

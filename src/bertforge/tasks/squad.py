@@ -29,7 +29,7 @@ from ..errors import UserError, checked, require_type, shown
 from ..evaluation import by_length, squad_evaluate
 from ..inference import Pipeline, paired
 from ..atomic import atomic_write_text
-from ..files import read_json
+from ..files import json_object_or_none, read_json
 from ..models import BertConfig, BertForQuestionAnswering, for_folder, head_class
 from ..loading import check_max_seq_length, load_for_inference, model_dir, refuse_other_head
 from ..tokenizer import special_ids
@@ -434,12 +434,29 @@ def evaluate_squad_model(path: str, data: str, task: SquadConfig, max_seq_length
     return squad_evaluate(data_list, preds)
 
 
+def _run_kept_first(predictions: str) -> int | None:
+    """The ``--max-eval-samples`` of the fine-tuning run whose folder holds ``predictions`` (None: none, or no
+    such run)."""
+    saved = json_object_or_none(os.path.join(os.path.dirname(os.path.abspath(predictions)), "finetune_config.json"))
+    value = (((saved or {}).get("finetune") or {}).get("data") or {}).get("max_eval_examples")
+    return value if isinstance(value, int) else None
+
+
 def evaluate_predictions_file(data: str, predictions: str) -> dict:
     """``bertforge evaluate squad --data FILE --predictions FILE``: the official v1.1 evaluation."""
     _, data_list = read_examples(data)
     preds = read_json(predictions, "predictions file")
     if not isinstance(preds, dict) or not all(isinstance(v, str) for v in preds.values()):
         raise UserError(f"{predictions}: expected a JSON object {{question id: answer text}}")
+    ids = [str(qa["id"]) for a in data_list for p in a["paragraphs"] for qa in p["qas"] if qa.get("answers")]
+    n = len(preds)
+    if 0 < n < len(ids) and set(preds) == set(ids[:n]) and _run_kept_first(predictions) == n:
+        log.warning("the predictions of %s cover the first %d of the %d questions of %s (the run's "
+                    "--max-eval-samples %d): scored over those %d", predictions, n, len(ids), data, n, n)
+        first = set(ids[:n])
+        data_list = [{**a, "paragraphs": [{**p, "qas": [qa for qa in p["qas"] if str(qa["id"]) in first]}
+                                          for p in a["paragraphs"]]} for a in data_list]
+        return {**squad_evaluate(data_list, preds), "questions_in_data": len(ids)}
     res = squad_evaluate(data_list, preds)
     if res["unanswered"] * 2 > res["questions"]:  # (scored as wrong, as the official script does)
         log.warning("%d of the %d questions of %s have no prediction in %s: another data file's predictions?",
