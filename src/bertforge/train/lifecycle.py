@@ -329,13 +329,14 @@ class TrainingRun:
         return None
 
     def short_budget_said(self) -> str | None:
-        """A timed run that trained less than a tenth of an epoch, or fewer steps than its warmup would have
-        taken by steps: what it did and what to do, else None."""
+        """A timed run that trained less than a tenth of an epoch, or fewer steps than its ``--warmup-steps``:
+        what it did and what to do, else None.  (A ``--warmup-ratio`` is a share of the time under ``--max-time``,
+        which a run that ends on time has had.)"""
         s, st, t = self.engine.schedule, self.engine.state, self.t
         epoch = self.epoch_steps()
         if s is None or not s.max_time or not epoch:
             return None
-        warmup = t.warmup_steps if t.warmup_steps is not None else int(t.warmup_ratio * epoch * (t.epochs or 1))
+        warmup = t.warmup_steps or 0
         if st.step >= 0.1 * epoch and st.step >= warmup:
             return None
         spent = max(0.0, st.elapsed - self.progress.start_elapsed - self.step_seconds)  # (this session's)
