@@ -153,6 +153,7 @@ def test_evaluate_and_predict_rerank(trained, capsys):
     assert said["mrr@10"] == pytest.approx(api["mrr@10"])
     bm25 = evaluate("retrieval", model="bm25", data=squad)
     assert said["first_stage"]["mrr@10"] == pytest.approx(bm25["mrr@10"])  # (its top 10 within the top 5 kept)
+    assert said["queries"] == bm25["queries"]
     assert said["recall@10"] <= said["first_stage"]["recall@10"] + 1e-9  # reranking reorders; it finds nothing new
     assert main(["--quiet", "predict", "rerank", "--model", str(out), "--query", "where does anna live", "--json",
                  *PARAGRAPHS[:3]]) == 0
@@ -203,3 +204,20 @@ def test_an_evaluation_is_counted_in_training_examples_for_the_clock():
     t.val = RetrievalSet(["a", "b"], ["x"] * 9, [{0: 1}, {1: 1}])
     t.ranked = np.array([[0, 1, 2, 3, 4], [5, 6, -1, -1, -1]])
     assert t.eval_size() == round((4 + 2) / 6)
+
+
+def test_a_squad_question_is_its_own_query_as_evaluate_retrieval_counts_it(tmp_path):
+    """Two SQuAD questions of one text on two paragraphs are two queries (as `evaluate retrieval` counts them);
+    two rows of a pairs file with one query text are one query with two relevant passages."""
+    from bertforge.tasks.rerank import read_retrieval_data
+
+    paragraphs = [{"context": c, "qas": [{"id": f"q{i}", "question": "who lives near the old market",
+                                          "answers": [{"text": c.split()[0], "answer_start": 0}]}]}
+                  for i, c in enumerate(PARAGRAPHS[:2])]
+    (tmp_path / "s.json").write_text(json.dumps({"version": "1.1", "data": [{"title": "t", "paragraphs": paragraphs}]}))
+    rs = read_retrieval_data(str(tmp_path / "s.json"))
+    assert rs.queries == ["who lives near the old market"] * 2 and rs.relevant == [{0: 1}, {1: 1}]
+    rows = [{"query": "who lives near the old market", "positive": c} for c in PARAGRAPHS[:2]]
+    (tmp_path / "p.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    rs = read_retrieval_data(str(tmp_path / "p.jsonl"))
+    assert rs.queries == ["who lives near the old market"] and rs.relevant == [{0: 1, 1: 1}]

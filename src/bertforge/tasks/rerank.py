@@ -100,11 +100,15 @@ def _text(value, what: str, where: str) -> str:
     return value
 
 
+def _is_squad(path: str) -> bool:
+    return path.lower().endswith(".json")
+
+
 def read_groups(path: str) -> tuple[list[Group], list[str]]:
     """(each query's group, in the file's order; the passages a first stage searches: a SQuAD file's paragraphs,
     else every distinct passage of the file)."""
     path = os.fspath(path)
-    if path.lower().endswith(".json"):
+    if _is_squad(path):
         from .squad import read_examples
 
         examples, data = read_examples(path)
@@ -161,21 +165,24 @@ def _fields(path: str, n: int, fields: list[str], expected: str):
     raise UserError(f"{path}:{n}: {len(fields)} field(s); expected {expected}")
 
 
-def retrieval_set(groups: list[Group], corpus: list[str]) -> RetrievalSet:
-    """The groups as queries against ``corpus``, each query's positives relevant (the rows of one query text are
-    one query)."""
+def retrieval_set(groups: list[Group], corpus: list[str], merge: bool = True) -> RetrievalSet:
+    """The groups as queries against ``corpus``, each query's positives relevant.  With ``merge`` (a file of
+    pairs) the rows of one query text are one query; without (a SQuAD file) every question is its own, as
+    ``evaluate retrieval`` counts them."""
     where = {text: i for i, text in enumerate(corpus)}
-    relevant: dict[str, dict[int, int]] = {}
-    queries: list[str] = []
+    queries: list[tuple[str, dict[int, int]]] = []
+    seen: dict[str, dict[int, int]] = {}
     for g in groups:
-        if g.query not in relevant:
-            queries.append(g.query)
-            relevant[g.query] = {}
-        relevant[g.query].update({where[p]: 1 for p, y in zip(g.passages, g.labels) if y})
-    keep = [q for q in queries if relevant[q]]
+        relevant = seen.get(g.query) if merge else None
+        if relevant is None:
+            relevant = {}
+            queries.append((g.query, relevant))
+            seen[g.query] = relevant
+        relevant.update({where[p]: 1 for p, y in zip(g.passages, g.labels) if y})
+    keep = [(q, r) for q, r in queries if r]
     if not keep:
         raise UserError("no query has a relevant passage to retrieve")
-    return RetrievalSet(keep, corpus, [relevant[q] for q in keep])
+    return RetrievalSet([q for q, _ in keep], corpus, [r for _, r in keep])
 
 
 def read_retrieval_data(path: str) -> RetrievalSet:
@@ -184,7 +191,7 @@ def read_retrieval_data(path: str) -> RetrievalSet:
         from .retrieval import read_retrieval_set
 
         return read_retrieval_set(path)
-    return retrieval_set(*read_groups(path))
+    return retrieval_set(*read_groups(path), merge=not _is_squad(path))
 
 
 # ------------------------------------------------------------------------------------------------ the first stage
@@ -383,7 +390,7 @@ class RerankTask(FinetuneTask):
 
         groups, held = self.split_validation(groups, cfg, read_validation, key=lambda g: g.query)
         if held and not val:  # (a part of the training file held out: against the training file's passages)
-            val.append(retrieval_set(held, corpus))
+            val.append(retrieval_set(held, corpus, merge=not _is_squad(dc.train_file)))
         if dc.max_train_examples:
             groups = groups[: dc.max_train_examples]
         self.mined = mine(groups, corpus, s) if s.negatives != "none" else {}
