@@ -6,8 +6,9 @@
 The pairs: the first ``--queries`` questions of ``--train`` (a SQuAD file; ``rerank_table.py prepare`` writes one),
 each with its paragraph and 5 negatives mined by BM25 from the file's paragraphs as ``finetune rerank`` mines
 them (ranks 0-30, a paragraph holding an answer dropped), written once as labelled pairs (pairs.jsonl). Both
-fine-tune all-MiniLM-L6-v2 on those pairs, one epoch, binary cross-entropy, batch 8 queries = 48 pairs, lr 2e-5
-with 10% warmup then linear decay, weight decay 0.01, 256 tokens: sentence-transformers through
+fine-tune all-MiniLM-L6-v2 on those pairs, one epoch, binary cross-entropy with the positives weighted 5 (the
+negatives per query), batch 8 queries = 48 pairs, lr 1e-4 (``finetune rerank``'s defaults) with 10% warmup then
+linear decay, weight decay 0.01, 256 tokens: sentence-transformers through
 ``CrossEncoderTrainer`` with ``BinaryCrossEntropyLoss`` (the pairs shuffled), bertforge through ``finetune rerank
 --negatives none`` (the queries shuffled, each with its pairs). Every model is scored by the same evaluator
 (``bertforge evaluate rerank``: BM25's top 20 of the dev file reordered). Runs alternate between the two, seed by
@@ -73,7 +74,10 @@ def train_st(model: str, pairs: str, out: str, seed: int, a) -> float:
         logging_steps=20, use_cpu=True, dataloader_drop_last=False)
     data = Dataset.from_dict({"query": [r["query"] for r in rows], "passage": [r["passage"] for r in rows],
                               "label": [float(r["label"]) for r in rows]})
-    trainer = CrossEncoderTrainer(model=ce, args=args, train_dataset=data, loss=BinaryCrossEntropyLoss(ce))
+    import torch
+
+    loss = BinaryCrossEntropyLoss(ce, pos_weight=torch.tensor(float(GROUP - 1)))
+    trainer = CrossEncoderTrainer(model=ce, args=args, train_dataset=data, loss=loss)
     t0 = time.perf_counter()
     trainer.train()
     seconds = time.perf_counter() - t0
@@ -89,7 +93,7 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--queries", type=int, default=2000)
     ap.add_argument("--batch-size", type=int, default=8, help="queries per batch (6 pairs each)")
-    ap.add_argument("--lr", type=float, default=2e-5)
+    ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--max-seq-length", type=int, default=256)
     ap.add_argument("--dev-queries", type=int, help="score on the first N dev questions only (every paragraph kept)")
     a = ap.parse_args()
@@ -108,6 +112,7 @@ def main() -> int:
                 if side == "bertforge":
                     m = bertforge.run_finetuning("rerank", minilm, pairs, out=out, epochs=1, batch_size=a.batch_size,
                                                  lr=a.lr, warmup_ratio=0.1, weight_decay=0.01, negatives="none",
+                                                 pos_weight=float(GROUP - 1),
                                                  max_seq_length=a.max_seq_length, seed=seed, overwrite=True)
                     seconds = m["train_seconds"]
                 else:

@@ -21,7 +21,7 @@ import bertforge
 from bertforge.cli import main
 from bertforge.demo.corpus import write_story_corpus
 
-from ..helpers import torchrun
+from ..helpers import free_port
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -123,11 +123,14 @@ def _run(line: str, toy: bool, capsys) -> None:
         r = subprocess.run([sys.executable, "-c", words[2]], capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, f"{line}\n{r.stderr[-2000:]}"
         return
-    if words[0] == "torchrun":
+    if words[0] == "torchrun":  # the venv's torchrun with the line's own flags (and a free port)
         assert "-m" in words and words[words.index("-m") + 1] == "bertforge", line
-        rest = " ".join(shlex.quote(w) for w in words[words.index("-m") + 1 :])
-        argv = _toy(rest)[1:] if toy else words[words.index("-m") + 2 :]
-        r = subprocess.run([*torchrun(2), "-m", "bertforge", "--quiet", *argv], capture_output=True, text=True,
+        m = words.index("-m")
+        rest = " ".join(shlex.quote(w) for w in words[m + 1 :])
+        argv = _toy(rest)[1:] if toy else words[m + 2 :]
+        launcher = [str(pathlib.Path(sys.executable).parent / "torchrun"), *words[1:m], "--master_port",
+                    str(free_port())]
+        r = subprocess.run([*launcher, "-m", "bertforge", "--quiet", *argv], capture_output=True, text=True,
                            timeout=300)
         assert r.returncode == 0, f"{line}\n{r.stderr[-2000:]}"
         return
