@@ -23,7 +23,8 @@ class Pipeline:
 
     task = ""
     model_class: type = type(None)
-    head: tuple[str, str, str] = ("", "", "")  # (a weight the folder must store, what it is, how to get one)
+    head: tuple[str, str] = ("", "")  # (what the head the folder must store is, how to get one; its weight: the
+    # model class's ``head_weight``)
 
     default_length = 512  # tokens read of an input (a pair) without max_seq_length, or the model's positions
 
@@ -32,7 +33,7 @@ class Pipeline:
                  max_seq_length: int | None = None):
         self.dir = model = model_dir(model)
         model_class, config, key = self._model_class(model)
-        _, what, how = self.head
+        what, how = self.head
         if not has_weight(model, key):
             raise UserError(f"{model} has no {what}, so it cannot do {self.task}; {how} first")
         self._check(config)
@@ -49,7 +50,7 @@ class Pipeline:
         """(model class, config, the weight of the task's head) of directory ``path``: the class of the folder's
         model family that does what ``model_class`` does."""
         cls, config = for_folder(path, self.model_class)
-        return cls, config, self.head[0] if cls is self.model_class else cls.head_weight
+        return cls, config, cls.head_weight
 
     def _check(self, config: BertConfig) -> None:
         """Refuse a config the task cannot use."""

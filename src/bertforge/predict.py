@@ -34,7 +34,7 @@ log = logging.getLogger("bertforge")
 
 class FillMaskPipeline(Pipeline):
     task = "fill-mask"
-    head = ("cls.predictions.transform.dense.weight", "masked-LM head (cls.predictions)",
+    head = ("masked-LM head (cls.predictions)",
             "pretrain it with bertforge pretrain")
 
     def _model_class(self, path: str) -> tuple[type, BertConfig, str]:
@@ -93,7 +93,7 @@ class FillMaskPipeline(Pipeline):
 class NextSentencePipeline(Pipeline):
     task = "next-sentence"
     model_class = BertForPreTraining
-    head = ("cls.seq_relationship.weight", "next-sentence head (cls.seq_relationship)",
+    head = ("next-sentence head (cls.seq_relationship)",
             "pretrain it with next sentence prediction (bertforge pretrain --nsp, or --recipe bert: the default recipe "
             "trains without it)")
 

@@ -36,7 +36,7 @@ def read_lines(path: str) -> list[str]:
 class LengthPipeline(Pipeline):
     task = "longshort"
     model_class = BertForSequenceClassification
-    head = ("classifier.weight", "classification head (classifier)", "fine-tune it with bertforge finetune longshort")
+    head = ("classification head (classifier)", "fine-tune it with bertforge finetune longshort")
 
     def __call__(self, texts: list[str]) -> list[str]:
         names = self.config.id2label

@@ -187,6 +187,7 @@ class PreTrainedModel(nn.Module):
     encoder_prefixes: ClassVar[tuple[str, ...]]
     embeddings_name: ClassVar[str]
     head_prefixes: ClassVar[tuple[str, ...]] = ()
+    head_weight: ClassVar[str] = ""  # a weight that a folder able to do this class's job stores (pipelines check it)
 
     def __init__(self, config):
         super().__init__()

@@ -341,6 +341,7 @@ class BertModel(BertPreTrainedModel):
     (B, T, C) and ``pooler_output`` (B, C).  Loads any BERT checkpoint, with or without the ``bert.`` prefix."""
 
     role = "encoder"
+    head_weight = "embeddings.word_embeddings.weight"  # what a folder that holds an encoder stores
 
     head_prefixes = ("pooler.",)
 
@@ -433,6 +434,7 @@ class BertForPreTraining(BertPreTrainedModel):
     ``seq_relationship_logits`` (0 = IsNext); losses when ``labels`` / ``next_sentence_label`` are given."""
 
     role = "pretraining"
+    head_weight = "cls.seq_relationship.weight"  # what a folder that can tell next sentences stores
 
     head_prefixes = ("cls.", "bert.pooler.")
 
@@ -483,6 +485,7 @@ class BertForSequenceClassification(BertPreTrainedModel):
     by ``config.id2label``; cross-entropy with ``labels`` (mean squared error with one label)."""
 
     role = "sequence_classification"
+    head_weight = "classifier.weight"
 
     head_prefixes = ("classifier.", "bert.pooler.")
 
@@ -513,6 +516,7 @@ class BertForTokenClassification(BertPreTrainedModel):
     ``config.id2label``; cross-entropy over the tokens whose ``labels`` are not -100."""
 
     role = "token_classification"
+    head_weight = "classifier.weight"
 
     head_prefixes = ("classifier.",)
 
@@ -542,6 +546,7 @@ class BertForQuestionAnswering(BertPreTrainedModel):
     answering; a loss with ``start_positions`` / ``end_positions``."""
 
     role = "question_answering"
+    head_weight = "qa_outputs.weight"
     head_prefixes = ("qa_outputs.",)
 
     @staticmethod

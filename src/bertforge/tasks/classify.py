@@ -348,7 +348,7 @@ def evaluate_classifier(model: str | os.PathLike, data: str | os.PathLike, max_s
 class ClassifyPipeline(Pipeline):
     task = "classify"
     model_class = BertForSequenceClassification
-    head = ("classifier.weight", "classification head (classifier)", "fine-tune it with bertforge finetune classify")
+    head = ("classification head (classifier)", "fine-tune it with bertforge finetune classify")
     default_length = 128  # as fine-tuning and evaluate classify cut a text: the same review, the same label
 
     def _check(self, config: BertConfig) -> None:

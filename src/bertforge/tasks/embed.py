@@ -237,7 +237,7 @@ def evaluate_retrieval(model: str | os.PathLike, data: str | os.PathLike, batch_
 class EmbedPipeline(Pipeline):
     task = "embed"
     model_class = BertModel
-    head = ("embeddings.word_embeddings.weight", "encoder weights", "give a BERT directory")
+    head = ("encoder weights", "give a BERT directory")
 
     def __init__(self, model: str | os.PathLike, device: str = "auto", batch_size: int = 32, progress: bool = False,
                  max_seq_length: int | None = None, pooling: str | None = None):

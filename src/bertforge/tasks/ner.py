@@ -425,7 +425,7 @@ class NerPipeline(Pipeline):
 
     task = "ner"
     model_class = BertForTokenClassification
-    head = ("classifier.weight", "token-classification head (classifier)", "fine-tune it with bertforge finetune ner")
+    head = ("token-classification head (classifier)", "fine-tune it with bertforge finetune ner")
 
     def _check(self, config: BertConfig) -> None:
         labelled_head(self.dir, config, "ForTokenClassification")

@@ -511,7 +511,7 @@ class _BceStep(torch.nn.Module):
 class RerankPipeline(Pipeline):
     task = "rerank"
     model_class = BertForSequenceClassification
-    head = ("classifier.weight", "reranking head (classifier)", "fine-tune it with bertforge finetune rerank")
+    head = ("reranking head (classifier)", "fine-tune it with bertforge finetune rerank")
 
     def _check(self, config: BertConfig) -> None:
         if config.num_labels != 1:

@@ -425,7 +425,7 @@ def evaluate_squad_model(path: str, data: str, task: SquadConfig, max_seq_length
     max_seq_length = check_max_seq_length(config, max_seq_length, path, default=MAX_SEQ_LENGTH)
     examples, data_list = read_examples(data)
     refuse_other_head(path, model_class, config)
-    head = getattr(model_class, "head_weight", "qa_outputs.weight")
+    head = model_class.head_weight
     m = load_for_inference(path, model_class, device, config,
                            head=(head, f"{path} has no trained question-answering head ({head.split('.')[0]})"))
     preds, _ = predict_answers(m.model, m.tokenizer, examples, task, max_seq_length, m.device, batch_size)
@@ -490,7 +490,7 @@ def evaluate_squad(data: str | os.PathLike, predictions: str | os.PathLike | Non
 class QAPipeline(Pipeline):
     task = "qa"
     model_class = BertForQuestionAnswering
-    head = ("qa_outputs.weight", "question-answering head (qa_outputs)", "fine-tune it with bertforge finetune squad")
+    head = ("question-answering head (qa_outputs)", "fine-tune it with bertforge finetune squad")
 
     def _check(self, config: BertConfig) -> None:
         refuse_other_head(self.dir, head_class(config, self.model_class), config)
