@@ -410,12 +410,13 @@ def test_validation_is_optional_a_split_of_the_training_file_or_a_slice(setup, t
     assert main(_plain(setup, tmp_path / "none", "--epochs", "1")) == 0
     cap = capsys.readouterr()
     assert "not evaluated" in cap.err and json.loads(cap.out.strip().splitlines()[-1])["step"] == 4
+    assert "validating on" not in cap.err  # (issue 67, item 9: it said "validating on 0" beside "not evaluated")
     m = json.loads((tmp_path / "none" / "metrics.json").read_text())
     assert m["epochs"] == [] and m["step"] == 4 and (tmp_path / "none" / "model.safetensors").is_file()
     assert "not evaluated" in (tmp_path / "none" / "README.md").read_text()
     # a part of the training file held out (at random, by --seed): 4 of 16 examples
     assert main(_plain(setup, tmp_path / "split", "--epochs", "1", "--validation-split", "0.25")) == 0
-    assert "on 12 examples (2 labels: neg, pos), validating on 4" in capsys.readouterr().err
+    assert "on 12 examples (2 labels: neg, pos), validating on 4 examples" in capsys.readouterr().err
     m = json.loads((tmp_path / "split" / "metrics.json").read_text())
     assert (m["train_examples"], m["validation_examples"], m["epochs"][-1]["step"]) == (12, 4, 3)
     # the first N validation examples (transformers' name too)

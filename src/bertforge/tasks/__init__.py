@@ -32,5 +32,5 @@ def evaluation(name: str):
     return found[name].evaluation()
 
 
-__all__ = ["TASKS", "evaluation", "register", "ClassificationTask", "EmbedTask", "FinetuneTask", "NerTask", "RerankTask",
-           "SquadTask"]
+__all__ = ["TASKS", "evaluation", "register", "ClassificationTask", "EmbedTask", "FinetuneTask", "NerTask",
+           "RerankTask", "SquadTask"]

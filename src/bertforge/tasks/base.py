@@ -173,6 +173,12 @@ class FinetuneTask:
         return {}
 
 
+def validating(n: int, what: str) -> str:
+    """", validating on N <what>" for a task's first log line, or nothing when the run is not evaluated (the runner
+    says so in a line of its own)."""
+    return f", validating on {n} {what}" if n else ""
+
+
 def given_settings(base: Any, given: dict[str, Any], where: str) -> Any:
     """A task's settings dataclass: ``base`` with the fields ``given`` (paths as ``os.PathLike`` too), checked as
     the flags are; an unknown name is refused naming ``where``."""

@@ -26,7 +26,7 @@ from ..inference import Pipeline, labelled_head, paired
 from ..loading import check_max_seq_length, load_for_inference, model_dir
 from ..models import BertConfig, BertForSequenceClassification, for_folder
 from ..tokenizer import special_ids
-from .base import FinetuneTask, given_settings, use_labels
+from .base import FinetuneTask, given_settings, use_labels, validating
 
 log = logging.getLogger("bertforge")
 
@@ -281,8 +281,8 @@ class ClassificationTask(FinetuneTask):
             log.warning("truncated to %d tokens: %d training and %d validation examples", n, n_trunc, v_trunc)
         for f, y in zip(f_train, self.y_train):
             f["labels"] = int(y)
-        log.info("fine-tuning %s on %d examples (%d labels: %s), validating on %d", cfg.model, len(f_train),
-                 len(self.labels), ", ".join(self.labels), len(self.f_val))
+        log.info("fine-tuning %s on %d examples (%d labels: %s)%s", cfg.model, len(f_train), len(self.labels),
+                 ", ".join(self.labels), validating(len(self.f_val), "examples"))
         return f_train, lambda fs: pad_batch(fs, self.pad, ("labels",))
 
     def evaluate(self, model, device):

@@ -22,7 +22,7 @@ from ..loading import model_dir
 from ..models import BertConfig, BertModel
 from .retrieval import Pair, RetrievalSet, evaluate, pairs_set, read_pairs
 from ..tokenizer import special_ids
-from .base import FinetuneTask
+from .base import FinetuneTask, validating
 from .classify import input_texts
 
 log = logging.getLogger("bertforge")
@@ -158,9 +158,9 @@ class EmbedTask(FinetuneTask):
                     f[side + "_key"] = texts.setdefault(text, len(texts))
                 else:
                     f["token_type_ids"], f["query_key"] = ids["token_type_ids"], queries.setdefault(text, len(queries))
-        log.info("fine-tuning %s for embeddings on %d pairs%s (%d distinct passages), %s pooling, validating on %d "
-                 "queries", cfg.model, len(features), " with hard negatives" if "negative" in sides else "",
-                 len(texts), self.embedding.pooling, len(self.val.queries) if self.val else 0)
+        log.info("fine-tuning %s for embeddings on %d pairs%s (%d distinct passages), %s pooling%s", cfg.model,
+                 len(features), " with hard negatives" if "negative" in sides else "", len(texts),
+                 self.embedding.pooling, validating(len(self.val.queries) if self.val else 0, "queries"))
         return features, self._collate
 
     def _collate(self, fs: list[dict]) -> dict:

@@ -32,7 +32,7 @@ from ..files import json_lines, lines_of, read_text
 from ..loading import check_max_seq_length, load_for_inference, model_dir
 from ..models import BertConfig, BertForTokenClassification, for_folder
 from ..tokenizer import special_ids
-from .base import FinetuneTask, given_settings, use_labels
+from .base import FinetuneTask, given_settings, use_labels, validating
 from .classify import input_texts
 
 log = logging.getLogger("bertforge")
@@ -350,8 +350,8 @@ class NerTask(FinetuneTask):
         feats, split = training_features(tok, self.train, label2id, n, self.settings.label_all_tokens)
         if split:
             log.warning("%d training sentence(s) longer than %d tokens: split into overlapping windows", split, n)
-        log.info("fine-tuning %s for NER on %d sentences (%d windows; %s tags: %s), validating on %d", cfg.model,
-                 len(self.train), len(feats), self.scheme, ", ".join(self.labels), len(self.val))
+        log.info("fine-tuning %s for NER on %d sentences (%d windows; %s tags: %s)%s", cfg.model, len(self.train),
+                 len(feats), self.scheme, ", ".join(self.labels), validating(len(self.val), "sentences"))
         return feats, lambda fs: collate(fs, self.pad)
 
     def evaluate(self, model, device):

@@ -43,7 +43,7 @@ from ..loading import model_dir
 from ..models import BertConfig, BertForSequenceClassification
 from ..ops.dropout import DropoutKeys
 from ..tokenizer import special_ids
-from .base import FinetuneTask, given_settings, use_labels
+from .base import FinetuneTask, given_settings, use_labels, validating
 from .retrieval import RetrievalSet, bm25_ranked, metrics, search
 
 log = logging.getLogger("bertforge")
@@ -436,8 +436,8 @@ class RerankTask(FinetuneTask):
             # input_ids: the group's longest pair (its length stands for the group's where lengths are compared)
             features.append({"rows": rows, "labels": g.labels, "input_ids": longest["input_ids"]})
         n = sum(len(g.passages) for g in self.groups)
-        log.info("fine-tuning %s for reranking on %d queries (%d pairs, %s loss), validating on %d queries",
-                 cfg.model, len(features), n, self.settings.loss, len(self.val.queries) if self.val else 0)
+        log.info("fine-tuning %s for reranking on %d queries (%d pairs, %s loss)%s", cfg.model, len(features), n,
+                 self.settings.loss, validating(len(self.val.queries) if self.val else 0, "queries"))
         return features, self._collate
 
     def _collate(self, fs: list[dict]) -> dict:

@@ -33,7 +33,7 @@ from ..files import json_object_or_none, read_json
 from ..models import BertConfig, BertForQuestionAnswering, for_folder, head_class
 from ..loading import check_max_seq_length, load_for_inference, model_dir, refuse_other_head
 from ..tokenizer import special_ids
-from .base import FinetuneTask, given_settings
+from .base import FinetuneTask, given_settings, validating
 
 log = logging.getLogger("bertforge")
 MAX_SEQ_LENGTH = 384  # SQuAD's windows of question and context: BERT's and transformers' run_qa's
@@ -391,8 +391,8 @@ class SquadTask(FinetuneTask):
             raise UserError(f"{cfg.data.train_file}: no training question has an answer that matches its context")
         self.val_feats, _ = build_features(tok, self.val_ex, n, st.doc_stride, st.max_query_length, training=False)
         self.pad, self.eval_batch_size, self.n_windows = special_ids(tok).pad, cfg.data.eval_batch_size, len(feats)
-        log.info("fine-tuning %s on %d questions (%d windows), validating on %d questions (%d windows)",
-                 cfg.model, len(self.train_ex) - self.skipped, len(feats), len(self.val_ex), len(self.val_feats))
+        log.info("fine-tuning %s on %d questions (%d windows)%s", cfg.model, len(self.train_ex) - self.skipped,
+                 len(feats), validating(len(self.val_ex), f"questions ({len(self.val_feats)} windows)"))
         return feats, lambda fs: pad_batch(fs, self.pad, ("start_positions", "end_positions"))
 
     def evaluate(self, model, device):
