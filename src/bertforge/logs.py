@@ -47,8 +47,7 @@ def shown_on_stderr(quiet: bool = False):
     unless ``quiet`` (warnings only) or the program shows bertforge's lines itself: a handler of its own on the
     ``bertforge`` logger, or root handlers that take INFO."""
     root = logging.getLogger()
-    if any(isinstance(h, _TqdmHandler) for h in log.handlers) or any(
-            not isinstance(h, logging.FileHandler) for h in log.handlers) or (
+    if any(not isinstance(h, logging.FileHandler) for h in log.handlers) or (  # (the command line's own too)
             root.handlers and root.isEnabledFor(logging.INFO) and log.propagate):
         yield
         return

@@ -25,7 +25,7 @@ import csv
 import io
 import logging
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -44,7 +44,7 @@ from ..models import BertConfig, BertForSequenceClassification
 from ..ops.dropout import DropoutKeys
 from ..tokenizer import special_ids
 from .base import FinetuneTask, given_settings, use_labels, validating
-from .retrieval import RetrievalSet, bm25_ranked, metrics, search
+from .retrieval import RetrievalSet, is_squad, metrics, ranked
 
 log = logging.getLogger("bertforge")
 
@@ -80,7 +80,6 @@ class Group:
     passages: list[str]
     labels: list[int]
     answers: tuple[str, ...] = ()  # a SQuAD question's answers: a passage that holds one is no negative
-    mined: int = field(default=0)
 
 
 # ------------------------------------------------------------------------------------------------ reading
@@ -100,15 +99,11 @@ def _text(value, what: str, where: str) -> str:
     return value
 
 
-def _is_squad(path: str) -> bool:
-    return path.lower().endswith(".json")
-
-
 def read_groups(path: str) -> tuple[list[Group], list[str]]:
     """(each query's group, in the file's order; the passages a first stage searches: a SQuAD file's paragraphs,
     else every distinct passage of the file)."""
     path = os.fspath(path)
-    if _is_squad(path):
+    if is_squad(path):
         from .squad import read_examples
 
         examples, data = read_examples(path)
@@ -191,7 +186,7 @@ def read_retrieval_data(path: str) -> RetrievalSet:
         from .retrieval import read_retrieval_set
 
         return read_retrieval_set(path)
-    return retrieval_set(*read_groups(path), merge=not _is_squad(path))
+    return retrieval_set(*read_groups(path), merge=not is_squad(path))
 
 
 # ------------------------------------------------------------------------------------------------ the first stage
@@ -213,19 +208,18 @@ def first_stage_ranked(rs: RetrievalSet, stage: str, k: int, flag: str, device: 
     """(Q, k) passage indices of each query by ``stage`` (bm25, or an embeddings folder), best first; -1: none."""
     check_first_stage(stage, flag)
     if stage == "bm25":
-        return bm25_ranked(rs, k)
+        return ranked(rs, stage, k)
     from .embed import EmbedPipeline
 
-    embed = EmbedPipeline(stage, device, batch_size)
-    return search(embed(rs.queries), embed(rs.corpus), k=k, itself=rs.itself)
+    return ranked(rs, EmbedPipeline(stage, device, batch_size), k)
 
 
 def mine(groups: list[Group], corpus: list[str], s: RerankConfig) -> dict:
     """Add ``s.num_negatives`` mined negatives to each group (in place); what was mined, for metrics.json."""
     rs = RetrievalSet([g.query for g in groups], corpus, [{} for _ in groups])
-    ranked = first_stage_ranked(rs, s.negatives, s.range_max, "--negatives")
+    rows = first_stage_ranked(rs, s.negatives, s.range_max, "--negatives")
     found = dropped = short = 0
-    for g, row in zip(groups, ranked):
+    for g, row in zip(groups, rows):
         known = set(g.passages)
         answers = [a.lower() for a in g.answers]
         candidates = [corpus[i] for i in row if i >= 0 and corpus[i] not in known][s.range_min :]
@@ -239,7 +233,7 @@ def mine(groups: list[Group], corpus: list[str], s: RerankConfig) -> dict:
             taken.append(text)
         g.passages += taken
         g.labels += [0] * len(taken)
-        g.mined, found, short = len(taken), found + len(taken), short + (len(taken) < s.num_negatives)
+        found, short = found + len(taken), short + (len(taken) < s.num_negatives)
     share = dropped / max(1, dropped + found)
     log.info("mined %d negatives by %s (ranks %d-%d); dropped %d that hold an answer (%.1f%% of those looked at); "
              "%d queries got fewer than %d", found, s.negatives, s.range_min, s.range_max, dropped, 100 * share, short,
@@ -301,6 +295,14 @@ def _pairs_tokenizer(tok: Tokenizer, n: int) -> Tokenizer:
 def encode_pairs(tok: Tokenizer, queries: list[str], passages: list[str]) -> list[dict]:
     """Token ids of (query, passage) pairs: [CLS] query [SEP] passage [SEP], segments 0 and 1."""
     return [{"input_ids": e.ids, "token_type_ids": e.type_ids} for e in tok.encode_batch(list(zip(queries, passages)))]
+
+
+def pair_logits(model, tok: Tokenizer, pad: int, device, batch_size: int, queries: list[str], passages: list[str],
+                desc: str | None = None) -> np.ndarray:
+    """(N,) relevance logits of (query, passage) pairs, in length-sorted batches (``tok`` truncates)."""
+    out = by_length(model, encode_pairs(tok, queries, passages), pad, device, batch_size,
+                    lambda o, b: o.logits.float().squeeze(-1).tolist(), desc)
+    return np.asarray(out, dtype=np.float32)
 
 
 def rerank_figures(rs: RetrievalSet, ranked: np.ndarray, score_pairs, top_k: int) -> tuple[dict, dict]:
@@ -378,9 +380,9 @@ class RerankTask(FinetuneTask):
         s, dc = self.settings, cfg.data
         if s.range_min >= s.range_max:
             raise UserError(f"--range-min {s.range_min} must be below --range-max {s.range_max}")
-        for stage, flag in ((s.negatives, "--negatives"), (s.first_stage, "--first-stage")):
-            if stage != "none" or flag == "--first-stage":
-                check_first_stage(stage, flag)
+        if s.negatives != "none":  # (refused before any file is read)
+            check_first_stage(s.negatives, "--negatives")
+        check_first_stage(s.first_stage, "--first-stage")
         groups, corpus = read_groups(dc.train_file)
         val: list[RetrievalSet] = []
 
@@ -390,7 +392,7 @@ class RerankTask(FinetuneTask):
 
         groups, held = self.split_validation(groups, cfg, read_validation, key=lambda g: g.query)
         if held and not val:  # (a part of the training file held out: against the training file's passages)
-            val.append(retrieval_set(held, corpus, merge=not _is_squad(dc.train_file)))
+            val.append(retrieval_set(held, corpus, merge=not is_squad(dc.train_file)))
         if dc.max_train_examples:
             groups = groups[: dc.max_train_examples]
         self.mined = mine(groups, corpus, s) if s.negatives != "none" else {}
@@ -448,15 +450,10 @@ class RerankTask(FinetuneTask):
         b["slot"] = torch.tensor([j for f in fs for j in range(len(f["rows"]))], dtype=torch.long)
         return b
 
-    def _score(self, model, device, queries: list[str], passages: list[str]) -> np.ndarray:
-        feats = encode_pairs(self.tok, queries, passages)
-        out = by_length(model, feats, self.pad, device, self.eval_batch_size,
-                        lambda o, b: o.logits.float().squeeze(-1).tolist())
-        return np.asarray(out, dtype=np.float32)
-
     def evaluate(self, model, device):
-        first, reranked = rerank_figures(self.val, self.ranked, lambda q, p: self._score(model, device, q, p),
-                                          self.settings.top_k)
+        first, reranked = rerank_figures(
+            self.val, self.ranked, lambda q, p: pair_logits(model, self.tok, self.pad, device, self.eval_batch_size,
+                                                            q, p), self.settings.top_k)
         return {**reranked, **{f"first_stage_{k}": v for k, v in first.items()}}, None
 
     def eval_size(self) -> int:
@@ -530,8 +527,8 @@ class RerankPipeline(Pipeline):
             require_type(p[0], str, f"pairs[{i}][0]"), require_type(p[1], str, f"pairs[{i}][1]")
         if not pairs:
             return np.zeros(0, dtype=np.float32)
-        feats = encode_pairs(self._truncating, [p[0] for p in pairs], [p[1] for p in pairs])
-        logits = np.asarray(self._run(feats, lambda out, b: out.logits.float().squeeze(-1).tolist()), np.float32)
+        logits = pair_logits(self.model, self._truncating, self.sp.pad, self.device, self.batch_size,
+                             [p[0] for p in pairs], [p[1] for p in pairs], self.task if self.progress else None)
         return 1 / (1 + np.exp(-logits)) if self.sigmoid else logits
 
     def __call__(self, query: str, passages: list[str], top_k: int | None = None) -> list[dict]:

@@ -43,13 +43,14 @@ class RetrievalSet:
 
 
 # ------------------------------------------------------------------------------------------------ reading
-def _is_squad(path: str) -> bool:
+def is_squad(path: str) -> bool:
+    """Whether a file of queries and passages is a SQuAD JSON file (else pairs)."""
     return path.lower().endswith(".json")
 
 
 def read_pairs(path: str) -> tuple[list[Pair], list[str] | None]:
     """(pairs in the file's order, the corpus when the file defines one: a SQuAD file's paragraphs)."""
-    if _is_squad(path):
+    if is_squad(path):
         from .squad import read_examples
 
         examples, data = read_examples(path)
@@ -221,9 +222,17 @@ def bm25_ranked(rs: RetrievalSet, k: int = TOP_K) -> np.ndarray:
 BM25_SETTINGS = {"k1": 1.5, "b": 0.75, "method": "lucene", "stopwords": "en"}
 
 
+def ranked(rs: RetrievalSet, embed, k: int = TOP_K) -> np.ndarray:
+    """(Q, k) passage indices of each query, best first (-1: none), by ``embed``'s vectors (texts -> (N, C)), or by
+    BM25 for the string ``"bm25"``."""
+    if embed == "bm25":
+        return bm25_ranked(rs, k)
+    return search(embed(rs.queries), embed(rs.corpus), k=k, itself=rs.itself)
+
+
 def evaluate(rs: RetrievalSet, embed) -> dict:
     """The figures of ``embed`` (texts -> (N, C) vectors; the string ``"bm25"`` for BM25) on ``rs``."""
     t0 = time.perf_counter()
-    ranked = bm25_ranked(rs) if embed == "bm25" else search(embed(rs.queries), embed(rs.corpus), itself=rs.itself)
-    return {**metrics(ranked, rs.relevant), "queries": len(rs.queries), "corpus": len(rs.corpus),
+    found = ranked(rs, embed)
+    return {**metrics(found, rs.relevant), "queries": len(rs.queries), "corpus": len(rs.corpus),
             "seconds": round(time.perf_counter() - t0, 3)}
