@@ -330,8 +330,8 @@ class RerankTask(FinetuneTask):
     plotted = [("mrr@10", "MRR@10 reranked"), ("recall@1", "recall@1 reranked")]
     pipeline_tag = "text-ranking"
     bench_files = ("squad/train-8k-v1.1.json", "squad/dev-v1.1.json")
-    # measured: all-MiniLM-L6-v2 at the width rule's 5e-5 and without a positive weight stayed at the base rate's
-    # loss for its first 150 steps; at 1e-4, positives weighted, it passed BM25 in 30 minutes (docs/log/rerank.md)
+    # not the width rule's rate: at it, and without a positive weight, a small model stayed at the base rate's loss
+    # (docs/log/rerank.md has the runs)
     defaults = {"max_seq_length": 256, "batch_size": 8, "lr": 1e-4}
 
     help = ("a cross-encoder reranker from queries and their passages (SQuAD JSON, JSONL, TSV), negatives mined by "
