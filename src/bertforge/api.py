@@ -151,14 +151,17 @@ def embed(model: str | os.PathLike, texts: str | list[str], batch_size: int = 32
     return EmbedPipeline(model, device, batch_size, max_seq_length=max_seq_length, pooling=pooling)(texts)
 
 
-def evaluate(task: str, **settings: Any) -> dict:
+def evaluate(task: str, backend: str = "torch", **settings: Any) -> dict:
     """``bertforge evaluate TASK``: the task's metrics of a saved model on a file (or of a predictions file), with the
     command's settings by their flag names: ``evaluate("classify", model=DIR, data=FILE, max_seq_length=128)``.
     ``task`` is a fine-tuning task's (:data:`bertforge.tasks.TASKS`: ``classify``, ``squad``, ``ner``,
-    ``retrieval``) or ``mlm``."""
+    ``retrieval``, ``rerank``) or ``mlm``; ``backend="onnx"`` (or ``"onnx-int8"``) scores the graph that ``bertforge
+    export onnx`` wrote in the model folder."""
+    from .runtime import inference_backend
     from .tasks import evaluation
 
-    return evaluate_mlm(**settings) if task == "mlm" else evaluation(task)(**settings)
+    with inference_backend(backend):
+        return evaluate_mlm(**settings) if task == "mlm" else evaluation(task)(**settings)
 
 
 # the tasks' own functions, under the names the API has always had

@@ -172,13 +172,16 @@ def cmd_evaluate(a: argparse.Namespace) -> int:
     (those not given take its defaults) and the task's settings, checked before anything is read."""
     import inspect
 
+    from .runtime import inference_backend
+
     fn = a.api
     params = {k for k, p in inspect.signature(fn).parameters.items() if p.kind != p.VAR_KEYWORD}
     kw = {k: v for k, v in vars(a).items() if k in params and v is not None}
     if a.settings_kind is not None:  # checked whole; those given passed on (the others: the model's own, or defaults)
         task_settings(a, a.settings_kind)
         kw.update(explicit_flags(a, [f.name for f in dataclasses.fields(a.settings_kind)]))
-    print(json.dumps(fn(**kw)))
+    with inference_backend(a.backend):
+        print(json.dumps(fn(**kw)))
     return 0
 
 
@@ -193,6 +196,7 @@ def _add_evaluate_parsers(sub) -> None:
     for kind in TASKS.values():
         p = evs.add_parser(kind.evaluate_name, help=kind.evaluate_help)
         kind.evaluate_arguments(p)
+        _backend_flag(p)
         p.set_defaults(func=cmd_evaluate, api=kind.evaluation(), settings_kind=kind.evaluate_settings)
     m = evs.add_parser("mlm", help="held-out masked-LM accuracy on a fixed protocol (any model with an MLM head)")
     m.add_argument("--model", required=True, help="a BERT directory with a masked-LM head, ours or transformers'")
@@ -202,13 +206,29 @@ def _add_evaluate_parsers(sub) -> None:
     m.add_argument("--batch-size", type=positive_int, default=32)
     m.add_argument("--max-blocks", type=positive_int, help="evaluate only the first N blocks")
     m.add_argument("--device", default="auto")
+    _backend_flag(m)
     add_setting_flags(m, PretrainDataConfig(), only=("text_field", "doc_separator"))
     m.set_defaults(func=cmd_evaluate, api=evaluate_mlm, settings_kind=None)
+
+
+def _backend_flag(p) -> None:
+    from .runtime import BACKENDS
+
+    p.add_argument("--backend", choices=tuple(BACKENDS), default="torch",
+                   help="torch, or onnxruntime over the graph `bertforge export onnx` wrote in --model (onnx: fp32, "
+                        "onnx-int8: its --int8 graph)")
 
 
 # ------------------------------------------------------------------------------------------------ predict
 def cmd_predict(a: argparse.Namespace) -> int:
     """``predict TASK``: a fine-tuning task's own rows, or a pretraining head's (fill-mask, next-sentence)."""
+    from .runtime import inference_backend
+
+    with inference_backend(a.backend):
+        return _predict(a)
+
+
+def _predict(a: argparse.Namespace) -> int:
     from .predict import pipeline
     from .tasks import TASKS
     from .tasks.classify import input_texts
@@ -247,6 +267,7 @@ def _add_predict_parsers(sub) -> None:
         p.add_argument("--json", action="store_true", help="JSON on stdout instead of a table")
         p.add_argument("--batch-size", type=positive_int, default=32)
         p.add_argument("--device", default="auto")
+        _backend_flag(p)
         p.set_defaults(func=cmd_predict)
 
     fm = prs.add_parser("fill-mask", help="fill each [MASK] with the top-k tokens")
@@ -270,6 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
     from . import __version__
     from .bench import add_bench_parser
     from .config import TOKENIZER_MODELS, PretrainDataConfig
+    from .export import add_export_parser
 
     p = _Parser(prog="bertforge", description="Pretrain BERT from scratch and fine-tune it.")
     p.add_argument("--version", action="version", version=f"bertforge {__version__}")
@@ -301,6 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_evaluate_parsers(sub)
 
     _add_predict_parsers(sub)
+    add_export_parser(sub)
 
     dm = sub.add_parser("demo", help="the whole pipeline end to end on the built-in corpus, in minutes")
     dm.add_argument("--out", default="demo-output", help="output directory (default demo-output)")

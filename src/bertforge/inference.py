@@ -19,7 +19,8 @@ log = logging.getLogger("bertforge")
 
 
 class Pipeline:
-    """A model directory loaded for one task; call it on inputs, get plain Python objects back."""
+    """A model directory loaded for one task; call it on inputs, get plain Python objects back.  ``backend``:
+    ``torch``, ``onnx`` or ``onnx-int8`` (a graph ``bertforge export onnx`` wrote; :mod:`bertforge.runtime`)."""
 
     task = ""
     model_class: type = type(None)
@@ -30,14 +31,14 @@ class Pipeline:
 
     @checked(batch_size=1)
     def __init__(self, model: str | os.PathLike, device: str = "auto", batch_size: int = 32, progress: bool = False,
-                 max_seq_length: int | None = None):
+                 max_seq_length: int | None = None, backend: str | None = None):
         self.dir = model = model_dir(model)
         model_class, config, key = self._model_class(model)
         what, how = self.head
         if not has_weight(model, key):
             raise UserError(f"{model} has no {what}, so it cannot do {self.task}; {how} first")
         self._check(config)
-        loaded = load_for_inference(model, model_class, device, config)
+        loaded = load_for_inference(model, model_class, device, config, backend=backend)
         self.config, self.tok, self.model, self.device = loaded.config, loaded.tokenizer, loaded.model, loaded.device
         self.sp = special_ids(self.tok)
         self.batch_size = batch_size

@@ -17,7 +17,8 @@ from .checkpoint import has_weight
 from .config import ImplConfig
 from .devices import resolve_device
 from .errors import UserError, require_type
-from .models import BertConfig, family, for_folder, load_config
+from .models import OUTPUTS, BertConfig, family, for_folder, load_config
+from .runtime import current_backend, load_graph
 from .tokenizer import check_vocab_fits, load_tokenizer
 
 log = logging.getLogger("bertforge")
@@ -88,16 +89,24 @@ class Loaded:
 
 
 def load_for_inference(path: str | os.PathLike, model_class: type, device: str = "auto",
-                       config: BertConfig | None = None, head: tuple[str, str] | None = None) -> Loaded:
+                       config: BertConfig | None = None, head: tuple[str, str] | None = None,
+                       backend: str | None = None) -> Loaded:
     """Directory ``path`` as ``model_class`` (its ``config`` when given, else its config.json), with its
     tokenizer (checked to fit the model's vocabulary), on ``device`` in eval mode.  ``head``: (a weight the
-    directory must store, the error when it does not)."""
+    directory must store, the error when it does not).  ``backend``: ``torch``, or a graph of the folder's
+    ``onnx/`` run by onnxruntime on the CPU (:mod:`bertforge.runtime`; None: the command's backend)."""
     path = model_dir(path)
     config = config if config is not None else load_config(path)
     tok = load_tokenizer(path)
     check_vocab_fits(tok, config.vocab_size, path)
     if head is not None and not has_weight(path, head[0]):
         raise UserError(head[1])
+    backend = current_backend(backend)
+    if backend != "torch":
+        if device not in ("auto", "cpu"):
+            raise UserError(f"--backend {backend} runs on the CPU (onnxruntime), not --device {device}")
+        return Loaded(path, config, tok, load_graph(path, backend, config, OUTPUTS[model_class.role]),
+                      torch.device("cpu"))
     dev = resolve_device(ImplConfig(device=device))
     model = model_class.from_pretrained(path, config=config).to(dev).eval()
     return Loaded(path, config, tok, model, dev)

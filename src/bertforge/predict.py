@@ -126,14 +126,16 @@ def _pipelines() -> tuple[dict[str, type], dict[str, str]]:
 
 @checked(batch_size=1)
 def pipeline(task: str, model: str | os.PathLike, device: str = "auto", batch_size: int = 32,
-             progress: bool = False, max_seq_length: int | None = None) -> Pipeline:
+             progress: bool = False, max_seq_length: int | None = None, backend: str | None = None) -> Pipeline:
     """A ready pipeline: ``pipeline("fill-mask", model="runs/demo/pretrained")("the [MASK] sat")``.  Task names
-    are transformers' (``text-classification``, ``question-answering``) or ours (``classify``, ``qa``)."""
+    are transformers' (``text-classification``, ``question-answering``) or ours (``classify``, ``qa``).
+    ``backend="onnx"`` (or ``"onnx-int8"``) runs the graph ``bertforge export onnx`` wrote in ``model``."""
     found, aliases = _pipelines()
     task = aliases.get(task, task)
     if task not in found:
         raise UserError(f"unknown task {shown(task)}; expected one of {', '.join([*found, *aliases])}")
-    return found[task](model, device=device, batch_size=batch_size, progress=progress, max_seq_length=max_seq_length)
+    return found[task](model, device=device, batch_size=batch_size, progress=progress, max_seq_length=max_seq_length,
+                       backend=backend)
 
 
 __all__ = ["pipeline", "FillMaskPipeline", "NextSentencePipeline"]

@@ -56,3 +56,19 @@ def test_finetune_bench_takes_only_its_own_tasks_files(task, wanted, tmp_path):
     (tmp_path / wanted).parent.mkdir(parents=True, exist_ok=True)
     (tmp_path / wanted).write_text("{}")
     assert _finetune_data(task, str(tmp_path), None, str(tmp_path))[0] == str(tmp_path / wanted)
+
+
+@pytest.mark.slow
+def test_onnx_bench_times_torch_and_both_graphs_on_the_same_texts():
+    pytest.importorskip("onnxruntime")
+    from bertforge.bench import run_onnx_bench
+
+    lines = []
+    res = run_onnx_bench(preset="tiny", rounds=1, out=lines.append, texts=(3, 40))
+    for key in ("sentences_batch1", "sentences_batch32", "pairs_batch1", "pairs_batch32"):
+        row = res[key]
+        assert row["texts"] == (3 if key.endswith("1") else 40) and row["mean_tokens"] > 0
+        assert all(row[f"{b}_tokens_per_second"] > 0 for b in ("torch", "onnx", "onnx-int8"))
+        assert row["onnx-int8_vs_torch"] == pytest.approx(row["onnx-int8_tokens_per_second"]
+                                                         / row["torch_tokens_per_second"], rel=0.02)
+    assert json.loads(lines[-1]) == res and lines[0].startswith("serving BertForSequenceClassification")

@@ -238,7 +238,8 @@ def test_a_reader_that_stops_early_ends_the_command_quietly(tmp_path):
 
     texts = [" ".join(s) for s in generate_stories(40, seed=1)]
     model = tiny_model_dir(tmp_path / "m", texts, vocab_size=300)
-    (tmp_path / "in.txt").write_text("\n".join(f"{t} [MASK] ." for t in texts * 20) + "\n")
+    # (120 texts: some 600 KB of JSON, several times a pipe's buffer)
+    (tmp_path / "in.txt").write_text("\n".join(f"{t} [MASK] ." for t in texts * 3) + "\n")
     proc = subprocess.Popen([sys.executable, "-m", "bertforge", "predict", "fill-mask", "--model", model, "--input",
                              str(tmp_path / "in.txt"), "--json", "--top-k", "50"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)

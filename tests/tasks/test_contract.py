@@ -6,6 +6,7 @@ A task added to the registry must add its sample here (``SAMPLES``): the first t
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import pathlib
 from collections.abc import Callable
@@ -19,6 +20,8 @@ from bertforge.cli import main
 from bertforge.tasks import TASKS
 
 from ..helpers import padded_batch, tiny_model_dir
+
+ONNX = importlib.util.find_spec("onnxruntime") is not None and importlib.util.find_spec("onnxscript") is not None
 
 PEOPLE, PLACES = ["anna", "boris", "carla", "dmitri"], ["paris", "oslo", "lima", "rome"]
 FACTS = [f"{p} lives in {q} and works near the {w} market" for p, q, w in
@@ -138,6 +141,14 @@ def test_a_task_reads_trains_evaluates_predicts_and_leaves_a_reference_folder(na
     assert all(said[k] == pytest.approx(api[k], abs=1e-6) for k in task.printed), (said, api)
 
     assert sample.predict(pipeline(task.predict_name, model=str(out), device="cpu")) is not None
+
+    # it exports to ONNX, whose graph scores the file as the torch model does, through the same evaluation
+    if ONNX:
+        assert main(["--quiet", "export", "onnx", "--model", str(out), "--out", str(tmp_path / "onnx")]) == 0
+        graph = evaluate(task.evaluate_name, model=str(tmp_path / "onnx"), data=validation, max_seq_length=32,
+                         backend="onnx", **taken)
+        assert all(graph[k] == pytest.approx(api[k], abs=1e-4) for k in task.printed), (graph, api)
+        assert sample.predict(pipeline(task.predict_name, model=str(tmp_path / "onnx"), backend="onnx")) is not None
 
     # the reference library loads the folder and computes our outputs
     assert sample.reference(task, str(out)) < 1e-4

@@ -14,12 +14,12 @@ from .bert import (BertConfig, BertForMaskedLM, BertForPreTraining, BertForQuest
                    BertForSequenceClassification, BertForTokenClassification, BertModel)
 from .modernbert import (ModernBertConfig, ModernBertForMaskedLM, ModernBertForQuestionAnswering,
                          ModernBertForSequenceClassification, ModernBertForTokenClassification, ModernBertModel)
-from .registry import (FAMILIES, Family, check_preset, family, family_of, family_of_config, for_folder,
-                       head_class, load_config)
+from .registry import (FAMILIES, OUTPUTS, Family, check_preset, family, family_of, family_of_config, for_folder,
+                       head_class, load_config, role_of_config)
 
 __all__ = ["PreTrainedModel", "BertConfig", "BertModel", "BertForPreTraining", "BertForMaskedLM",
            "BertForSequenceClassification", "BertForTokenClassification", "BertForQuestionAnswering",
            "ModernBertConfig", "ModernBertModel", "ModernBertForMaskedLM", "ModernBertForSequenceClassification",
            "ModernBertForTokenClassification", "ModernBertForQuestionAnswering", "FAMILIES", "Family", "family",
-           "family_of", "family_of_config", "for_folder", "head_class", "load_config",
+           "family_of", "family_of_config", "for_folder", "head_class", "load_config", "OUTPUTS", "role_of_config",
            "check_preset"]

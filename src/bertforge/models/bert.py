@@ -52,7 +52,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..errors import UserError, require_type, shown
-from ..ops import Dropout, Layout, Linear, self_attention
+from ..ops import Dropout, Layout, Linear, self_attention, tracing
 from ..ops.rows import pretraining_losses
 from .base import (BaseModelOutput, MaskedLMOutput, ModelConfigJson, PreTrainedModel, PreTrainingOutput,
                    QuestionAnsweringOutput, SequenceClassifierOutput, TokenClassifierOutput, check_preset)
@@ -373,7 +373,7 @@ class BertModel(BertPreTrainedModel):
         if T > self.config.max_position_embeddings:
             raise ValueError(f"sequence length {T} exceeds max_position_embeddings "
                              f"{self.config.max_position_embeddings}")
-        if key_masked:
+        if key_masked or tracing():
             return Layout.key_masked(attention_mask, B, T)
         return Layout(attention_mask, B, T, dropout_keys if self.training else None)
 
@@ -501,7 +501,8 @@ class BertForSequenceClassification(BertPreTrainedModel):
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, labels=None,
                 dropout_keys=None):
         pooled = self.bert(input_ids, attention_mask, token_type_ids, position_ids, dropout_keys).pooler_output
-        logits = self.classifier(self.dropout(pooled, Layout.one_row_each(dropout_keys, len(pooled))))  # (B, labels)
+        B = pooled.shape[0]  # (not len(): a traced batch size stays symbolic)
+        logits = self.classifier(self.dropout(pooled, Layout.one_row_each(dropout_keys, B)))  # (B, labels)
         loss = None
         if labels is not None:
             if self.num_labels == 1:

@@ -470,10 +470,15 @@ class ModernBertModel(ModernBertPreTrainedModel):
     def embed(self, input_ids, attention_mask, dropout_keys=None) -> tuple[torch.Tensor, Layout]:
         """The embeddings of the real tokens (N, C), or of every token (B, T, C) when there is no padding (or
         ``torch.compile`` traces: then the padded batch throughout), and the batch's layout."""
-        B, T = input_ids.shape
-        layout = Layout(None if tracing() else attention_mask, B, T, dropout_keys if self.training else None)
+        layout = self.layout(input_ids, attention_mask, dropout_keys)
         ids = input_ids if layout.indices is None else input_ids.reshape(-1)[layout.indices]  # (B, T) or (N,)
         return self.embeddings(ids, layout), layout
+
+    def layout(self, input_ids, attention_mask, dropout_keys=None) -> Layout:
+        """Where the batch's real tokens are, with the dropout keys in training; while ``torch.compile`` or an
+        export traces, the padded batch (the attention masks of :meth:`_masks` keep the padding out)."""
+        B, T = input_ids.shape
+        return Layout(None if tracing() else attention_mask, B, T, dropout_keys if self.training else None)
 
     def _masks(self, attention_mask, T: int, x: torch.Tensor, layout: Layout) -> dict:
         # keyed attention dropout draws a local layer's masks by blocks, whatever T: the same for a sequence
@@ -623,7 +628,8 @@ class ModernBertForSequenceClassification(_ModernBertClassifier):
             m = attention_mask.to(x.dtype)[..., None]  # (B, T, 1)
             pooled = (x * m).sum(dim=1) / m.sum(dim=1)  # (B, C)
         keys = dropout_keys if self.training else None  # one row of each sequence
-        logits = self.classifier(self.drop(self.head(pooled), Layout.one_row_each(keys, len(pooled))))  # (B, labels)
+        B = pooled.shape[0]  # (not len(): a traced batch size stays symbolic)
+        logits = self.classifier(self.drop(self.head(pooled), Layout.one_row_each(keys, B)))  # (B, labels)
         loss = None
         if labels is not None:
             if self.num_labels == 1:
@@ -694,7 +700,8 @@ register(Family(
     heads={c.role: c for c in (ModernBertModel, ModernBertForMaskedLM, ModernBertForSequenceClassification,
                                ModernBertForTokenClassification, ModernBertForQuestionAnswering)},
     presets=MODERN_PRESETS, objectives=("mlm",), next_sentence=False, position_table=False,
-    pretraining_dropout=0.0))  # (none unless --dropout asks, as its recipe)
+    pretraining_dropout=0.0,  # (none unless --dropout asks, as its recipe)
+    inputs=("input_ids", "attention_mask")))  # pairs are told apart by [SEP]: no token types
 
 __all__ = ["ModernBertConfig", "ModernBertModel", "ModernBertForMaskedLM", "ModernBertForSequenceClassification",
            "ModernBertForTokenClassification", "ModernBertForQuestionAnswering"]

@@ -15,6 +15,12 @@ from .base import config_path, read_config
 # What a head class does, whatever its family: the role a task or a pipeline asks a folder's family for.
 ROLES = ("encoder", "pretraining", "masked_lm", "sequence_classification", "token_classification",
          "question_answering")
+# What a role's head gives at inference, by transformers' names (the outputs of an exported graph; Optimum's
+# ONNX configs name them so); a pretraining folder exports as its masked LM (next sentence has no exported head).
+OUTPUTS = {"encoder": ("last_hidden_state",), "pretraining": ("prediction_logits", "seq_relationship_logits"),
+           "masked_lm": ("logits",),
+           "sequence_classification": ("logits",), "token_classification": ("logits",),
+           "question_answering": ("start_logits", "end_logits")}
 
 
 @dataclass(frozen=True)
@@ -33,6 +39,7 @@ class Family:
     next_sentence: bool  # a pooler and token types: next sentence prediction
     position_table: bool  # learned positions, which a new model's starting values (--position-init) set
     pretraining_dropout: float | None  # None: the model's own in pretraining; else this, unless --dropout asks
+    inputs: tuple[str, ...] = ("input_ids", "attention_mask", "token_type_ids")  # what its models read (export)
 
     def head(self, role: str, where: str = "the model") -> type:
         """The class of this family that does ``role``; a UserError naming ``where`` when it has none."""
@@ -84,6 +91,14 @@ def load_config(path: str) -> Any:
     file = config_path(path)
     d = read_config(file)
     return _of_type(d).config_class.from_file(file, d)
+
+
+def role_of_config(config: Any) -> str | None:
+    """The role of the head a folder of ``config`` holds, by the class its config.json names (``architectures``, as
+    transformers writes it); None when it names none of its family's classes."""
+    named = (getattr(config, "extra", None) or {}).get("architectures") or []
+    heads = family_of_config(config).heads
+    return next((role for role, cls in heads.items() if named and cls.__name__ == named[0]), None)
 
 
 def head_class(config: Any, role_of: type | str, where: str = "the model") -> type:

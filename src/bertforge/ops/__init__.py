@@ -18,7 +18,7 @@ top of :mod:`bertforge.models.bert`.
 from .attention import attend, row_attention, self_attention
 from .cross_entropy import LogitBuffer, head_buffer, linear_cross_entropy_sum
 from .dropout import Dropout, dropout
-from .layout import Layout, gather_rows, tracing
+from .layout import Layout, exporting, gather_rows, in_export, tracing
 from .linear import Linear, linear
 
 __all__ = [
@@ -35,4 +35,6 @@ __all__ = [
     "row_attention",
     "self_attention",
     "tracing",
+    "exporting",
+    "in_export",
 ]

@@ -16,6 +16,8 @@ plain torch form, which it can trace.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 
@@ -25,10 +27,30 @@ import torch.nn.functional as F
 VARLEN_DEVICES = {"cuda"}
 
 
+_exporting = False
+
+
+@contextlib.contextmanager
+def exporting():
+    """While a model is traced for export (``bertforge export onnx``): :func:`tracing` says so, whichever tracer
+    runs (``torch.export`` in non-strict mode is not ``torch.compile``)."""
+    global _exporting
+    was, _exporting = _exporting, True
+    try:
+        yield
+    finally:
+        _exporting = was
+
+
+def in_export() -> bool:
+    """Whether an export traces the code that runs (:func:`exporting`): a graph for any batch and length."""
+    return _exporting
+
+
 def tracing() -> bool:
-    """Whether ``torch.compile`` is tracing the code that runs (``--compile``): then no data-dependent shapes,
-    no Python lists of per-sequence values and no custom autograd kernels."""
-    return torch.compiler.is_compiling()
+    """Whether ``torch.compile`` (``--compile``) or an export (:func:`exporting`) is tracing the code that runs:
+    then no data-dependent shapes, no Python lists of per-sequence values and no custom autograd kernels."""
+    return _exporting or torch.compiler.is_compiling()
 
 
 class _GatherRows(torch.autograd.Function):
@@ -77,7 +99,8 @@ class Layout:
         self.offsets, self.max_len = None, T
         self.lengths = None  # on the CPU, with padding: each sequence's number of real tokens (list)
         traced = tracing()
-        self.keys, self.counts = None if traced else keys, [T] * B
+        # (a Python list of B would fix a traced batch size)
+        self.keys, self.counts = (None, []) if traced else (keys, [T] * B)
         if attention_mask is None:
             return
         keep = attention_mask.bool()  # (B, T)
@@ -106,6 +129,8 @@ class Layout:
         layout = cls(None, B, T)
         if attention_mask is not None:
             layout.attn_mask = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T)
+            if in_export():  # ONNX's Attention operator takes a mask per query, not broadcast over the queries
+                layout.attn_mask = layout.attn_mask.expand(B, 1, T, T)
         return layout
 
     @classmethod

@@ -69,12 +69,12 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> t
     oneDNN's kernel when torch has it (same values up to float rounding order; tested)."""
     C = x.shape[-1]
     if (
-        x.device.type != "cpu"
+        tracing()  # inductor lowers this op only for frozen (constant) weights; first: no guard on the shape
+        or x.device.type != "cpu"
         or x.dtype != torch.float32
         or w.dtype != torch.float32
         or x.numel() < DNN_MIN_ROWS * C
         or torch.is_autocast_enabled("cpu")
-        or tracing()  # inductor lowers this op only for frozen (constant) weights
         or dnn_linear_op() is None
     ):
         return F.linear(x, w, b)

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from .attention import attention_with_dropout
 from .dropout import dropout_mask
+from .layout import in_export
 
 
 def rotary_cos_sin(position_ids: torch.Tensor, head_dim: int, theta: float):
@@ -60,12 +61,15 @@ def window_masks(attention_mask: torch.Tensor | None, T: int, window: int, dtype
     :class:`Band` when T > 3 * window or ``banded``).  A key is seen when it is a real token, and by a local layer
     only within ``window`` positions of the query (both ends included)."""
     real = None if attention_mask is None else attention_mask.to(device=device, dtype=torch.bool)  # (B, T)
-    if T > 3 * window or banded:  # the window is a small part of the sequence: attend by blocks
-        local = Band(real, window)
+    if (T > 3 * window or banded) and not in_export():  # the window is a small part: attend by blocks
+        local = Band(real, window)  # (an exported graph takes the dense masks: one graph for every length)
     else:
         pos = torch.arange(T, device=device)
         near = ((pos[:, None] - pos[None, :]).abs() <= window)[None, None]  # (1, 1, T, T), query x key
         local = additive(near if real is None else near & real[:, None, None, :], dtype)  # (B or 1, 1, T, T)
+    if in_export() and real is not None:  # ONNX's Attention operator takes a mask per query, not broadcast
+        B = real.shape[0]
+        return additive(real[:, None, None, :], dtype).expand(B, 1, T, T), local.expand(B, 1, T, T)
     return None if real is None else additive(real[:, None, None, :], dtype), local
 
 

@@ -66,6 +66,12 @@ class FinetuneTask:
     aliases: ClassVar[tuple[str, ...]] = ()  # transformers' names of the pipeline
 
     @classmethod
+    def holds(cls, config: BertConfig) -> bool:
+        """Whether a folder with this task's head (of ``config``) is one of this task's, where tasks share a head
+        (``export onnx --check-data`` asks which evaluation scores a folder)."""
+        return True
+
+    @classmethod
     def pipeline_class(cls) -> type:
         """The task's pipeline (:class:`~bertforge.inference.Pipeline`): ``pipeline(NAME, model=DIR)``."""
         raise NotImplementedError

@@ -220,6 +220,10 @@ class ClassificationTask(FinetuneTask):
     aliases = ("text-classification", "sentiment-analysis")
 
     @classmethod
+    def holds(cls, config) -> bool:
+        return config.num_labels > 1  # classes (one output is a reranker's score)
+
+    @classmethod
     def pipeline_class(cls) -> type:
         return ClassifyPipeline
 

@@ -240,10 +240,10 @@ class EmbedPipeline(Pipeline):
     head = ("encoder weights", "give a BERT directory")
 
     def __init__(self, model: str | os.PathLike, device: str = "auto", batch_size: int = 32, progress: bool = False,
-                 max_seq_length: int | None = None, pooling: str | None = None):
+                 max_seq_length: int | None = None, pooling: str | None = None, backend: str | None = None):
         self.settings = settings_of(model_dir(model), pooling)
         self.default_length = self.settings.max_seq_length or Pipeline.default_length  # the folder's, as ST reads it
-        super().__init__(model, device, batch_size, progress, max_seq_length)
+        super().__init__(model, device, batch_size, progress, max_seq_length, backend)
 
     @checked
     def __call__(self, texts: str | list[str]) -> np.ndarray:

@@ -353,6 +353,10 @@ class RerankTask(FinetuneTask):
         return evaluate_rerank
 
     @classmethod
+    def holds(cls, config) -> bool:
+        return config.num_labels == 1  # one relevance score (a classifier has at least two classes)
+
+    @classmethod
     def pipeline_class(cls) -> type:
         return RerankPipeline
 

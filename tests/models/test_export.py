@@ -1,0 +1,67 @@
+"""Every family's every head exports to an ONNX graph that computes the torch model's outputs: over the models
+registry, at lengths 1 to the model's maximum, padded, in one batch of mixed lengths."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bertforge.export import TOLERANCE, export_onnx, max_difference
+from bertforge.models import FAMILIES, OUTPUTS
+from bertforge.ops import exporting, tracing
+from bertforge.runtime import OnnxModel
+from bertforge.tokenizer import special_ids, train_vocabulary
+
+pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxscript")
+
+CASES = [(f.name, role) for f in FAMILIES.values() for role in f.heads if role != "pretraining"]
+LONGEST = 512  # the test models' positions: the export's check runs lengths 1, 7, 128 and this maximum
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return train_vocabulary(["the cat sat on the mat", "a dog ran in the park"] * 4, 60, min_frequency=1)
+
+
+def head_folder(path, family, role: str, tok) -> str:
+    fam = FAMILIES[family]
+    torch.manual_seed(0)
+    config = fam.config_class.preset(next(iter(fam.presets)), vocab_size=tok.get_vocab_size(),
+                                     max_position_embeddings=LONGEST)
+    config.adopt_special_ids(special_ids(tok))
+    config.id2label = {0: "O", 1: "B-x"}  # (two: a span head has two outputs)
+    fam.heads[role](config).save_pretrained(str(path), tokenizer=tok)
+    return str(path)
+
+
+@pytest.mark.parametrize("family,role", CASES)
+def test_every_head_of_every_family_exports_to_a_graph_with_the_torch_outputs(family, role, tokenizer, tmp_path):
+    folder = head_folder(tmp_path / "model", family, role, tokenizer)
+    report = export_onnx(folder, tmp_path / "out")
+    graph = report["graphs"]["onnx"]
+    assert graph["lengths"] == [1, 7, 128, LONGEST] and graph["max_abs_difference"] <= TOLERANCE
+
+    fam = FAMILIES[family]
+    model = fam.heads[role].from_pretrained(folder).eval()
+    onnx = OnnxModel(str(tmp_path / "out" / graph["file"]), model.config)
+    assert onnx.inputs == list(fam.inputs) and onnx.outputs == list(OUTPUTS[role])
+    # the graph's axes are the ecosystem's: batch and sequence, both dynamic
+    assert all(i.shape == ["batch", "sequence"] for i in onnx.session.get_inputs())
+    # other lengths, in another order, than the export's own check
+    assert max_difference(model, onnx, model.config, fam.inputs, OUTPUTS[role], [300, 2, 64], seed=1) <= TOLERANCE
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_under_export_the_fast_paths_step_aside(family, tokenizer, tmp_path):
+    """Padding stays in (no data-dependent shapes), no dropout keys or per-sequence lists; the export itself fails
+    on a fast path that does not step aside (the batch and sequence axes are dynamic)."""
+    encoder = FAMILIES[family].heads["encoder"].from_pretrained(head_folder(tmp_path, family, "encoder", tokenizer))
+    ids, mask = torch.tensor([[5, 6, 7], [5, 6, 0]]), torch.tensor([[1, 1, 1], [1, 1, 0]])
+    assert not tracing() and encoder.layout(ids, mask).indices is not None  # eager: padding removed
+    with exporting():
+        assert tracing()
+        layout = encoder.layout(ids, mask)
+        assert layout.indices is None and layout.keys is None and layout.lengths is None
+        assert layout.counts == []
+    assert not tracing()
