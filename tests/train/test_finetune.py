@@ -91,6 +91,18 @@ def test_few_updates_are_warned_and_a_batch_that_accumulation_cannot_split_refus
     assert not (tmp_path / "p").exists()
 
 
+@pytest.mark.slow
+def test_a_run_whose_model_learnt_nothing_says_so(setup, tmp_path, capsys):
+    # a learning rate that leaves the new head as it starts: one class for every validation example
+    m = _run(setup, tmp_path / "o", "--batch-size", "8", "--epochs", "1", "--lr", "1e-9")
+    said = [w for w in m.get("warnings", []) if w.startswith("the model learnt nothing")]
+    assert len(said) == 1 and "validation examples 'pos'" in said[0] and "smaller --batch-size" in said[0]
+    assert said[0] in capsys.readouterr().err.replace("\n", " ")
+    assert said[0] in (tmp_path / "o" / "README.md").read_text()
+    learnt = _run(setup, tmp_path / "p", "--batch-size", "2", "--epochs", "3", "--lr", "1e-3")
+    assert learnt["accuracy"] > 0.5 and not any("learnt nothing" in w for w in learnt.get("warnings", []))
+
+
 def test_positions_beyond_the_pretraining_length_are_warned(setup, tmp_path, capsys):
     # a model bertforge pretrained from scratch on 4-token sequences, fine-tuned on sentences of 5-6 tokens
     model = tmp_path / "short"

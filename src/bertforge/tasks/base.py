@@ -142,6 +142,11 @@ class FinetuneTask:
         """Sequences that ``evaluate`` reads (after ``encode``)."""
         return 0
 
+    def unlearnt(self, artifacts: Any) -> str | None:
+        """What in an evaluation's predictions (``evaluate``'s second value) shows that the model learnt nothing
+        (one class for every example, no entity at all), for the run's warning; None when nothing does."""
+        return None
+
     def write_model(self, folder: str, config: BertConfig) -> None:
         """Files of the task's own beside the saved model (with validation data or without)."""
 

@@ -295,6 +295,12 @@ class ClassificationTask(FinetuneTask):
     def eval_size(self) -> int:
         return len(self.f_val)
 
+    def unlearnt(self, artifacts) -> str | None:
+        predicted = set(np.asarray(artifacts).argmax(-1).tolist())
+        if len(predicted) == 1 and len(set(self.y_val.tolist())) > 1:
+            return f"it gives every one of the {len(self.y_val)} validation examples {self.labels[predicted.pop()]!r}"
+        return None
+
     def write_outputs(self, folder: str, probs) -> dict:
         with open(os.path.join(folder, "predictions.jsonl"), "w", encoding="utf-8") as f:
             for r, p in zip(self.val_rows, probs):

@@ -228,6 +228,13 @@ class FineTuning(TrainingRun):
         self.model.load_state_dict(self.best_weights)
         if self.best.artifacts is None:  # the best evaluation came before a resumption: its predictions again
             self.best.artifacts = self.task.evaluate(self.model, self.engine.device)[1]
+        said = self.task.unlearnt(self.best.artifacts)
+        if said:
+            said = (f"the model learnt nothing: {said} (the best of {len(self.history)} evaluation(s), "
+                    f"{self.total} updates of batch {t.batch_size}); try a smaller --batch-size (more updates), more "
+                    "--epochs or another --lr")
+            log.warning(said)
+            self.warnings.append(said)
         return self.best, self.history, self.engine.tick()
 
     # ---- the loop's hooks
