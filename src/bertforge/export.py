@@ -40,11 +40,12 @@ from .loading import model_dir
 from .models import OUTPUTS, family_of_config, load_config, role_of_config
 from .outputs import MODEL_FILES, Output, register_output
 from .runtime import BACKENDS, EXTRA, ONNX_DIR, OnnxModel
+from .train.runfolder import SETTINGS_FILES, TASK
 
 log = logging.getLogger("bertforge")
 
 KIND = "export"
-SETTINGS_FILE = "finetune_config.json"  # (a fine-tuning run's settings: evaluate reads its columns from them)
+SETTINGS_FILE = SETTINGS_FILES["finetune"]  # (a fine-tuning run's settings: evaluate reads its columns from them)
 COPIED = MODEL_FILES | ST_FILES | {SETTINGS_FILE, "README.md"}
 REPORT = "export.json"
 register_output(KIND, COPIED | {ONNX_DIR})
@@ -245,7 +246,7 @@ def _check_task(path: str, config, role: str, st: bool, task: str | None):
         if task not in found:
             raise UserError(f"unknown --task {shown(task)}; expected one of {', '.join(found)}")
         return found[task]
-    ran = (json_object_or_none(os.path.join(path, SETTINGS_FILE)) or {}).get("task")
+    ran = (json_object_or_none(os.path.join(path, SETTINGS_FILE)) or {}).get(TASK)
     if isinstance(ran, str) and ran in TASKS and TASKS[ran].evaluate_name:
         return TASKS[ran]
     heads = [t for t in found.values() if t.model_class.role == role and t.holds(config)]

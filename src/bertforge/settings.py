@@ -40,7 +40,7 @@ from .config import (
 )
 from .errors import UserError, shown
 from .models import family
-from .train.runfolder import COMMAND, CORPUS, RunFolder
+from .train.runfolder import COMMAND, CORPUS, TASK, RunFolder
 
 log = logging.getLogger("bertforge")
 
@@ -218,7 +218,7 @@ def sectioned_settings(d: dict[str, Any], sections: tuple[str, ...], alias: dict
     alias, flat = alias or {}, {}
     for k, v in d.items():
         key = k.replace("-", "_")
-        if key in ("processes", CORPUS, COMMAND):
+        if key in ("processes", CORPUS, COMMAND, TASK):
             continue
         if key in sections and isinstance(v, dict):
             flat.update({alias.get(kk.replace("-", "_"), kk.replace("-", "_")): vv for kk, vv in v.items()})

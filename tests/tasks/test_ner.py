@@ -216,3 +216,23 @@ def test_conll_files_as_people_export_them(tmp_path):
     sentences = read_ner(str(tmp_path / "spaces.conll"), NerConfig())
     assert [s.tokens for s in sentences] == [["10\u00a0000", "fans"], ["we\u2028go"]]
     assert [s.tags for s in sentences] == [["O", "B-group"], ["O"]]
+
+
+def test_evaluate_refuses_a_folder_of_the_other_classifier(tmp_path, capsys):
+    """Issue 66, class 5: `evaluate ner` ran a sentence classifier's head per token (F1 0.0, status 0), and
+    `evaluate classify` read a token classifier's tags as unknown labels; both now name what the folder holds."""
+    from bertforge.models import BertForSequenceClassification, BertForTokenClassification
+
+    tok = train_vocabulary(["anna lives in paris", "good fun"] * 4, 40, kind="wordlevel", min_frequency=1)
+    cfg = BertConfig.preset("tiny", vocab_size=tok.get_vocab_size(), max_position_embeddings=32)
+    cfg.id2label = {0: "B-per", 1: "O"}
+    BertForSequenceClassification(cfg).save_pretrained(str(tmp_path / "sentences"), tokenizer=tok)
+    BertForTokenClassification(cfg).save_pretrained(str(tmp_path / "tokens"), tokenizer=tok)
+    (tmp_path / "dev.conll").write_text("anna\tB-per\nlives\tO\n")
+    (tmp_path / "dev.jsonl").write_text(json.dumps({"text": "good fun", "label": "O"}) + "\n")
+    for task, folder, data, said in (("ner", "sentences", "dev.conll", "not a token classifier"),
+                                     ("classify", "tokens", "dev.jsonl", "not a sentence classifier")):
+        assert main(["--quiet", "evaluate", task, "--model", str(tmp_path / folder), "--data",
+                     str(tmp_path / data)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: ") and said in err and "\n" not in err, err

@@ -184,6 +184,11 @@ def test_resume_refuses_data_that_changed_since_the_run_started(setup, tmp_path,
         assert "now holds other examples" in err and "Traceback" not in err
         assert [s for s, _ in list_checkpoints(str(out))] == [3]
     data.write_text(original)
+    # the run's own task, named (issue 66): not another task's settings read as unknown keys
+    as_ner = [*args[:2], "ner", *args[3:], "--resume"]
+    assert main(as_ner) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"error: the run in {out} is a finetune classify run; resume it with bertforge finetune classify")
     assert main([*args, "--resume"]) == 0
 
 

@@ -330,6 +330,7 @@ def evaluate_classifier_model(path: str, data: str, task: ClassifyConfig, max_se
     model_class, config = for_folder(model_dir(path), BertForSequenceClassification)
     if not config.id2label:
         raise UserError(f"{path} is not a classifier (its config.json has no id2label)")
+    labelled_head(path, config, "ForSequenceClassification")  # (as predict classify: not a token classifier's)
     max_seq_length = check_max_seq_length(config, max_seq_length, path, default=128)
     rows = read_table(data)
     text, pair, label_col = resolve_columns(rows, task, data)

@@ -392,6 +392,7 @@ def evaluate_ner_model(path: str, data: str, settings: NerConfig, max_seq_length
     model_class, config = for_folder(model_dir(path), BertForTokenClassification)
     if not config.id2label:
         raise UserError(f"{path} is not a token classifier (its config.json has no id2label)")
+    labelled_head(path, config, "ForTokenClassification")  # (as predict ner: not a sentence classifier's head)
     max_len = check_max_seq_length(config, max_seq_length, path, default=128)
     sentences = read_ner(data, settings)
     unknown = sorted({t for s in sentences for t in s.tags} - set(config.id2label.values()))

@@ -44,7 +44,7 @@ from ..tasks import FinetuneTask
 from ..tokenizer import check_vocab_fits, load_tokenizer
 from .engine import Engine, LinearSchedule
 from .lifecycle import TrainingRun, finish, preflight, run_folder, start_run
-from .runfolder import COMMAND, CORPUS, SETTINGS_FILES, RunFolder
+from .runfolder import COMMAND, CORPUS, SETTINGS_FILES, TASK, RunFolder
 
 log = logging.getLogger("bertforge")
 
@@ -115,8 +115,8 @@ def finetune(task: FinetuneTask, cfg: FinetuneConfig, overwrite: bool = False, r
 def run_record(cfg: FinetuneConfig, task: FinetuneTask, processes: int, files: dict, command=None) -> dict:
     """finetune_config.json: the settings (a --config file that repeats the run), what the files held, and the
     command that started the run (not the --resume's)."""
-    return {"finetune": cfg.to_dict(), "task": dataclasses.asdict(task.settings), "processes": processes,
-            CORPUS: files, COMMAND: command or modelcard.COMMAND}
+    return {"finetune": cfg.to_dict(), "task": dataclasses.asdict(task.settings), TASK: task.name,
+            "processes": processes, CORPUS: files, COMMAND: command or modelcard.COMMAND}
 
 
 def files_content(cfg: FinetuneConfig) -> dict[str, str | None]:
@@ -133,6 +133,9 @@ def check_resumed_files(folder: RunFolder, cfg: FinetuneConfig, task: FinetuneTa
     if saved is None or not isinstance(saved.get("finetune"), dict):
         raise UserError(f"cannot resume the run in {cfg.out}: it has no {SETTINGS_FILE} to check this command against "
                         "(a run started by an older bertforge: resume it with that version, or start it again)")
+    ran = saved.get(TASK)
+    if isinstance(ran, str) and ran != task.name:
+        raise UserError(f"the run in {cfg.out} is a finetune {ran} run; resume it with bertforge finetune {ran}")
     before = FinetuneConfig.from_dict(saved["finetune"])
     schedule = check_resumed(cfg.out, before, cfg, dataclass_from_dict(type(task.settings)(), saved.get("task") or {}),
                              task.settings)

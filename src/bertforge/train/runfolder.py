@@ -12,6 +12,7 @@ from ..errors import UserError
 from ..files import read_json_object
 
 SETTINGS_FILES = {"pretrain": "pretrain_config.json", "finetune": "finetune_config.json"}
+TASK = "task_name"  # (a fine-tuning run's record: which task trained it)
 CORPUS = "corpus"  # beside the settings: what the run trains on, by content (a digest)
 COMMAND = "command"  # and the command line that started it (its model card's, when it is resumed)
 
