@@ -367,6 +367,10 @@ def _unknown(extra: list[str], a: argparse.Namespace) -> str:
     return "unrecognized arguments: " + " ".join(extra) + (f" ({'; '.join(hints)})" if hints else "")
 
 
+# the arguments that hold texts to predict on (predict's), as opposed to paths and settings
+TEXTS = ("text", "first", "second", "question", "context", "query")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
@@ -386,6 +390,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .atomic import path_shown, write_failure
 
     modelcard.COMMAND = modelcard.command_line(list(sys.argv[1:] if argv is None else argv))  # for the model cards
+    from .files import command_line_text
+
+    for name in TEXTS:  # (texts only: a path's bytes name its file as they are)
+        if isinstance(getattr(a, name, None), (str, list)):
+            setattr(a, name, command_line_text(getattr(a, name), name))
     from .train.lifecycle import sigterm_as_interrupt
 
     try:  # one signal handler for every command: SIGTERM cleans up as Ctrl-C does (a training loop: StopSignals)

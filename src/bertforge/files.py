@@ -5,12 +5,21 @@ Writing is elsewhere: atomic writes in :mod:`bertforge.atomic`, the rules for ou
 
 from __future__ import annotations
 
+import csv
 import gzip
 import json
+import logging
+import re
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from .errors import UserError, require_file
+
+log = logging.getLogger("bertforge")
+
+# a table's field is read whatever its length (a whole review, a chapter): csv's default limit, 131,072
+# characters, ended reading such a file with _csv.Error (every table reader of the tasks uses csv)
+csv.field_size_limit(2**31 - 1)
 
 READ_BYTES = 1 << 20  # a reader holds one block: its memory stays the same whatever the file's size
 
@@ -39,6 +48,45 @@ def read_text(path: str, what: str = "file") -> str:
     return _decoded(data, path, 0, 0, 0)
 
 
+_LONE = re.compile("[\ud800-\udfff]")  # (a surrogate alone in a str: a valid pair is decoded to one character)
+
+
+def _repaired(obj: Any) -> tuple[Any, bool]:
+    """``obj`` with every lone surrogate in its strings replaced by U+FFFD, and whether there was one."""
+    if isinstance(obj, str):
+        fixed = _LONE.sub("\ufffd", obj)
+        return fixed, fixed != obj
+    if isinstance(obj, list):
+        pairs = [_repaired(v) for v in obj]
+        return [v for v, _ in pairs], any(c for _, c in pairs)
+    if isinstance(obj, dict):
+        pairs = {k: _repaired(v) for k, v in obj.items()}
+        return {k: v for k, (v, _) in pairs.items()}, any(c for _, c in pairs.values())
+    return obj, False
+
+
+def _loads(text: str, where: Callable[[], str]) -> Any:
+    """``json.loads``, with a lone surrogate escape (``"\\ud83d"``: a text cut inside an emoji) read as U+FFFD and
+    warned about naming ``where()``: no string that UTF-8 cannot encode reaches the tokenizer."""
+    obj = json.loads(text)
+    if "\\u" not in text:  # (a surrogate only comes from an escape: the text itself is valid UTF-8)
+        return obj
+    obj, changed = _repaired(obj)
+    if changed:
+        log.warning("%s: a lone surrogate escape (half of a character, such as an emoji cut in two) was read as "
+                    "U+FFFD", where())
+    return obj
+
+
+def command_line_text(value: Any, name: str) -> Any:
+    """A text (or texts) given on the command line, with bytes that are not UTF-8 (which Python keeps as lone
+    surrogates) read as U+FFFD and warned about; the tokenizer could not encode them."""
+    fixed, changed = _repaired(value)
+    if changed:
+        log.warning("the command line's %s holds bytes that are not UTF-8 (another encoding's?): read as U+FFFD", name)
+    return fixed
+
+
 def json_lines(lines: Iterable[str], path: str, before: Callable[[], int] = lambda: 0) -> Iterator[tuple[int, dict]]:
     """(line number among ``lines``, object) for each non-blank line; a line that is not a JSON object names the
     file and its line there (``before()``: the lines that precede ``lines`` in the file, counted only then)."""
@@ -46,7 +94,7 @@ def json_lines(lines: Iterable[str], path: str, before: Callable[[], int] = lamb
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
+            obj = _loads(line, lambda: f"{path}:{lineno + before()}")
             problem = None if isinstance(obj, dict) else "expected a JSON object"
         except json.JSONDecodeError as e:
             problem = f"not valid JSON ({e.msg})"
@@ -111,7 +159,7 @@ def read_json(path: str, what: str = "JSON file") -> Any:
     """A JSON file; malformed JSON names the line and column."""
     text = read_text(path, what)
     try:
-        return json.loads(text)
+        return _loads(text, lambda: path)
     except json.JSONDecodeError as e:
         raise UserError(f"{path}: malformed JSON at line {e.lineno} column {e.colno} ({e.msg})") from None
 
