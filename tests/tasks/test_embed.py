@@ -163,6 +163,21 @@ def test_mixed_negatives_are_refused(setup, tmp_path, capsys):
     assert not (tmp_path / "o").exists()
 
 
+def test_a_run_that_cannot_see_a_negative_is_refused(setup, tmp_path, capsys):
+    """Issue 66, class 7: a batch of one pair, or pairs that all share one passage, trained at loss 0.0000 and
+    gradient norm 0 with status 0."""
+    (tmp_path / "one.jsonl").write_text("".join(f'{{"query": "q{i}", "positive": "the same"}}\n' for i in range(6)))
+    for train, extra, said in ((None, ["--batch-size", "1"], "--batch-size 1 puts one pair in a batch"),
+                               (tmp_path / "one.jsonl", [], "has the same passage")):
+        args = _args(setup, tmp_path / "o")
+        if train:
+            args[args.index("--train") + 1] = str(train)
+        assert main([*args, *extra]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and said in err[0] and "nothing is learnt" in err[0], err
+        assert not (tmp_path / "o").exists()
+
+
 def test_sentence_transformers_settings_classic_and_6x(tmp_path):
     write_settings(str(tmp_path), EmbeddingSettings("cls", False, 77, True), 8)
     assert read_settings(str(tmp_path)) == EmbeddingSettings("cls", False, 77, True)

@@ -158,6 +158,11 @@ class EmbedTask(FinetuneTask):
                     f[side + "_key"] = texts.setdefault(text, len(texts))
                 else:
                     f["token_type_ids"], f["query_key"] = ids["token_type_ids"], queries.setdefault(text, len(queries))
+        if "negative" not in sides and (cfg.train.batch_size < 2 or len(texts) < 2):
+            why = (f"--batch-size {cfg.train.batch_size} puts one pair in a batch" if cfg.train.batch_size < 2 else
+                   f"every pair of {cfg.data.train_file} has the same passage")
+            raise UserError(f"{why}: no passage is another query's negative, so nothing is learnt (the loss is 0); "
+                            "give a larger --batch-size, pairs with other passages, or a negative to every pair")
         log.info("fine-tuning %s for embeddings on %d pairs%s (%d distinct passages), %s pooling%s", cfg.model,
                  len(features), " with hard negatives" if "negative" in sides else "", len(texts),
                  self.embedding.pooling, validating(len(self.val.queries) if self.val else 0, "queries"))
