@@ -144,7 +144,7 @@ def emit(a: argparse.Namespace, results: Any, table) -> None:
             print(line)
 
 
-def text_input_flags(p: argparse.ArgumentParser) -> None:
-    """``--input`` and ``--text-column`` of a ``predict`` command that reads texts."""
-    p.add_argument("--input", help="a .txt file (one text per line) or a .tsv/.csv/.jsonl file")
+def text_input_flags(p: argparse.ArgumentParser, more: str = "") -> None:
+    """``--input`` and ``--text-column`` of a ``predict`` command that reads texts (``more``: other files it reads)."""
+    p.add_argument("--input", help=f"a .txt file (one text per line) or a .tsv/.csv/.jsonl file{more}")
     p.add_argument("--text-column")

@@ -236,3 +236,18 @@ def test_evaluate_refuses_a_folder_of_the_other_classifier(tmp_path, capsys):
                      str(tmp_path / data)]) == 2
         err = capsys.readouterr().err.strip()
         assert err.startswith("error: ") and said in err and "\n" not in err, err
+
+
+def test_predict_input_reads_a_conll_files_sentences(setup, tmp_path, capsys):
+    """Issue 66, class 4: `predict ner --input FILE.conll` read each token line as a text."""
+    from bertforge.models import BertForTokenClassification
+    from bertforge.tokenizer import load_tokenizer
+
+    cfg = BertConfig.preset("tiny", vocab_size=load_tokenizer(str(setup / "model")).get_vocab_size(),
+                            max_position_embeddings=64)
+    cfg.id2label = {0: "B-per", 1: "O"}
+    model = str(tmp_path / "tagger")
+    BertForTokenClassification(cfg).save_pretrained(model, tokenizer=load_tokenizer(str(setup / "model")))
+    (tmp_path / "dev.conll").write_text("anna\tB-per\nlives\tO\n\t\nin\tO\nparis\tB-loc\n")  # (a tab-only break)
+    assert main(["--quiet", "predict", "ner", "--model", model, "--input", str(tmp_path / "dev.conll"), "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)) == 2  # one result per sentence

@@ -116,6 +116,9 @@ def _jsonl(path: str, text: str, settings: NerConfig) -> list[Sentence]:
     return sentences
 
 
+CONLL_SUFFIXES = (".conll", ".conllu", ".iob", ".bio")  # what `predict ner --input` reads as sentences, not lines
+
+
 def read_ner(path: str, settings: NerConfig) -> list[Sentence]:
     """The sentences of a CoNLL-style file (a token and its tag per line, a blank line between sentences) or a
     JSONL file of ``{"tokens", "tags"}`` (or ``ner_tags``); each tag checked, the scheme found."""
@@ -294,7 +297,7 @@ class NerTask(FinetuneTask):
 
     @classmethod
     def predict_arguments(cls, p) -> None:
-        text_input_flags(p)
+        text_input_flags(p, f", or a tagged CoNLL file ({', '.join(CONLL_SUFFIXES)}): one text per sentence")
         p.add_argument("--aggregation", choices=AGGREGATIONS, default="simple",
                        help="how sub-tokens become entities, as transformers' aggregation_strategy")
         p.add_argument("--max-seq-length", type=positive_int, help="tokens read of a text (default: 512, or the "
@@ -303,7 +306,12 @@ class NerTask(FinetuneTask):
 
     @classmethod
     def predict(cls, a) -> None:
-        texts = input_texts(a)
+        if a.input and a.input.lower().endswith(CONLL_SUFFIXES):  # its sentences, not its lines (issue 66)
+            if a.text:
+                raise UserError("give texts or --input, not both")
+            texts = [" ".join(s.tokens) for s in read_ner(a.input, NerConfig())]
+        else:
+            texts = input_texts(a)
         p = NerPipeline(a.model, device=a.device, batch_size=a.batch_size, progress=progress_shown(None),
                         max_seq_length=a.max_seq_length)
         res = p(texts, aggregation_strategy=a.aggregation)
