@@ -251,3 +251,26 @@ def test_predict_input_reads_a_conll_files_sentences(setup, tmp_path, capsys):
     (tmp_path / "dev.conll").write_text("anna\tB-per\nlives\tO\n\t\nin\tO\nparis\tB-loc\n")  # (a tab-only break)
     assert main(["--quiet", "predict", "ner", "--model", model, "--input", str(tmp_path / "dev.conll"), "--json"]) == 0
     assert len(json.loads(capsys.readouterr().out)) == 2  # one result per sentence
+
+
+def test_windows_cover_every_word_at_any_width_and_pick_as_before(setup):
+    """Issue 66, class 4: at --max-seq-length 3 (one piece a window) the last word had no window; and the best
+    window of each word was searched over every word of the sentence for every window (quadratic)."""
+    from bertforge.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(str(setup / "model"))
+    words = [w for r in _sentences(30) for w in r[0]]
+    sentence = Sentence(words, ["O"] * len(words))
+    for max_len in (3, 4, 7, 16):
+        feats, firsts, _ = windows(tok, [sentence], max_len)
+        found = best_windows(feats, firsts)[0]
+        assert all(k >= 0 for k, _ in found), max_len
+        # the search over every word of the sentence, as it was: the same windows and positions
+        slow = [(-1.0, -1, -1)] * len(words)
+        for k, f in enumerate(feats):
+            n = len(f["words"])
+            for w, p in enumerate(firsts[0]):
+                q = p - f["start"]
+                if p >= 0 and 0 <= q < n and min(q, n - 1 - q) + 0.01 * n > slow[w][0]:
+                    slow[w] = (min(q, n - 1 - q) + 0.01 * n, k, q + 1)
+        assert found == [(k, q) for _, k, q in slow], max_len

@@ -171,6 +171,8 @@ def windows(tok: Tokenizer, sentences: list[Sentence], max_len: int) -> tuple[li
         firsts.append(first)
         step = max(1, width // 2)
         starts = [0] if len(words) <= width else list(range(0, len(words) - step, step))
+        if starts[-1] + width < len(words):  # (a window of one piece: the halves' steps stop short of the end)
+            starts.append(len(words) - width)
         split += len(starts) > 1
         for s in starts:
             ids = e.ids[s : s + width]
@@ -184,10 +186,9 @@ def best_windows(feats: list[dict], firsts: list[list[int]]) -> list[list[tuple[
     the most context on both sides; (-1, -1) for a word without pieces."""
     best: list[list[tuple[float, int, int]]] = [[(-1.0, -1, -1)] * len(f) for f in firsts]
     for k, f in enumerate(feats):
-        n = len(f["words"])
-        for w, p in enumerate(firsts[f["sentence"]]):
-            q = p - f["start"]
-            if p >= 0 and 0 <= q < n:
+        n, first, start = len(f["words"]), firsts[f["sentence"]], f["start"]
+        for q, w in enumerate(f["words"]):  # the window's own pieces: linear in the sentence's length
+            if w >= 0 and first[w] == start + q:  # a word's first piece
                 score = min(q, n - 1 - q) + 0.01 * n
                 if score > best[f["sentence"]][w][0]:
                     best[f["sentence"]][w] = (score, k, q + 1)  # (+1: [CLS])
