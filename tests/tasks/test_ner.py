@@ -274,3 +274,16 @@ def test_windows_cover_every_word_at_any_width_and_pick_as_before(setup):
                 if p >= 0 and 0 <= q < n and min(q, n - 1 - q) + 0.01 * n > slow[w][0]:
                     slow[w] = (min(q, n - 1 - q) + 0.01 * n, k, q + 1)
         assert found == [(k, q) for _, k, q in slow], max_len
+
+
+def test_an_annotation_slip_is_warned_about_not_taken_for_the_files_scheme(caplog):
+    """Issue 66, class 4: one `O I-per` in a BIO file made the whole file IOB1 (strict scoring then counted only
+    the slip); the majority decides, and the slip is named."""
+    bio = [Sentence(["anna", "ran"], ["B-per", "O"]), Sentence(["bob", "sat"], ["B-per", "O"]),
+           Sentence(["x", "carl"], ["O", "I-per"])]
+    assert scheme_of(bio, "f.conll") == "BIO"
+    assert "f.conll: 1 of 3 entities open with I-, as BIO does not: read as BIO (sentence 3)" in caplog.text
+    iob1 = [Sentence(["anna", "ran"], ["I-per", "O"]), Sentence(["bob", "sat"], ["I-per", "O"]),
+            Sentence(["a", "b"], ["I-per", "B-per"])]  # (B- between two of one type: IOB1's own use)
+    caplog.clear()
+    assert scheme_of(iob1, "g.conll") == "IOB1" and "open with" not in caplog.text

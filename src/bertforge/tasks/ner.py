@@ -136,18 +136,28 @@ def read_ner(path: str, settings: NerConfig) -> list[Sentence]:
 
 
 def scheme_of(sentences: list[Sentence], path: str) -> str:
-    """BIO (IOB2), IOB1 (I- opens an entity, B- only between two of one type) or BIOES; mixed is an error."""
+    """BIO (IOB2), IOB1 (I- opens an entity, B- only between two of one type) or BIOES; mixed is an error.  Between
+    BIO and IOB1 the file's majority decides (BIO opens an entity with B-, IOB1 with I-): an annotation slip
+    (``O I-per`` in a BIO file) is warned about with its sentence, not taken for the file's scheme."""
     bioes = any(t[0] in "ES" for s in sentences for t in s.tags if t != "O")
-    opens_with_i = False
-    for s in sentences:
+    by_i, by_b = [], []  # (sentence numbers of) entities opened by I-, and by B- after O or another type
+    for n, s in enumerate(sentences, 1):
         prev = "O"
         for t in s.tags:
-            if t.startswith("I") and (prev == "O" or prev[2:] != t[2:]):
-                opens_with_i = True
+            if t[0] in "IB" and (prev == "O" or prev[2:] != t[2:]):
+                (by_i if t[0] == "I" else by_b).append(n)
             prev = t
-    if bioes and opens_with_i:
+    if bioes and by_i:
         raise UserError(f"{path}: the tags mix schemes (E-/S- of BIOES, and I- opening entities as IOB1 does)")
-    return "BIOES" if bioes else "IOB1" if opens_with_i else "BIO"
+    if bioes:
+        return "BIOES"
+    scheme, slips = ("IOB1", by_b) if len(by_i) > len(by_b) else ("BIO", by_i)
+    if slips and by_i:
+        opener = "B-" if scheme == "IOB1" else "I-"
+        log.warning("%s: %d of %d entities open with %s, as %s does not: read as %s (sentence %s%s)", path,
+                    len(slips), len(by_i) + len(by_b), opener, scheme, scheme, slips[0],
+                    f" and {len(slips) - 1} more" if len(slips) > 1 else "")
+    return scheme
 
 
 # ------------------------------------------------------------------------------------------------ windows
