@@ -143,7 +143,7 @@ def test_sigkill_and_resume_end_with_the_weights_of_the_uninterrupted_run(setup,
     assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
     assert [s for s, _ in list_checkpoints(str(killed))] == [6]  # fine-tuning keeps the newest alone
     assert main(_args(setup, killed, *RESUMABLE, model="dropout-model")) == 2  # a new run there: refused
-    assert "already exists" in capsys.readouterr().err
+    assert "holds an interrupted run (step 6): add --resume to continue it" in capsys.readouterr().err
     assert main(_args(setup, killed, *RESUMABLE, "--weight-decay", "0.5", "--resume", model="dropout-model")) == 2
     assert "--resume continues the run" in capsys.readouterr().err  # other settings than the checkpoint's: refused
     for other in (["--freeze-embeddings"], []):  # ... before anything is loaded: the checkpoints stay as they are
@@ -195,6 +195,26 @@ def test_resume_refuses_data_that_changed_since_the_run_started(setup, tmp_path,
 def test_resume_needs_a_checkpoint(setup, tmp_path, capsys):
     assert main(_args(setup, tmp_path / "none", "--resume")) == 2
     assert "nothing to resume" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_run_killed_before_its_first_checkpoint_starts_again_on_resume(setup, tmp_path, capsys):
+    """Issue 66, class 9: one resume rule with pretraining. A fine-tuning run killed before its first checkpoint
+    could not be resumed ("nothing to resume"), and the same command again said to pass --overwrite."""
+    out = tmp_path / "killed"
+    args = _args(setup, out, *RESUMABLE)
+    env = dict(os.environ, BERTFORGE_FAULT="write:1", PYTHONUNBUFFERED="1")  # killed in its first checkpoint
+    proc = subprocess.run([sys.executable, "-m", "bertforge", *args], env=env, capture_output=True)
+    assert proc.returncode == -signal.SIGKILL and not list_checkpoints(str(out)), proc.stderr.decode()[-2000:]
+    assert main(args) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"error: {out} holds an interrupted run (before its first checkpoint): add --resume to continue it, or "
+        "--overwrite to start again")
+    assert main([*args, "--resume"]) == 0
+    assert "starts again from step 0" in capsys.readouterr().err
+    assert main(_args(setup, tmp_path / "whole", *RESUMABLE)) == 0
+    a, b = _weights(out), _weights(tmp_path / "whole")
+    assert all(torch.equal(a[k], b[k]) for k in a)  # the uninterrupted run's weights, bit for bit
 
 
 @pytest.mark.slow

@@ -43,7 +43,7 @@ from ..settings import check_resumed, file_digest, say_schedule_changed
 from ..tasks import FinetuneTask
 from ..tokenizer import check_vocab_fits, load_tokenizer
 from .engine import Engine, LinearSchedule
-from .lifecycle import TrainingRun, finish, preflight, run_folder, start_run
+from .lifecycle import TrainingRun, finish, preflight, recover, run_folder, start_run
 from .runfolder import COMMAND, CORPUS, SETTINGS_FILES, TASK, RunFolder
 
 log = logging.getLogger("bertforge")
@@ -76,7 +76,15 @@ def finetune(task: FinetuneTask, cfg: FinetuneConfig, overwrite: bool = False, r
     cfg.validate()
     validate_fields(task.settings)
     folder = RunFolder(cfg.out, "finetune")
-    output = preflight(folder, [cfg.model, cfg.data.train_file, cfg.data.validation_file], overwrite, resume)
+    recover(cfg.out)  # (what an interrupted write left beside the run is back before its checkpoints are counted)
+    step = folder.newest_step()
+    if not resume and not overwrite and (step is not None or (folder.started and not folder.finished)):
+        at = f" (step {step})" if step is not None else " (before its first checkpoint)"
+        raise UserError(f"{cfg.out} holds an interrupted run{at}: add --resume to continue it, or --overwrite to "
+                        "start again")
+    # one rule with pretraining: a run killed before its first checkpoint starts again from step 0 on --resume
+    output = preflight(folder, [cfg.model, cfg.data.train_file, cfg.data.validation_file], overwrite, resume,
+                       restarts=True)
     files = files_content(cfg)
     schedule = check_resumed_files(folder, cfg, task, files) if resume else []
     with start_run(output, cfg.impl) as (d, device):
@@ -91,7 +99,7 @@ def finetune(task: FinetuneTask, cfg: FinetuneConfig, overwrite: bool = False, r
         features, collate = task.encode(tok, cfg)
         warn_untrained_positions(cfg.model, max((len(f["input_ids"]) for f in features), default=0), d)
         torch.manual_seed(cfg.train.seed)
-        if resume:  # every weight comes from the checkpoint: none read from the base model (nor reported new)
+        if resume and step is not None:  # every weight from the checkpoint: none read from the base model
             model = model_class(config).to(device)
         else:
             model = model_class.from_pretrained(cfg.model, config=config, reinit_head=reinit_head).to(device)
@@ -104,6 +112,9 @@ def finetune(task: FinetuneTask, cfg: FinetuneConfig, overwrite: bool = False, r
                 atomic_write_json(os.path.join(out, SETTINGS_FILE), run_record(cfg, task, d.world, files),
                                   faults=False)
             run = FineTuning(task, cfg, d, out, model, features, collate, device)
+            # --resume of a run killed before its first checkpoint starts again from step 0, as pretraining's: only
+            # when the model was read from the base model (a checkpoint listed but not loading leaves random weights)
+            run.restarts = step is None
             best, history, train_seconds = run.train(resume)
             record = run_record(cfg, task, d.world, files, folder.command() if resume else modelcard.COMMAND)
             metrics = {} if best is None else write_outputs(out, task, cfg, model, tok, best, history,
