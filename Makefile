@@ -4,10 +4,11 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_PIN := torch==2.13.0
-# `make test` runs the tests in parallel (pytest-xdist), one worker per core up to 4; each worker and the
-# bertforge processes it starts share its part of the cores (BERTFORGE_THREADS, tests/conftest.py).
-# TEST_WORKERS=0 runs them in one process.
-TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ "$$n" -gt 4 ] && n=4; echo $$n)
+# `make test` runs the tests in parallel (pytest-xdist), one worker per core and one more, up to 4: many tests
+# wait on processes they start (start-up, torchrun's rendezvous, a kill and its resume), and a worker that waits
+# leaves its core to another; each worker and the bertforge processes it starts share its part of the cores
+# (BERTFORGE_THREADS, tests/conftest.py). TEST_WORKERS=0 runs them in one process.
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); n=$$((n + 1)); [ "$$n" -gt 4 ] && n=4; echo $$n)
 
 .PHONY: demo test install clean
 

@@ -239,7 +239,7 @@ def _predict(a: argparse.Namespace) -> int:
         return 0
     p = pipeline(a.task, a.model, device=a.device, batch_size=a.batch_size, progress=progress_shown(None))
     if a.task == "fill-mask":
-        texts = input_texts(a)
+        texts = input_texts(a, blank_lines=False)  # (each result carries its text: a blank line has no [MASK])
         res = p.per_mask(texts, top_k=a.top_k)  # one list per [MASK], whatever their number
 
         def table(rows):

@@ -285,3 +285,14 @@ def test_bm25_credits_no_passage_that_shares_no_word(tmp_path, capsys):
     assert main(["--quiet", "evaluate", "retrieval", "--model", "bm25", "--data", str(tmp_path / "stop.jsonl")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: BM25 has nothing to index"), err
+
+
+def test_predict_input_gives_one_result_per_line(setup, tmp_path, capsys):
+    """Issue 66, class 3: lines are split at line ends only (a U+2028 inside a text made two), and a blank line is
+    a text of its own (dropping it shifted every later vector by one)."""
+    (tmp_path / "in.txt").write_text("a\u2028b\nsecond line\n\nfourth line\n", encoding="utf-8")
+    assert main(["--quiet", "predict", "embed", "--model", str(setup / "model"), "--input", str(tmp_path / "in.txt"),
+                 "--json"]) == 0
+    vectors = json.loads(capsys.readouterr().out)
+    assert main(["--quiet", "predict", "embed", "--model", str(setup / "model"), "--json", "fourth line"]) == 0
+    assert len(vectors) == 4 and vectors[3] == pytest.approx(json.loads(capsys.readouterr().out)[0], abs=1e-6)

@@ -117,9 +117,10 @@ def saved_columns(model: str) -> dict[str, str]:
     return {k: task[k] for k in ("text_column", "text_pair_column", "label_column") if isinstance(task.get(k), str)}
 
 
-def input_texts(a) -> list[str]:
+def input_texts(a, blank_lines: bool = True) -> list[str]:
     """The texts of a ``predict`` command (``a``, its flags): those given, or ``--input``'s, a line each of a text
-    file, or the text column (``--text-column``) of a table."""
+    file (a blank line too, unless ``blank_lines`` is False: result i is line i's), or the text column
+    (``--text-column``) of a table."""
     if a.input and a.text:
         raise UserError("give texts or --input, not both")
     if a.input:
@@ -128,10 +129,10 @@ def input_texts(a) -> list[str]:
             column = getattr(a, "text_column", None) or saved_columns(a.model).get("text_column")
             col, _, _ = resolve_columns(rows, ClassifyConfig(text_column=column), a.input, need_label=False)
             return [r[col] for r in rows]
-        lines = [t for t in lines_of(read_text(a.input, "input file")) if t.strip()]
-        if not lines:
+        lines = lines_of(read_text(a.input, "input file"))
+        if not any(t.strip() for t in lines):
             raise UserError(f"{a.input} has no lines")
-        return lines
+        return lines if blank_lines else [t for t in lines if t.strip()]
     if not a.text:
         raise UserError("give at least one text, or --input FILE")
     return a.text

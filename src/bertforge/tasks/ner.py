@@ -334,7 +334,7 @@ class NerTask(FinetuneTask):
                     label = x.get("entity_group", x.get("entity"))
                     yield f"  {label:<14} {x['score']:.3f}  {x['word']}  ({x['start']}-{x['end']})"
 
-        emit(a, res[0] if len(texts) == 1 and a.json else res, table)
+        emit(a, res, table)  # (one list per text, whatever their number: result i is text i's)
 
     def read(self, cfg: FinetuneConfig) -> None:
         train = read_ner(cfg.data.train_file, self.settings)
