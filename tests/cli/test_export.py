@@ -19,6 +19,7 @@ from bertforge.tokenizer import train_vocabulary
 
 ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
+pytestmark = pytest.mark.slow  # (each test exports a graph: several seconds)
 
 TEXTS = ["the cat sat on the mat", "a dog ran in the park", "rain falls on the town at night"]
 

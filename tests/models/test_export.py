@@ -41,6 +41,7 @@ def head_folder(path, family, role: str, tok) -> str:
     return str(path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family,role", CASES)
 def test_every_head_of_every_family_exports_to_a_graph_with_the_torch_outputs(family, role, tokenizer, tmp_path):
     folder = head_folder(tmp_path / "model", family, role, tokenizer)
