@@ -145,6 +145,9 @@ def _run_demo(out: str, s: DemoSettings, wordpiece: bool, progress: bool) -> dic
     BertForPreTraining(BertConfig.load(cfg.out)).save_pretrained(scratch_init, tokenizer=tok)
     results = {}
     for name, init in (("pretrained", cfg.out), ("scratch", scratch_init)):
+        if name == "scratch":
+            log.info("the control: the same classifier from random weights, which should learn nothing of the "
+                     "held-out sentences' adjectives (they appear only in the unlabelled stories)")
         ft = ClassificationTask.config(
             model=init, train_file=senti["train"], validation_file=senti["validation"],
             out=os.path.join(out, f"sentiment-{name}"), epochs=s.finetune_epochs, lr=s.finetune_lr, batch_size=16,
