@@ -179,7 +179,7 @@ def export_onnx(model: str | os.PathLike, out: str | os.PathLike, int8: bool = F
     if opset < MIN_OPSET:
         raise UserError(f"--opset {opset}: torch.onnx's exporter writes opset {MIN_OPSET} or later")
     model_class, config, role, st = exported_head(path)
-    check = _check_task(path, config, role, st, task) if check_data is not None else None
+    check = _check_task(path, config, role, task) if check_data is not None else None
     fam = family_of_config(config)
     outputs = OUTPUTS[role]
     output = Output(out, KIND, overwrite, inputs=[path])
@@ -235,7 +235,7 @@ def _checked(torch_model, graph_file: str, config, inputs, outputs, exact: bool)
             "max_abs_difference": diff, "lengths": lengths}
 
 
-def _check_task(path: str, config, role: str, st: bool, task: str | None):
+def _check_task(path: str, config, role: str, task: str | None):
     """The fine-tuning task whose evaluation scores ``--check-data``: ``task`` (an ``evaluate`` name), the run's
     own (its settings file), or the one task that trains the folder's head."""
     from .files import json_object_or_none
