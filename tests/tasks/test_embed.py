@@ -134,6 +134,14 @@ def test_beir_folder(tmp_path):
     vectors = {"first": [1.0, 0.0], "one": [0.0, 1.0], "two": [0.6, 0.8]}
     res = evaluate(rs, lambda texts: np.array([vectors[t] for t in texts], dtype=np.float32))
     assert res["recall@1"] == 1.0
+    # an _id twice (issue 66, class 6: counted twice, or a traceback inside BM25's ranking) names its line
+    for name, rows in (("corpus.jsonl", '{"_id": "d1", "text": "one"}\n{"_id": "d1", "text": "one"}\n'),
+                       ("queries.jsonl", '{"_id": "q1", "text": "first"}\n{"_id": "q1", "text": "again"}\n')):
+        good = (tmp_path / name).read_text()
+        (tmp_path / name).write_text(rows)
+        with pytest.raises(UserError, match=rf"{name}:2: _id 'd?q?1' again \(first at line 1\)"):
+            read_retrieval_set(str(tmp_path))
+        (tmp_path / name).write_text(good)
 
 
 @pytest.mark.parametrize("name,text,message", [

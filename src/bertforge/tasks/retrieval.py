@@ -114,11 +114,15 @@ def pairs_set(pairs: list[Pair], corpus: list[str] | None) -> RetrievalSet:
 def _beir(folder: str) -> RetrievalSet:
     def jsonl(name: str, fields: tuple[str, ...]) -> list[dict]:
         path = os.path.join(folder, name)
-        rows = []
+        rows, seen = [], {}
         for n, obj in json_lines(io.StringIO(read_text(path, "BEIR file")), path):
             for key in fields:
                 if not isinstance(obj.get(key), str):
                     raise UserError(f"{path}:{n}: {key!r} must be text, not {shown(obj.get(key))}")
+            if obj["_id"] in seen:  # (counted twice, a passage was a hit twice and a query scored twice)
+                raise UserError(f"{path}:{n}: _id {shown(obj['_id'])} again (first at line {seen[obj['_id']]}); "
+                                "each _id names one passage or query")
+            seen[obj["_id"]] = n
             rows.append(obj)
         if not rows:
             raise UserError(f"{path} is empty")
