@@ -287,3 +287,10 @@ def test_an_annotation_slip_is_warned_about_not_taken_for_the_files_scheme(caplo
             Sentence(["a", "b"], ["I-per", "B-per"])]  # (B- between two of one type: IOB1's own use)
     caplog.clear()
     assert scheme_of(iob1, "g.conll") == "IOB1" and "open with" not in caplog.text
+
+
+def test_a_sentence_of_thousands_of_tokens_is_warned_about(tmp_path, caplog):
+    """Issue 66, class 4: a CoNLL file without blank lines reads as one sentence, silently."""
+    (tmp_path / "flat.conll").write_text("".join(f"w{i}\tO\n" for i in range(1500)) + "anna\tB-per\n")
+    read_ner(str(tmp_path / "flat.conll"), NerConfig())
+    assert "flat.conll: sentence 1 has 1501 tokens: are the sentences apart (a blank line between two)?" in caplog.text

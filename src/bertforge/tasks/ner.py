@@ -116,6 +116,7 @@ def _jsonl(path: str, text: str, settings: NerConfig) -> list[Sentence]:
     return sentences
 
 
+LONG_SENTENCE = 1000  # tokens: a file's "sentence" this long is most likely several that lost their blank lines
 CONLL_SUFFIXES = (".conll", ".conllu", ".iob", ".bio")  # what `predict ner --input` reads as sentences, not lines
 
 
@@ -131,6 +132,10 @@ def read_ner(path: str, settings: NerConfig) -> list[Sentence]:
         for t in s.tags:
             if t != "O" and (len(t) < 3 or t[0] not in PREFIXES or t[1] not in "-_"):
                 raise UserError(f"{path}: tag {shown(t)} is neither O nor B-, I-, E- or S- and a type")
+    long = [(n, len(s.tokens)) for n, s in enumerate(sentences, 1) if len(s.tokens) > LONG_SENTENCE]
+    if long:
+        log.warning("%s: sentence %d has %d tokens%s: are the sentences apart (a blank line between two)?", path,
+                    *long[0], f", and {len(long) - 1} more over {LONG_SENTENCE}" if len(long) > 1 else "")
     scheme_of(sentences, path)
     return sentences
 
