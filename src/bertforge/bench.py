@@ -116,11 +116,8 @@ def text_batch(text: str, tokenizer: str, B: int, T: int, seed: int = 0) -> tupl
 
 def _inference_batches(B: int, vocab: int, data_dir: str | None, n_batches: int) -> tuple[list[dict], str]:
     """Variable-length batches in file order, each padded to its longest sequence."""
-    sentences, source = None, "demo corpus sentences"
-    sst = os.path.join(data_dir, "sst2", "dev.tsv") if data_dir else None
-    if sst and os.path.isfile(sst):
-        with open(sst, encoding="utf-8") as f:
-            sentences = [line.split("\t")[0] for line in f.read().splitlines()[1:]]
+    sentences, source = _sst2_sentences(data_dir), "demo corpus sentences"
+    if sentences is not None:
         source = "SST-2 dev sentences"
     if sentences is None:
         from .demo.corpus import generate_stories
@@ -141,6 +138,15 @@ def _inference_batches(B: int, vocab: int, data_dir: str | None, n_batches: int)
             am[j, : len(e.ids)] = 1
         batches.append({"input_ids": ids, "attention_mask": am, "token_type_ids": torch.zeros_like(ids)})
     return batches, source
+
+
+def _sst2_sentences(data_dir: str | None) -> list[str] | None:
+    """SST-2's dev sentences under ``data_dir`` (None when they are not there)."""
+    sst = os.path.join(data_dir, "sst2", "dev.tsv") if data_dir else ""
+    if not os.path.isfile(sst):
+        return None
+    with open(sst, encoding="utf-8") as f:
+        return [line.split("\t")[0] for line in f.read().splitlines()[1:]]
 
 
 def _import_transformers():
@@ -505,7 +511,7 @@ def _finetune_setup(kind, cfg, transformers, tmp: str, random_preset: str | None
     t = kind(kind.settings_class())
     t.read(cfg)
     if random_preset is not None:
-        _random_model(t, cfg.model, random_preset, arch)
+        _random_model(t.texts(), cfg.model, random_preset, arch)
     tok = load_tokenizer(cfg.model)
     model_class, config = for_folder(cfg.model, kind.model_class)
     reinit = t.configure(config)
@@ -518,18 +524,22 @@ def _finetune_setup(kind, cfg, transformers, tmp: str, random_preset: str | None
     return t, ours, t.bench_reference(same, model_class, transformers, dev), config, batches
 
 
-def _random_model(t, folder: str, preset: str, arch: str) -> None:
-    """A randomly initialised ``preset`` of family ``arch`` with a WordPiece vocabulary of the task's training
-    text, saved to ``folder``."""
+def _random_model(texts: list[str], folder: str, preset: str, arch: str, labels: dict[int, str] | None = None
+                  ) -> None:
+    """A randomly initialised ``preset`` of family ``arch`` with a WordPiece vocabulary of ``texts``, saved to
+    ``folder``: its pretraining head, or with ``labels`` a sequence classifier of them."""
     from .tokenizer import save_tokenizer, special_ids, train_vocabulary
 
-    tok = train_vocabulary(t.texts(), 8000, kind="wordpiece")
+    tok = train_vocabulary(texts, 8000, kind="wordpiece")
     save_tokenizer(tok, folder)
     torch.manual_seed(0)
     fam = family(arch)
     config = fam.config_class.preset(preset, vocab_size=tok.get_vocab_size())
     config.adopt_special_ids(special_ids(tok))
-    fam.head("pretraining" if fam.next_sentence else "masked_lm")(config).save_pretrained(folder, tokenizer=tok)
+    if labels:
+        config.id2label = labels
+    role = "sequence_classification" if labels else "pretraining" if fam.next_sentence else "masked_lm"
+    fam.head(role)(config).save_pretrained(folder, tokenizer=tok)
 
 
 def _finetune_batches(t, tok, cfg, batch_size: int, n_batches: int, group_by_length: bool,
@@ -601,11 +611,9 @@ def _serving_inputs(tok, data_dir: str | None, max_len: int) -> list[tuple[str, 
 
     t = Tokenizer.from_str(tok.to_str())
     t.enable_truncation(max_len, strategy="longest_first")
-    sst = os.path.join(data_dir, "sst2", "dev.tsv") if data_dir else ""
+    sentences = _sst2_sentences(data_dir)
     squad = os.path.join(data_dir, "squad", "dev-v1.1.json") if data_dir else ""
-    if os.path.isfile(sst) and os.path.isfile(squad):
-        with open(sst, encoding="utf-8") as f:
-            sentences = [line.split("\t")[0] for line in f.read().splitlines()[1:]]
+    if sentences is not None and os.path.isfile(squad):
         with open(squad, encoding="utf-8") as f:
             pairs = [(q["question"], p["context"]) for a in json.load(f)["data"] for p in a["paragraphs"]
                      for q in p["qas"]]
@@ -640,8 +648,11 @@ def run_onnx_bench(model: str | None = None, preset: str = "mini", arch: str = "
     res: dict = {"threads": torch.get_num_threads(), "torch": torch.__version__}
     with tempfile.TemporaryDirectory() as tmp:
         if model is None:
+            from .demo.corpus import generate_stories
+
             model = os.path.join(tmp, "model")
-            _random_classifier(model, preset, arch)
+            _random_model([" ".join(s) for s in generate_stories(300, seed=3)], model, preset, arch,
+                          {0: "negative", 1: "positive"})
         export_onnx(model, os.path.join(tmp, "onnx"), int8=True)
         model_class, config, role, _ = exported_head(model)
         models = {"torch": model_class.from_pretrained(model, config=config).eval()}
@@ -674,21 +685,6 @@ def run_onnx_bench(model: str | None = None, preset: str = "mini", arch: str = "
                     + f"   onnx x{med['onnx'] / med['torch']:.2f}, onnx-int8 x{med['onnx-int8'] / med['torch']:.2f}")
     out(json.dumps(res))
     return res
-
-
-def _random_classifier(folder: str, preset: str, arch: str) -> None:
-    """A randomly initialised two-class sequence classifier, ``preset`` of family ``arch``, with a WordPiece vocabulary
-    of the demo's text, saved to ``folder``."""
-    from .demo.corpus import generate_stories
-    from .tokenizer import special_ids, train_vocabulary
-
-    tok = train_vocabulary([" ".join(s) for s in generate_stories(300, seed=3)], 8000, kind="wordpiece")
-    torch.manual_seed(0)
-    fam = family(arch)
-    config = fam.config_class.preset(preset, vocab_size=tok.get_vocab_size())
-    config.adopt_special_ids(special_ids(tok))
-    config.id2label = {0: "negative", 1: "positive"}
-    fam.head("sequence_classification")(config).save_pretrained(folder, tokenizer=tok)
 
 
 def add_bench_parser(sub) -> None:
