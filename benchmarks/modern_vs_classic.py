@@ -1,16 +1,18 @@
-"""The classic BERT mini against a ModernBERT of about its size, at an equal clock on this machine: the same books,
-tokenizer and pretraining minutes, then held-out masked-LM accuracy on unseen books and SST-2 dev accuracy after
-the same fine-tuning at several seeds.
+"""Arms of the same size at an equal clock on this machine: the classic BERT mini against a ModernBERT of about its
+size (the default arms), or BERT pretrained and fine-tuned in fp32 against bf16 (``--arms bert-fp32,bert-bf16``):
+the same books, tokenizer and pretraining minutes, then held-out masked-LM accuracy on unseen books (evaluated in
+fp32) and SST-2 dev accuracy after the same fine-tuning at several seeds.
 
     python benchmarks/modern_vs_classic.py --data-dir ../shared/data --out runs/modern-vs-classic
+    python benchmarks/modern_vs_classic.py --data-dir ../shared/data --out runs/bf16-s0 --arms bert-fp32,bert-bf16
     python benchmarks/modern_vs_classic.py --data-dir ../shared/data --out runs/dry --dry   # every stage, toy sizes
 
 The stages, each one bertforge command run in this process:
 
     prepare          the four Gutenberg training shards with bert-base-uncased's vocabulary (all-MiniLM-L6-v2's)
-    pretrain-ARCH    --preset mini --arch ARCH, the budget recipe, --max-time the minutes, --seed S
-    mlm-ARCH         evaluate mlm on gutenberg/validation.jsonl (books the pretraining never saw)
-    sst2-ARCH-K      finetune classify on the first 20,000 SST-2 training sentences, 1 epoch, batch 32, length
+    pretrain-ARM     --preset mini and the arm's flags, the budget recipe, --max-time the minutes, --seed S
+    mlm-ARM          evaluate mlm on gutenberg/validation.jsonl (books the pretraining never saw)
+    sst2-ARM-K       finetune classify (with the arm's --precision) on the first 20,000 SST-2 training sentences, 1 epoch, batch 32, length
                      64, the default lr for the width, --seed K, scored on sst2/dev.tsv
 
 A stage with a record in OUT/stages/ is skipped (a record of other settings is refused: use another --out); a
@@ -31,7 +33,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from domain_adaptation import run_command  # noqa: E402
 from seed001_cpu import BOOKS, recorded_stage, run_chain, stage_figures, vocabulary  # noqa: E402
 
-ARCHS = ("bert", "modernbert")
+# arm -> (its pretraining flags, its fine-tuning flags)
+ARMS = {"bert": (["--arch", "bert"], []), "modernbert": (["--arch", "modernbert"], []),
+        "bert-fp32": (["--precision", "fp32"], ["--precision", "fp32"]),
+        "bert-bf16": (["--precision", "bf16"], ["--precision", "bf16"])}
 
 
 @dataclasses.dataclass
@@ -57,7 +62,8 @@ class Stage:
     out: str | None = None
 
 
-def stages(out: str, data_dir: str, r: Recipe, seed: int) -> list[Stage]:
+def stages(out: str, data_dir: str, r: Recipe, seed: int, arms: tuple[str, ...] = ("bert", "modernbert")
+           ) -> list[Stage]:
     d = lambda *p: os.path.join(out, *p)  # noqa: E731
     books = [d("books.jsonl")] if r.books else [os.path.join(data_dir, b) for b in BOOKS]
     heldout = d("heldout.jsonl") if r.books else os.path.join(data_dir, "gutenberg", "validation.jsonl")
@@ -66,8 +72,8 @@ def stages(out: str, data_dir: str, r: Recipe, seed: int) -> list[Stage]:
     sst2 = os.path.join(data_dir, "sst2")
     found = [Stage("prepare", ["prepare", "--data", *books, "--tokenizer", vocabulary(), "--out", d("prepared"),
                                "--no-progress"], d("prepared"))]
-    for arch in ARCHS:
-        found.append(Stage(f"pretrain-{arch}", ["pretrain", "--data", d("prepared"), "--out", d(arch), "--arch", arch,
+    for arch in arms:
+        found.append(Stage(f"pretrain-{arch}", ["pretrain", "--data", d("prepared"), "--out", d(arch), *ARMS[arch][0],
                                                 "--preset", r.preset, *clock, "--seed", str(seed), "--no-progress"],
                            d(arch)))
         found.append(Stage(f"mlm-{arch}", ["evaluate", "mlm", "--model", d(arch), "--data", heldout,
@@ -77,7 +83,7 @@ def stages(out: str, data_dir: str, r: Recipe, seed: int) -> list[Stage]:
                 "finetune", "classify", "--model", d(arch), "--train", os.path.join(sst2, "train.tsv"), "--validation",
                 os.path.join(sst2, "dev.tsv"), "--out", d(f"sst2-{arch}-{k}"), "--max-train-examples",
                 str(r.sst2_examples), "--epochs", "1", "--batch-size", "32", "--max-seq-length", "64", "--seed", str(k),
-                "--no-progress"], d(f"sst2-{arch}-{k}")))
+                *ARMS[arch][1], "--no-progress"], d(f"sst2-{arch}-{k}")))
     return found
 
 
@@ -100,9 +106,9 @@ def run_stage(st: Stage, out: str) -> dict:
     return recorded_stage(out, st.name, st.argv, work)
 
 
-def summary(records: dict[str, dict], r: Recipe, seed: int) -> dict:
+def summary(records: dict[str, dict], r: Recipe, seed: int, arms_run: tuple[str, ...]) -> dict:
     arms = {}
-    for arch in ARCHS:
+    for arch in arms_run:
         pre = records.get(f"pretrain-{arch}", {}).get("result", {})
         mlm = records.get(f"mlm-{arch}", {}).get("result", {})
         acc = [records[k]["result"]["accuracy"] for k in sorted(records) if k.startswith(f"sst2-{arch}-")]
@@ -137,7 +143,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pretrain-minutes", type=float)
     p.add_argument("--preset")
     p.add_argument("--finetune-seeds", type=int)
+    p.add_argument("--arms", default="bert,modernbert", help=f"comma-separated, of {', '.join(ARMS)}")
     a = p.parse_args(argv)
+    arms = tuple(a.arms.split(","))
+    if not arms or not set(arms) <= set(ARMS):
+        p.error(f"--arms: each of {', '.join(ARMS)}")
     r = Recipe(**(DRY if a.dry else {}))
     for name in ("pretrain_minutes", "preset", "finetune_seeds"):
         if getattr(a, name) is not None:
@@ -145,8 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     out, data_dir = os.path.abspath(a.out), os.path.abspath(a.data_dir)
     if r.books:
         write_books(data_dir, out, r.books)
-    return run_chain(out, stages(out, data_dir, r, a.seed), lambda st: run_stage(st, out),
-                     lambda records: summary(records, r, a.seed), markdown)
+    return run_chain(out, stages(out, data_dir, r, a.seed, arms), lambda st: run_stage(st, out),
+                     lambda records: summary(records, r, a.seed, arms), markdown)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import argparse
 from torch.profiler import ProfilerActivity, profile
 
 import bertforge.bench as bench
+import bertforge.bench.finetuning as bench_finetuning
 from bertforge.train.engine import Engine
 
 
@@ -24,7 +25,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=25)
     a = ap.parse_args()
 
-    bench.transformers_step = lambda *args, **kwargs: None  # only bertforge's steps
+    bench_finetuning.transformers_step = lambda *args, **kwargs: None  # only bertforge's steps
     step, seen, prof = Engine.step, [0], profile(activities=[ProfilerActivity.CPU])
 
     def profiled_step(self, *args, **kwargs):

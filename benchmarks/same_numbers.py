@@ -5,11 +5,11 @@ compared bit for bit with another's: the weights (``torch.equal``) and every ``m
     PYTHONPATH=NEW/src python benchmarks/same_numbers.py run runs/new
     python benchmarks/same_numbers.py compare runs/old runs/new        # exit status 1 when anything differs
 
-The runs (one thread, so that the float summation order is the same): BERT's recipe with NSP and 2
-accumulation steps, the budget recipe, ELECTRA, fine-tuning a classifier with and without checkpoints,
-continued pretraining (``--init``) with and without ``--add-vocab``, a run stopped half-way and resumed, a run
-from a ``prepare``d folder, a SQuAD, a NER and an embeddings fine-tune, and ModernBERT pretrained and fine-tuned
-as a classifier.  Every run goes through the command line only, so that the script runs on older trees.
+The runs (one thread, so that the float summation order is the same; fp32, or bf16 with ``BERTFORGE_CPU_BF16=1``):
+BERT's recipe with NSP and 2 accumulation steps, the budget recipe, ELECTRA, fine-tuning a classifier with and
+without checkpoints, continued pretraining (``--init``) with and without ``--add-vocab``, a run stopped half-way and
+resumed, a run from a ``prepare``d folder, a SQuAD, a NER and an embeddings fine-tune, and ModernBERT pretrained and
+fine-tuned as a classifier.  Every run goes through the command line only, so that the script runs on older trees.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ TIMES = {"elapsed", "tokens_per_second", "train_seconds", "wall_seconds"}
 
 def run(root: str) -> None:
     os.environ["BERTFORGE_THREADS"] = "1"
+    # fp32, as older trees run on any CPU (auto is bf16 on CPUs with native bf16); =1 compares bf16 runs
+    os.environ.setdefault("BERTFORGE_CPU_BF16", "0")
     os.environ["BERTFORGE_CACHE"] = os.path.join(root, "cache")
     from bertforge.cli import main
     from bertforge.demo.corpus import write_story_corpus

@@ -14,6 +14,11 @@ import torch
 
 from bertforge.devices import available_cores
 
+# The suite's figures (parity with transformers to 1e-5, bit-for-bit resumption against in-process runs) are fp32
+# numerics: --precision auto means fp32 here whatever the CPU (a CPU with native bf16 would otherwise pick bf16),
+# in the test processes and every process they start; tests/train/test_precision.py asks for bf16 itself.
+os.environ["BERTFORGE_CPU_BF16"] = "0"
+
 # Under pytest-xdist (`make test` runs a worker per core, up to 4) the cores are shared among the workers: each
 # worker, and the bertforge processes it starts (which read BERTFORGE_THREADS and share it among torchrun's
 # local ranks), gets its share, so that workers do not oversubscribe the cores.

@@ -188,6 +188,7 @@ def cmd_evaluate(a: argparse.Namespace) -> int:
 def _add_evaluate_parsers(sub) -> None:
     from .api import evaluate_mlm
     from .config import PretrainDataConfig
+    from .runtime import add_backend_flag
     from .tasks import TASKS
 
     ev = sub.add_parser("evaluate", help="score predictions or a saved model")
@@ -196,7 +197,7 @@ def _add_evaluate_parsers(sub) -> None:
     for kind in TASKS.values():
         p = evs.add_parser(kind.evaluate_name, help=kind.evaluate_help)
         kind.evaluate_arguments(p)
-        _backend_flag(p)
+        add_backend_flag(p)
         p.set_defaults(func=cmd_evaluate, api=kind.evaluation(), settings_kind=kind.evaluate_settings)
     m = evs.add_parser("mlm", help="held-out masked-LM accuracy on a fixed protocol (any model with an MLM head)")
     m.add_argument("--model", required=True, help="a BERT directory with a masked-LM head, ours or transformers'")
@@ -206,17 +207,9 @@ def _add_evaluate_parsers(sub) -> None:
     m.add_argument("--batch-size", type=positive_int, default=32)
     m.add_argument("--max-blocks", type=positive_int, help="evaluate only the first N blocks")
     m.add_argument("--device", default="auto")
-    _backend_flag(m)
+    add_backend_flag(m)
     add_setting_flags(m, PretrainDataConfig(), only=("text_field", "doc_separator"))
     m.set_defaults(func=cmd_evaluate, api=evaluate_mlm, settings_kind=None)
-
-
-def _backend_flag(p) -> None:
-    from .runtime import BACKENDS
-
-    p.add_argument("--backend", choices=tuple(BACKENDS), default="torch",
-                   help="torch, or onnxruntime over the graph `bertforge export onnx` wrote in --model (onnx: fp32, "
-                        "onnx-int8: its --int8 graph)")
 
 
 # ------------------------------------------------------------------------------------------------ predict
@@ -256,6 +249,7 @@ def _predict(a: argparse.Namespace) -> int:
 
 
 def _add_predict_parsers(sub) -> None:
+    from .runtime import add_backend_flag
     from .tasks import TASKS
 
     pr = sub.add_parser("predict", help="use a trained model: fill-mask, next-sentence, classify, qa, ner, embed")
@@ -267,7 +261,7 @@ def _add_predict_parsers(sub) -> None:
         p.add_argument("--json", action="store_true", help="JSON on stdout instead of a table")
         p.add_argument("--batch-size", type=positive_int, default=32)
         p.add_argument("--device", default="auto")
-        _backend_flag(p)
+        add_backend_flag(p)
         p.set_defaults(func=cmd_predict)
 
     fm = prs.add_parser("fill-mask", help="fill each [MASK] with the top-k tokens")

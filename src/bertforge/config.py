@@ -136,8 +136,8 @@ class ImplConfig:
     """How to run (no effect on the results on a given machine): device, precision, compilation."""
 
     device: str = setting("auto", "auto, cpu, cuda or cuda:N")
-    precision: str = setting("auto", "auto (bf16 autocast on CUDA, fp16 with loss scaling on GPUs without bf16, "
-                                     "fp32 on the CPU), fp32, bf16 or fp16")
+    precision: str = setting("auto", "auto (bf16 autocast on CUDA and on CPUs with native bf16, fp16 with loss "
+                                     "scaling on GPUs without bf16, else fp32), fp32, bf16 or fp16")
     report_to: str = setting("none", "where metrics go besides metrics.jsonl", choices=("none", "tensorboard"))
     compile: bool = setting(False, "torch.compile the model", only="pretrain")
     threads: int | None = setting(None, "CPU threads (default: the available cores shared among local processes)",

@@ -124,13 +124,26 @@ def _env_threads() -> int | None:
     return int(value) if value.isdigit() and int(value) > 0 else None
 
 
+def native_bf16() -> bool:
+    """Whether this CPU multiplies bf16 matrices in hardware (AVX-512 BF16 or AMX tiles, as torch detects
+    them); ``BERTFORGE_CPU_BF16=1`` or ``0`` overrides the detection.  Without them bf16 matmuls are emulated,
+    slower than fp32."""
+    forced = os.environ.get("BERTFORGE_CPU_BF16", "").strip()
+    if forced in ("0", "1"):
+        return forced == "1"
+    try:
+        return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+    except AttributeError:  # a torch without the checks
+        return False
+
+
 def resolve_precision(device: torch.device, impl: ImplConfig) -> str:
     """``auto``: bf16 autocast on CUDA GPUs that have it, fp16 (with loss scaling) on those that do not (T4,
-    V100), fp32 on the CPU, where most processors have no fast half-precision matmuls."""
+    V100); on the CPU bf16 autocast where it has native bf16 matmuls (:func:`native_bf16`), else fp32."""
     precision = impl.precision
     if precision == "auto":
         if device.type != "cuda":
-            return "fp32"
+            return "bf16" if device.type == "cpu" and native_bf16() else "fp32"
         return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
     if precision not in ("fp32", "bf16", "fp16"):
         raise UserError(f"unknown precision {impl.precision!r}; expected auto, fp32, bf16 or fp16")

@@ -293,8 +293,8 @@ def add_export_parser(sub) -> None:
     o.add_argument("--out", required=True, help="a new folder: a copy of the model folder with onnx/ added")
     o.add_argument("--int8", action="store_true", help=f"also {BACKENDS['onnx-int8']}: dynamic int8 quantization")
     o.add_argument("--opset", type=positive_int, default=OPSET,
-                   help=f"ONNX opset (at least {MIN_OPSET}: {OPSET}'s Attention operator runs fused in onnxruntime 1.22 "
-                        f"or later; {MIN_OPSET} for older runtimes)")
+                   help=f"ONNX opset (at least {MIN_OPSET}: {OPSET}'s Attention operator runs fused in onnxruntime "
+                        f"1.22 or later; {MIN_OPSET} for older runtimes)")
     o.add_argument("--check-data", help="score the graphs and the torch model on this file (the task's evaluation "
                                         "format); an int8 graph more than 1 point below is refused")
     o.add_argument("--task", help="the evaluation --check-data runs (default: the folder's own task)")

@@ -18,7 +18,7 @@ from .config import ImplConfig
 from .devices import resolve_device
 from .errors import UserError, require_type
 from .models import OUTPUTS, BertConfig, family, for_folder, load_config
-from .runtime import current_backend, load_graph
+from .runtime import BACKENDS, Bf16Model, current_backend, load_graph
 from .tokenizer import check_vocab_fits, load_tokenizer
 
 log = logging.getLogger("bertforge")
@@ -102,14 +102,14 @@ def load_for_inference(path: str | os.PathLike, model_class: type, device: str =
     if head is not None and not has_weight(path, head[0]):
         raise UserError(head[1])
     backend = current_backend(backend)
-    if backend != "torch":
+    if BACKENDS[backend] is not None:
         if device not in ("auto", "cpu"):
             raise UserError(f"--backend {backend} runs on the CPU (onnxruntime), not --device {device}")
         return Loaded(path, config, tok, load_graph(path, backend, config, OUTPUTS[model_class.role]),
                       torch.device("cpu"))
     dev = resolve_device(ImplConfig(device=device))
     model = model_class.from_pretrained(path, config=config).to(dev).eval()
-    return Loaded(path, config, tok, model, dev)
+    return Loaded(path, config, tok, Bf16Model(model, dev) if backend == "torch-bf16" else model, dev)
 
 
 def pretrained_length(model_dir: str) -> int | None:

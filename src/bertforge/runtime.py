@@ -1,4 +1,5 @@
-"""Where inference runs: PyTorch (the default) or onnxruntime over a graph ``bertforge export onnx`` wrote.
+"""Where inference runs: PyTorch (the default, fp32; ``torch-bf16``: its matmuls in bf16 under autocast, on a
+CPU that has native bf16 or a GPU) or onnxruntime over a graph ``bertforge export onnx`` wrote.
 
 An exported folder keeps the model folder's files (config, tokenizer, sentence-transformers modules) and adds
 ``onnx/model.onnx`` (fp32) and, exported with ``--int8``, ``onnx/model_qint8_avx512_vnni.onnx`` (the name
@@ -25,7 +26,9 @@ import torch
 from .errors import UserError, shown
 
 # backend -> the graph it runs, in the folder's onnx/ (None: the torch model)
-BACKENDS: dict[str, str | None] = {"torch": None, "onnx": "model.onnx", "onnx-int8": "model_qint8_avx512_vnni.onnx"}
+BACKENDS: dict[str, str | None] = {"torch": None, "torch-bf16": None, "onnx": "model.onnx",
+                                   "onnx-int8": "model_qint8_avx512_vnni.onnx"}
+GRAPHS = tuple(b for b, graph in BACKENDS.items() if graph is not None)
 ONNX_DIR = "onnx"
 EXTRA = "pip install 'bertforge[onnx]'"
 
@@ -46,6 +49,14 @@ def inference_backend(name: str) -> Iterator[None]:
         yield
     finally:
         _backend.reset(token)
+
+
+def add_backend_flag(p) -> None:
+    """``--backend`` of ``predict`` and ``evaluate`` (``p``: an argparse parser)."""
+    p.add_argument("--backend", choices=tuple(BACKENDS), default="torch",
+                   help="torch (fp32), torch-bf16 (bf16 autocast: CPUs with native bf16, GPUs), or onnxruntime "
+                        "over the graph `bertforge export onnx` wrote in --model (onnx: fp32, onnx-int8: its --int8 "
+                        "graph)")
 
 
 def current_backend(name: str | None = None) -> str:
@@ -88,7 +99,8 @@ def session(path: str, threads: int | None = None):
 class OnnxModel:
     """An exported graph called as the torch model it was exported from: ``model(input_ids, attention_mask,
     token_type_ids)`` gives an object with the graph's outputs (``logits``, ``start_logits``/``end_logits`` or
-    ``last_hidden_state``) as CPU tensors, and no loss (labels are not inputs of a graph).  ``config`` is the folder's.  Inference only: it has no training mode."""
+    ``last_hidden_state``) as CPU tensors, and no loss (labels are not inputs of a graph).  ``config`` is the
+    folder's.  Inference only: it has no training mode."""
 
     training = False
 
@@ -133,3 +145,29 @@ def load_graph(folder: str, backend: str, config: Any, outputs: tuple[str, ...])
         raise UserError(f"{model.path} gives {', '.join(model.outputs)}, not {', '.join(outputs)}: it was exported "
                         "from a model with another head")
     return model
+
+
+class Bf16Model:
+    """A torch model whose calls run under bf16 autocast (fp32 weights; the matmuls in bf16, softmax and layer
+    norm statistics in fp32), its floating outputs given back in fp32 so that every task's post-processing is
+    the fp32 path's.  Everything else (``config``, ``eval``, ...) is the model's."""
+
+    def __init__(self, model: torch.nn.Module, device: torch.device):
+        self.model, self.device = model, device
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        with torch.autocast(self.device.type, dtype=torch.bfloat16):
+            out = self.model(*args, **kwargs)
+        if torch.is_tensor(out):
+            return out.float() if out.is_floating_point() else out
+        for name, value in vars(out).items():
+            if torch.is_tensor(value) and value.is_floating_point():
+                setattr(out, name, value.float())
+        return out
+
+    def eval(self) -> Bf16Model:
+        self.model.eval()
+        return self
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.model, name)

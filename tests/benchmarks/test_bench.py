@@ -23,9 +23,14 @@ def test_finetune_bench_times_the_same_model_on_the_same_batches(task, arch, tmp
         extra += ["--train", str(tmp_path / "s.json"), "--seq-len", "256"]
     elif task == "ner":
         extra += ["--train", str(data_path("wnut16", "train.conll"))]
+    bf16 = task == "classify" and arch == "bert"  # under bf16 on the CPU, both tools are timed in fp32 as well
+    if bf16:
+        extra += ["--precision", "bf16"]
     assert main(["bench", "--task", task, "--preset", "tiny", "--rounds", "2", "--steps", "1", "--batch-size", "4", *extra]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     res = json.loads(lines[-2])
+    assert bf16 == ("bertforge fp32" in lines[-3]) == (res.get("fp32_finetune_tokens_per_second", 0) > 0)
+    assert bf16 == (res.get("finetune_bf16_speedup_vs_fp32", 0) > 0)
     assert f"({'ModernBert' if arch == 'modernbert' else 'Bert'}" in "\n".join(lines)  # the family asked for
     assert res["task"] == task and res["batches"] >= 2 and res["max_logit_difference"] < 1e-4
     assert res["finetune_tokens_per_second"] > 0 and res["transformers_finetune_tokens_per_second"] > 0
@@ -34,9 +39,11 @@ def test_finetune_bench_times_the_same_model_on_the_same_batches(task, arch, tmp
 
 def test_modernbert_bench_times_the_same_weights_on_the_same_batch(capsys):
     assert main(["bench", "--arch", "modernbert", "--preset", "tiny", "--rounds", "1", "--steps", "1",
-                 "--batch-size", "4", "--seq-len", "32", "--vocab-size", "500"]) == 0
+                 "--batch-size", "4", "--seq-len", "32", "--vocab-size", "500", "--precision", "bf16"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     res = json.loads(lines[-2])
+    assert res["matmul_peak_dtype"] == "bf16" and res["train_bf16_speedup_vs_fp32"] > 0
+    assert res["fp32_train_tokens_per_second"] > 0 and res["transformers_fp32_train_tokens_per_second"] > 0
     assert res["arch"] == "modernbert" and res["loss_difference"] < 1e-4 and res["parameters"] > 0
     assert res["train_tokens_per_second"] > 0 and res["transformers_train_tokens_per_second"] > 0
     assert lines[-1] == f"train_speedup_vs_transformers={res['train_speedup_vs_transformers']:.2f}"
@@ -45,7 +52,7 @@ def test_modernbert_bench_times_the_same_weights_on_the_same_batch(capsys):
 @pytest.mark.parametrize("task,wanted", [("ner", "wnut16/train.conll"), ("squad", "squad/train-8k-v1.1.json")])
 def test_finetune_bench_takes_only_its_own_tasks_files(task, wanted, tmp_path):
     """A data folder holding another task's files is refused, never read as this task's."""
-    from bertforge.bench import _finetune_data
+    from bertforge.bench.finetuning import _finetune_data
     from bertforge.errors import UserError
 
     other = "squad/train-8k-v1.1.json" if task == "ner" else "wnut16/train.conll"

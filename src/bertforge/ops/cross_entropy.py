@@ -1,7 +1,9 @@
 """The masked-LM loss fused with its vocabulary projection, on the CPU.
 
 Departure (listed in :mod:`bertforge.models.bert`): ``F.cross_entropy(F.linear(h, W, b), y, reduction="sum")``
-computed without separate logit, log-probability and gradient buffers; loss and gradients are unchanged.
+computed without separate logit, log-probability and gradient buffers; loss and gradients are unchanged.  Under
+bf16 autocast the three matmuls run in bf16 (as autocast would run the projection) and the softmax, its
+statistics and the loss in fp32.
 """
 
 from __future__ import annotations
@@ -49,14 +51,19 @@ class LogitBuffer:
 class _LinearCrossEntropy(torch.autograd.Function):
     """Summed cross-entropy of ``h @ W.T + b`` against ``y``: the logits are laid out (V, N) (the faster
     GEMM for these shapes), turned into softmax in place during the backward pass, and the one-hot subtracted there.
+    ``low`` (bf16, or None for fp32): the dtype of the matmuls; the softmax is fp32 either way.
     It cannot be backpropagated twice."""
 
     @staticmethod
-    def forward(ctx, h, W, b, y, buffer: LogitBuffer | None):
+    def forward(ctx, h, W, b, y, buffer: LogitBuffer | None, low: torch.dtype | None):
         V, N = W.shape[0], h.shape[0]
-        zt = buffer.take(ctx, V, N, h) if buffer is not None else h.new_empty((V, N))
-        ctx.buffer = buffer
-        torch.addmm(b[:, None], W, h.t(), out=zt)  # (V, N) logits
+        zt = buffer.take(ctx, V, N, b) if buffer is not None else b.new_empty((V, N))  # fp32, as the bias
+        ctx.buffer, ctx.h_dtype = buffer, h.dtype
+        if low is None:
+            torch.addmm(b[:, None], W, h.t(), out=zt)  # (V, N) logits
+        else:
+            h, W = h.to(low), W.to(low)  # what the backward multiplies with, too
+            zt.copy_(torch.addmm(b[:, None].to(low), W, h.t()))  # (V, N) logits, bf16 products, fp32 from here
         zy = zt.gather(0, y[None, :]).squeeze(0)  # (N,) logit of the target
         m = zt.amax(0)  # (N,)
         e = zt.sub_(m).exp_()  # (V, N) exp(z - max), in place
@@ -70,8 +77,11 @@ class _LinearCrossEntropy(torch.autograd.Function):
         h, W, e, s, y = ctx.saved_tensors
         p = e.mul_(g / s)  # g * softmax, in place: (V, N)
         p[y, torch.arange(len(y), device=y.device)] -= g
+        gb = p.sum(1)  # (V,)
+        if W.dtype != p.dtype:
+            p = p.to(W.dtype)  # the products in bf16; each gradient returned in its input's dtype
         gW = dnn_matmul_t(p, h.t())  # (V, C) = p @ h; oneDNN is the faster for this shape
-        grads = p.t() @ W, gW, p.sum(1), None, None
+        grads = (p.t() @ W).to(ctx.h_dtype), gW.to(gb.dtype), gb, None, None, None
         if ctx.buffer is not None:
             ctx.buffer.release(ctx)
         return grads
@@ -79,10 +89,17 @@ class _LinearCrossEntropy(torch.autograd.Function):
 
 def linear_cross_entropy_sum(h: torch.Tensor, W: torch.Tensor, b: torch.Tensor, y: torch.Tensor,
                              buffer: LogitBuffer | None = None) -> torch.Tensor:
-    """``F.cross_entropy(F.linear(h, W, b), y, reduction="sum")``; fused on the CPU in fp32 training, its
-    logits in ``buffer`` when one is given (see :class:`LogitBuffer`)."""
-    if h.device.type == "cpu" and torch.is_grad_enabled() and h.dtype == torch.float32 and not tracing():
-        return _LinearCrossEntropy.apply(h, W, b, y, buffer)
+    """``F.cross_entropy(F.linear(h, W, b), y, reduction="sum")``; fused on the CPU in training (fp32, or the
+    fp32 weights of a bf16 autocast), its logits in ``buffer`` when one is given (see :class:`LogitBuffer`)."""
+    if h.device.type == "cpu" and torch.is_grad_enabled() and W.dtype == b.dtype == torch.float32 and not tracing():
+        low = None
+        if torch.is_autocast_enabled("cpu"):
+            low = torch.get_autocast_dtype("cpu")
+        elif h.dtype != torch.float32:
+            low = h.dtype
+        if low in (None, torch.bfloat16):
+            with torch.autocast("cpu", enabled=False):  # the dtypes are chosen above
+                return _LinearCrossEntropy.apply(h, W, b, y, buffer, low)
     return F.cross_entropy(F.linear(h, W, b).float(), y, reduction="sum")
 
 

@@ -201,7 +201,7 @@ class Engine:
 
     def __init__(self, objective: torch.nn.Module, cfg: TrainConfig, impl: ImplConfig, device: torch.device,
                  d: Dist | None = None, schedule: LinearSchedule | None = None):
-        self.objective, self.device, self.dist = objective, device, d or Dist()
+        self.objective, self.device, self.dist, self.impl = objective, device, d or Dist(), impl
         self.optimizer = build_optimizer(objective, cfg, device)
         self.schedule = schedule
         self.max_grad_norm = cfg.max_grad_norm

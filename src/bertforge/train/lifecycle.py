@@ -33,7 +33,7 @@ from .. import modelcard
 from ..atomic import (atomic_write_json, creating, missing_folders, remove_folders,
                      remove_stale_temporaries, writing)
 from ..config import ImplConfig, TrainConfig, progress_shown
-from ..devices import Dist, init_distributed, resolve_device, setup_backend
+from ..devices import Dist, init_distributed, resolve_device, resolve_precision, setup_backend
 from ..errors import TrainingError, UserError
 from ..logs import MetricsLog, duration, file_log, log_step, rounded
 from ..outputs import Output, marker_kind, write_marker
@@ -95,6 +95,7 @@ def start_run(output: Output, impl: ImplConfig) -> Iterator[tuple[Dist, torch.de
             d.barrier()
             device = resolve_device(impl, d)
             setup_backend(device, impl, d)
+            impl.precision = resolve_precision(device, impl)  # what the run saves, and its --resume keeps
             yield d, device
     finally:
         _started = None
