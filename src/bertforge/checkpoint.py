@@ -197,8 +197,10 @@ def load_pretrained(cls, path, config=None, reinit_head: bool = False, map_locat
     model.load_state_dict(sd, strict=False)
     model.tie_weights()
     model.loading_info = {"newly_initialized": missing, "unused": unused}
-    if missing:
-        log.warning("%s: newly initialised from %s (train before use): %s", cls.__name__, path, ", ".join(missing))
+    # the bare encoder's pooler is read by no task that loads the encoder alone (embeddings pool the last layer)
+    said = [k for k in missing if not (getattr(cls, "role", None) == "encoder" and k.startswith("pooler."))]
+    if said:
+        log.warning("%s: newly initialised from %s (train before use): %s", cls.__name__, path, ", ".join(said))
     if unused:
         log.debug("%s: weights in %s not used: %s", cls.__name__, path, ", ".join(unused))
     return model.to(map_location)

@@ -131,7 +131,11 @@ def render(title: str, summary: str, pipeline_tag: str, metrics: dict[str, Any],
     lines += ["## Training data", ""] + [f"- `{shown_path(d)}`" for d in data if d] + [""]
     lines += ["## How it was made", ""]
     if command or COMMAND:
-        lines += ["```bash", shown_command(command or COMMAND), "```", ""]
+        argv = command or COMMAND
+        lines += ["```bash", shown_command(argv), "```", ""]
+        if any(shown_path(a.partition("=")[2] or a) != (a.partition("=")[2] or a) for a in argv):
+            lines += ["(Paths outside the folder the command ran in are shown by their last part: give yours to "
+                      "run it again.)", ""]
     else:
         lines += ["Through bertforge's Python API, with the settings below.", ""]
     shown = {k: v for k, v in settings.items() if v not in (None, "", [])}
@@ -176,7 +180,8 @@ def pretraining_card(cfg, objective, final: dict, command: list[str] | None) -> 
                 "max_seq_length": dc.max_seq_length, "batch_size": t.batch_size, "lr": t.lr,
                 "max_steps": t.max_steps, "max_time (s)": t.max_time, "warmup_ratio": t.warmup_ratio,
                 "mask_prob": dc.mask_prob, "nsp": dc.nsp, "dropout in pretraining": mc.dropout,
-                "position_init": mc.position_init, "attention_init": mc.attention_init, "seed": t.seed}
+                "position_init": mc.position_init, "attention_init": mc.attention_init, "seed": t.seed,
+                "precision": cfg.impl.precision}
     keys = ("mlm_accuracy", "mlm_accuracy_masked", "mlm_loss", "nsp_accuracy", "disc_accuracy",
             "disc_accuracy_replaced", "disc_accuracy_original", "tokens_per_second")
     return render(f"bertforge {family} ({cfg.out.rstrip('/').split('/')[-1]})", summary, objective.pipeline_tag,
@@ -207,7 +212,7 @@ def finetuning_card(task, cfg, metrics: dict, load: str | None = None) -> str:
                 "warmup_ratio": t.warmup_ratio, "weight_decay": t.weight_decay, "max_seq_length": dc.max_seq_length,
                 "max_train_examples": dc.max_train_examples, "validation_split": dc.validation_split,
                 "max_eval_examples": dc.max_eval_examples, "group_by_length": dc.group_by_length,
-                "seed": t.seed, **dataclasses.asdict(task.settings)}
+                "seed": t.seed, "precision": cfg.impl.precision, **dataclasses.asdict(task.settings)}
     shown = {k: v for k, v in metrics.items() if k not in ("epochs", "warnings")}
     return render(f"{task.name} model fine-tuned by bertforge", summary,
                   task.pipeline_tag, shown, settings,

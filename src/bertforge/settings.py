@@ -100,7 +100,10 @@ def recipe_said(cfg: PretrainConfig, config: Any) -> str:
         if name in NEW_MODEL_ONLY and cfg.model.init and now != "normal":
             notes.append("not used: --init's model starts from its own weights")
         elif name in NEW_MODEL_ONLY and not family(cfg.model.arch).position_table and now != "normal":
-            notes.append(f"not used: {family(cfg.model.arch).label} has rotary positions")
+            label = family(cfg.model.arch).label
+            notes.append(f"not used: {label} has no position table to start" if name == "position_init" else
+                         f"not used: it starts heads from a position table's sines and cosines, which {label} "
+                         "has not (rotary positions)")
         parts.append(f"{name} {models if now is None else _shown(now)}" + (f" ({'; '.join(notes)})" if notes else ""))
     return f"the {cfg.recipe} recipe: {', '.join(parts)}"
 

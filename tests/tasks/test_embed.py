@@ -228,7 +228,9 @@ def test_finetune_embed_saves_a_folder_whose_figures_and_vectors_reproduce(setup
     # predict embed --json: one normalised vector per text, the API's
     texts = ["where did the cat sit", "snow fell"]
     assert main(["predict", "embed", "--model", str(out), "--json", *texts]) == 0
-    vecs = np.array(json.loads(capsys.readouterr().out))
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["text"] for r in rows] == texts  # each vector with its text
+    vecs = np.array([r["embedding"] for r in rows])
     assert vecs.shape == (2, 128) and np.allclose(np.linalg.norm(vecs, axis=1), 1, atol=1e-5)
     assert np.allclose(vecs, embed(str(out), texts, device="cpu"), atol=1e-6)
     # training moved the encoder; the pooler (unused) stayed as loaded
@@ -254,7 +256,7 @@ def test_sentence_transformers_loads_the_folder_with_the_same_vectors(setup, tmp
         texts = ["where did the cat sit", long, "Snow FELL!"]
         capsys.readouterr()
         assert main(["predict", "embed", "--model", str(folder), "--json", *texts]) == 0
-        ours = np.array(json.loads(capsys.readouterr().out))
+        ours = np.array([r["embedding"] for r in json.loads(capsys.readouterr().out)])
         model = st.SentenceTransformer(str(folder), device="cpu")
         theirs = model.encode(texts)
         assert ours.shape == theirs.shape and np.abs(ours - theirs).max() < 1e-5, folder
@@ -301,6 +303,8 @@ def test_predict_input_gives_one_result_per_line(setup, tmp_path, capsys):
     (tmp_path / "in.txt").write_text("a\u2028b\nsecond line\n\nfourth line\n", encoding="utf-8")
     assert main(["--quiet", "predict", "embed", "--model", str(setup / "model"), "--input", str(tmp_path / "in.txt"),
                  "--json"]) == 0
-    vectors = json.loads(capsys.readouterr().out)
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["text"] for r in rows] == ["a\u2028b", "second line", "", "fourth line"]
     assert main(["--quiet", "predict", "embed", "--model", str(setup / "model"), "--json", "fourth line"]) == 0
-    assert len(vectors) == 4 and vectors[3] == pytest.approx(json.loads(capsys.readouterr().out)[0], abs=1e-6)
+    again = json.loads(capsys.readouterr().out)[0]["embedding"]
+    assert len(rows) == 4 and rows[3]["embedding"] == pytest.approx(again, abs=1e-6)

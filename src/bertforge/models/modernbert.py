@@ -1,67 +1,60 @@
 """ModernBERT, a second encoder family, written to be read top to bottom against transformers'
 ``models/modernbert/modeling_modernbert.py`` (and ``configuration_modernbert.py``).
 
-Architecture as in Warner et al. (2024), "Smarter, Better, Faster, Longer" (ModernBERT): token embeddings
-only (no positions, no token types) + LayerNorm + dropout; pre-LayerNorm encoder layers without biases
-(the first layer's ``attn_norm`` an identity, since the embeddings end in a norm); rotary position
-embeddings on Q and K, with one theta for global layers and another for local ones; global attention every
-``global_attn_every_n_layers`` layers (layer i is global when ``i % n == 0``), sliding-window attention
-elsewhere, a token seeing the keys within ``local_attention // 2`` positions either side (both ends
-included); a GeGLU feed-forward block (``Wi`` projects to twice the intermediate width, split into input and
-gate, ``act(input) * gate``, ``Wo`` back); a final LayerNorm.  The heads run a prediction head (dense ->
-activation -> norm) before their output layer; the masked-LM decoder is tied to the token embeddings and has
-its own bias.  Module and parameter names are transformers', so that state dicts interchange without a
-mapping table (the rotary frequencies are no parameters and no buffers: they are recomputed).
+Architecture as in Warner et al. (2024), "Smarter, Better, Faster, Longer" (ModernBERT): token embeddings only (no
+positions, no token types) + LayerNorm + dropout; pre-LayerNorm encoder layers without biases (the first layer's
+``attn_norm`` an identity, since the embeddings end in a norm); rotary position embeddings on Q and K, with one
+theta for global layers and another for local ones; global attention every ``global_attn_every_n_layers`` layers
+(layer i is global when ``i % n == 0``), sliding-window attention elsewhere, a token seeing the keys within
+``local_attention // 2`` positions either side (both ends included); a GeGLU feed-forward block (``Wi`` projects to
+twice the intermediate width, split into input and gate, ``act(input) * gate``, ``Wo`` back); a final LayerNorm.
+The heads run a prediction head (dense -> activation -> norm) before their output layer; the masked-LM decoder is
+tied to the token embeddings and has its own bias.  Module and parameter names are transformers', so that state
+dicts interchange without a mapping table (the rotary frequencies are no parameters and no buffers: they are
+recomputed).
 
 Departures from transformers (5.x; the maths is meant to be the same):
 
-* Padding is removed before every token-wise computation (embeddings, norms, projections, feed-forward) and
-  put back only for attention, as bertforge's BERT (:class:`bertforge.ops.Layout`); transformers runs them
-  over the padded batch (its flash-attention path unpads too).
-* Attention is plain PyTorch: ``F.scaled_dot_product_attention`` over the padded (B, T) batch with an
-  additive mask (0 where a key is seen, the dtype's lowest value where not); no flash or flex kernels, no
-  variable-length attention, no fused rotary kernel.  A local layer on a sequence longer than three half windows attends
-  by blocks (:func:`banded_attention`: each block of half-window queries sees the keys around it only), so
-  that the masked-out part of a long sequence is never computed nor held.  A query whose window holds only
-  padding (a pad token far from the real ones) attends uniformly to masked keys instead of producing NaN;
-  its output is meaningless, as every pad position's output is (transformers' too).
-* ``last_hidden_state`` holds zeros at pad positions, as bertforge's BERT (transformers' SDPA and eager paths
-  compute values there); the token heads' logits there are the heads' output for a zero state.
-* Position ids default to ``0..T-1`` whatever the padding, as transformers': right padding is assumed;
-  with left padding the real tokens' positions are shifted in both implementations alike.
-* The rotary cos/sin are computed from the theta in float32 at every forward, not cached in buffers, so
-  that casting the model to half precision does not round the frequencies.
-* Sequence classification: one label -> mean squared error, more -> cross-entropy (transformers also
-  infers a multi-label ``problem_type`` from float labels; not supported here).  ``classifier_pooling``
-  "cls" takes position 0, as transformers' sequence classification does (its multiple-choice head takes
-  the first real token instead).
+* Padding is removed before every token-wise computation (embeddings, norms, projections, feed-forward) and put back
+  only for attention, as bertforge's BERT (:class:`bertforge.ops.Layout`); transformers runs them over the padded
+  batch (its flash-attention path unpads too).
+* Attention is plain PyTorch: ``F.scaled_dot_product_attention`` over the padded (B, T) batch with an additive mask
+  (0 where a key is seen, the dtype's lowest value where not); no flash or flex kernels, no variable-length
+  attention, no fused rotary kernel.  A local layer on a sequence longer than three half windows attends by blocks
+  (:func:`banded_attention`: each block of half-window queries sees the keys around it only), so that the masked-out
+  part of a long sequence is never computed nor held.  A query whose window holds only padding (a pad token far from
+  the real ones) attends uniformly to masked keys instead of producing NaN; its output is meaningless, as every pad
+  position's output is (transformers' too).
+* ``last_hidden_state`` holds zeros at pad positions, as our BERT (transformers' paths compute values there).
+* Position ids default to ``0..T-1`` whatever the padding, as transformers': right padding is assumed.
+  ``token_type_ids`` is accepted and ignored, so that the callers of a BERT call either family alike.
+* The rotary cos/sin are computed from the theta in float32 at every forward, not cached in buffers, so that casting
+  the model to half precision does not round the frequencies.
+* Sequence classification: one label -> mean squared error, more -> cross-entropy (transformers also infers a
+  multi-label ``problem_type`` from float labels; not supported here).  ``classifier_pooling`` "cls" takes position
+  0, as transformers' sequence classification does (its multiple-choice head takes the first real token instead).
 * ``ModernBertConfig`` reads both config.json dialects, transformers 4.x (``global_attn_every_n_layers``,
-  ``global_rope_theta``, ``local_rope_theta``) and 5.x (``layer_types``, ``rope_parameters``, and
-  ``sliding_window`` = half of ``local_attention`` when present), and writes the 5.x one.  Only the
-  "default" rotary type is supported (no ``rope_scaling``).
-* ``token_type_ids`` is accepted and ignored, so that the callers of a BERT call either family alike.
-* Dropout (0 in every released config, in our presets and in pretraining unless ``--dropout`` asks) is keyed
-  by sequence in CPU training, as BERT's (:mod:`bertforge.ops.dropout`): each sequence's masks come from its
-  own generator, so that a run gives the same result on any number of processes.  Then attention dropout
-  runs its own softmax (SDPA's draws from torch's generator), a local layer always by blocks (its masks drawn
-  for the blocks of a sequence's real tokens, whatever the batch's padded length), and the token heads'
-  dropout over the real tokens.  While ``torch.compile`` traces (``--compile``) there are no keys, as for BERT.
-* Pretraining's loss (:meth:`ModernBertForMaskedLM.masked_lm_loss`) runs the last layer for the masked rows
-  only (they alone are queries; every token stays a key and a value), and the decoder fused with the
-  cross-entropy (:func:`bertforge.ops.linear_cross_entropy_sum`), as bertforge's BERT does: the loss and its
-  gradients equal the dense computation's.
-* Presets (:meth:`ModernBertConfig.preset`): BERT's sizes with an intermediate width of 1.5 x hidden,
-  ModernBERT-base's ratio, for side-by-side comparison with BERT's presets, and ``modernbert-base``.
-* Question answering masks padding out of the span logits, as bertforge's BERT (transformers leaves them).
+  ``global_rope_theta``, ``local_rope_theta``) and 5.x (``layer_types``, ``rope_parameters``, and ``sliding_window``
+  = half of ``local_attention`` when present), and writes the 5.x one.  Only the "default" rotary type is supported
+  (no ``rope_scaling``).
+* Dropout (0 in every released config, in our presets and in pretraining unless ``--dropout`` asks) is keyed by
+  sequence in CPU training, as BERT's (:mod:`bertforge.ops.dropout`): each sequence's masks come from its own
+  generator, so that a run gives the same result on any number of processes.  Then attention dropout runs its own
+  softmax (SDPA's draws from torch's generator), a local layer always by blocks (its masks drawn for the blocks of a
+  sequence's real tokens, whatever the batch's padded length), and the token heads' dropout over the real tokens.
+  While ``torch.compile`` traces (``--compile``) there are no keys, as for BERT.
+* Pretraining's loss (:meth:`ModernBertForMaskedLM.masked_lm_loss`) runs the last layer for the masked rows only
+  (they alone are queries; every token stays a key and a value), and the decoder fused with the cross-entropy
+  (:func:`bertforge.ops.linear_cross_entropy_sum`), as our BERT does: the loss and its gradients are the dense ones.
+* Presets (:meth:`ModernBertConfig.preset`): BERT's sizes with an intermediate width of 1.5 x hidden (ModernBERT-base's
+  ratio), and ``modernbert-base``.  Question answering masks padding out of the span logits, as our BERT does.
 * Not here yet: a multiple choice head, ``inputs_embeds``, hidden states or attentions as outputs, gradient
-  checkpointing, and :mod:`bertforge.ops`' attention kernels (one sequence at a time on the CPU,
-  variable-length on CUDA).
+  checkpointing, and the per-sequence (CPU) and variable-length (CUDA) attention kernels of :mod:`bertforge.ops`.
 
-Where it is used: ``bertforge pretrain --arch modernbert`` (masked LM, :mod:`bertforge.objectives.mlm`), and
-a folder whose config.json says ``model_type: modernbert`` is read by :func:`bertforge.models.for_folder`, so
-that fine-tuning (classify, ner, squad, embed), ``evaluate`` (mlm, classify, ner, squad) and prediction (the
-pipelines and ``bertforge predict``: fill-mask, classify, ner, qa, embed) take it as they take a BERT folder.
-"""
+Where it is used: ``bertforge pretrain --arch modernbert`` (masked LM, :mod:`bertforge.objectives.mlm`), and a
+folder whose config.json says ``model_type: modernbert`` is read by :func:`bertforge.models.for_folder`, so that
+fine-tuning (classify, ner, squad, embed), ``evaluate`` (mlm, classify, ner, squad) and prediction (the pipelines
+and ``bertforge predict``: fill-mask, classify, ner, qa, embed) take it as they take a BERT folder."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Attention over a window of positions, with rotary angles (ModernBERT's layers,
-:mod:`bertforge.models.modernbert`): the rotary angles, the additive masks of global and local layers, and banded
+"""Attention over a window of positions, with rotary angles (the layers of a family with local and global
+attention, in :mod:`bertforge.models`): the rotary angles, the additive masks of global and local layers, and banded
 attention, which computes a long sequence's windows only (each block of half-window queries against the keys
 around it), tested equal to the dense masked computation."""
 

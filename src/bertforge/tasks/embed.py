@@ -82,7 +82,7 @@ class EmbedTask(FinetuneTask):
         p.add_argument("--device", default="auto")
 
     predict_name = "embed"
-    predict_help = "sentence vectors (as SentenceTransformer.encode gives them)"
+    predict_help = "sentence vectors (as SentenceTransformer.encode gives them; --json: each with its text)"
     aliases = ("feature-extraction", "sentence-similarity")
 
     @classmethod
@@ -106,7 +106,7 @@ class EmbedTask(FinetuneTask):
                 head = " ".join(f"{x:+.3f}" for x in v[:4])
                 yield f"[{head} ...] ({len(v)} values, norm {float((v ** 2).sum()) ** 0.5:.3f})  {one_line(t, 60)}"
 
-        emit(a, vecs.tolist() if a.json else vecs, table)
+        emit(a, [{"text": t, "embedding": v} for t, v in zip(texts, vecs.tolist())] if a.json else vecs, table)
 
     def read(self, cfg: FinetuneConfig) -> None:
         dc = cfg.data

@@ -49,7 +49,7 @@ from ..data import PretrainingData
 from ..devices import Dist
 from ..errors import UserError, shown
 from ..evaluation import fill_mask_samples
-from ..logs import rounded
+from ..logs import duration
 from ..models import load_config
 from ..objectives import OBJECTIVES, objective_class
 from ..outputs import MODEL_FILES, Output, register_output
@@ -294,5 +294,7 @@ class Pretraining(TrainingRun):
         out = self.cfg.out
         card = modelcard.pretraining_card(self.cfg, self.objective, final, self.folder.command())
         finish(out, final, card, lambda: plot_pretraining(self.metrics.path, os.path.join(out, "plots")))
-        log.info("done: %s", rounded(final))
+        # the figures themselves: metrics.json, and the command's one line on stdout
+        log.info("done: %d steps, %s tokens in %s; figures in %s", st.step, f"{st.tokens_seen:,}",
+                 duration(final["wall_seconds"]), os.path.join(out, "metrics.json"))
         return final
