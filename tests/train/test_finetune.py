@@ -500,3 +500,29 @@ def test_a_timed_run_that_barely_trained_says_so(tmp_path, capsys):
     metrics = json.loads((out / "metrics.json").read_text())
     assert "barely trained" in metrics["warnings"][0]
     assert "**Warning:** --max-time 0:00:01 trained" in (out / "README.md").read_text()
+
+
+@pytest.mark.slow
+def test_a_timed_run_keeps_time_for_a_validation_set_of_long_texts(tmp_path, capsys):
+    """Issue 66, class 8: with short training texts and long validation texts the end's reserve was estimated by
+    sequences from the training steps, and a 20 s budget ran 71 s; now by the validation set's own tokens."""
+    words = "the film was good and the acting was bad but the end was fine".split()
+    train = [(" ".join(words[i % 7 : i % 7 + 3]), str(i % 2)) for i in range(4000)]
+    long = [(" ".join(words[(i + j) % len(words)] for j in range(500)), str(i % 2)) for i in range(300)]
+    for name, rows in (("train.tsv", train), ("dev.tsv", long)):
+        (tmp_path / name).write_text("sentence\tlabel\n" + "".join(f"{t}\t{y}\n" for t, y in rows))
+    tok = train_vocabulary(words, 40, kind="wordlevel", min_frequency=1)
+    torch.manual_seed(0)
+    model = tmp_path / "m"
+    BertForSequenceClassification(BertConfig.preset("tiny", vocab_size=tok.get_vocab_size(),
+                                                    max_position_embeddings=512, id2label={0: "0", 1: "1"})
+                                  ).save_pretrained(str(model), tok)
+    out, budget = tmp_path / "out", 6.0
+    assert main(["--quiet", "finetune", "classify", "--model", str(model), "--train", str(tmp_path / "train.tsv"),
+                 "--validation", str(tmp_path / "dev.tsv"), "--out", str(out), "--batch-size", "8",
+                 "--max-seq-length", "512", "--max-time", f"{budget:g}s", "--epochs", "50", "--no-progress"]) == 0
+    m = json.loads((out / "metrics.json").read_text())
+    evaluations = [r for r in (json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines())
+                   if r["type"] == "eval"]
+    assert evaluations and m["train_seconds"] <= budget * 1.2, (m["train_seconds"], len(evaluations))
+    capsys.readouterr()

@@ -142,6 +142,12 @@ class FinetuneTask:
         """Sequences that ``evaluate`` reads (after ``encode``)."""
         return 0
 
+    def eval_tokens(self) -> int | None:
+        """Tokens that ``evaluate`` reads, where the task knows them (its validation features): the run's clock
+        estimates an evaluation by them, since validation texts can be far longer than training ones; None:
+        by :meth:`eval_size`'s sequences."""
+        return None
+
     def unlearnt(self, artifacts: Any) -> str | None:
         """What in an evaluation's predictions (``evaluate``'s second value) shows that the model learnt nothing
         (one class for every example, no entity at all), for the run's warning; None when nothing does."""

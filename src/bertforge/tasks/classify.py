@@ -296,6 +296,9 @@ class ClassificationTask(FinetuneTask):
     def eval_size(self) -> int:
         return len(self.f_val)
 
+    def eval_tokens(self) -> int:
+        return sum(len(f["input_ids"]) for f in self.f_val)
+
     def unlearnt(self, artifacts) -> str | None:
         predicted = set(np.asarray(artifacts).argmax(-1).tolist())
         if len(predicted) == 1 and len(set(self.y_val.tolist())) > 1:

@@ -403,6 +403,9 @@ class SquadTask(FinetuneTask):
     def eval_size(self) -> int:
         return len(self.val_feats)
 
+    def eval_tokens(self) -> int:
+        return sum(len(f["input_ids"]) for f in self.val_feats)
+
     def write_outputs(self, folder: str, preds) -> dict:
         with open(os.path.join(folder, "predictions.json"), "w", encoding="utf-8") as f:
             json.dump(preds, f, indent=1, ensure_ascii=False)

@@ -217,6 +217,7 @@ class FineTuning(TrainingRun):
         self.history: list[EpochResult] = []
         self.best: EpochResult | None = None
         self.best_weights: dict[str, torch.Tensor] | None = None
+        self.train_tokens = 0  # (next_batches)
 
     def train(self, resume: bool) -> tuple[EpochResult | None, list[EpochResult], float]:
         """(best evaluation, every evaluation, seconds of training across resumptions); the model holds the
@@ -255,7 +256,19 @@ class FineTuning(TrainingRun):
     def next_batches(self) -> list[dict]:
         if self.batches.at_epoch_start():
             self.engine.state.take_meters()  # a logging line covers steps of its own epoch only
-        return [to_device(b, self.engine.device) for b in self.batches.take()]
+        batches = [to_device(b, self.engine.device) for b in self.batches.take()]
+        # this process's real tokens in this session's steps, for the estimate of an evaluation's time
+        self.train_tokens += sum(int(v.sum()) for b in batches for k, v in b.items() if k.endswith("attention_mask"))
+        return batches
+
+    def eval_estimate(self) -> float:
+        """Seconds an evaluation will take, before one is measured: its tokens at a third of a training token's
+        time (the forward pass of each) where the task counts them, so that long validation texts beside short
+        training ones are not taken for short (else by sequences, as the base estimate)."""
+        tokens = self.task.eval_tokens() if self.validating else None
+        if tokens is None or not self.train_tokens:
+            return super().eval_estimate()
+        return self.step_seconds / self.train_tokens * self.d.world * tokens / 3
 
     def record(self, out: dict, seconds: float) -> None:
         # out["examples"]: the global batch's examples, summed over processes by the engine
