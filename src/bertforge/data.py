@@ -517,7 +517,9 @@ class PretrainingData:
                                                 dc.whole_word_mask))
         self.corpus = self._corpus(dc.data, tok)
         need = (2 if dc.nsp else 1) + (0 if dc.eval_data else 1)  # training documents, and one to hold out
-        if self.corpus.n_documents < need:
+        # too few documents to train on, or to hold out about 5% of the text by whole documents (a folder of three
+        # books held out one whole book, the manifest's rule): cut into parts, as a single file is
+        if self.corpus.n_documents < need or (not dc.eval_data and self._few_documents()):
             self.corpus = self._cut(self.corpus, need)
         if dc.eval_data:
             self.eval_corpus = self._corpus(dc.eval_data, tok)
@@ -543,6 +545,15 @@ class PretrainingData:
         if n_instances < t.batch_size:  # before anything is written
             raise UserError(f"the training data yields {n_instances} instances per epoch, fewer than one batch of "
                             f"{t.batch_size}; lower --batch-size or add data")
+
+    def _few_documents(self) -> bool:
+        """Whether the held-out documents would hold far more than 5% of the text: fewer than ``CUT_PARTS``
+        documents, and the manifest's held-out ones over twice that share (or none recorded)."""
+        c = self.corpus
+        if c.n_documents >= CUT_PARTS:
+            return False
+        held = c.held_out()
+        return held is None or sum(c.doc_tokens(int(d)) for d in held) > 0.1 * c.n_tokens
 
     def _corpus(self, paths: list[str], tok) -> TokenizedCorpus:
         """Every rank asks; one process per shared cache prepares, the others wait (:func:`build_corpus`)."""

@@ -376,3 +376,25 @@ def test_word_starts_for_whole_word_masking_in_wordpiece_bpe_and_word_level_voca
     assert continuation_pieces(bpe).tolist() == [True, False, True, False, True]
     assert continuation_pieces(["\u2581the", "re"]).tolist() == [False, True]  # SentencePiece's mark
     assert continuation_pieces(["the", "cat"]).tolist() == [False, False]  # word level: every token a word
+
+
+def test_a_folder_of_a_few_documents_holds_out_about_five_percent(small_text_corpus, tmp_path, capsys):
+    """Issue 67, item 1: a folder of three books held out one whole book (a third of the text and more) where
+    the README promises about 5%: a corpus of a few documents is cut into parts first, as a single file is."""
+    import json
+    import re
+
+    from bertforge.cli import main
+
+    texts = [json.loads(line)["text"] for line in small_text_corpus.read_text().splitlines()]
+    (tmp_path / "books").mkdir()
+    for i in range(3):  # three books of equal size
+        (tmp_path / "books" / f"b{i}.txt").write_text(" ".join(texts[i * 40 : (i + 1) * 40]))
+    assert main(["pretrain", "--data", str(tmp_path / "books"), "--out", str(tmp_path / "o"), "--preset", "tiny",
+                 "--vocab-size", "300", "--max-steps", "1", "--batch-size", "4", "--max-seq-length", "32",
+                 "--eval-every", "0", "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert "cut into" in err, err[-2000:]
+    trained, held = map(int, re.search(r"documents \((\d+) tokens\), \d+ held out for evaluation \((\d+) tokens\)",
+                                       err).groups())
+    assert 0 < held / (trained + held) <= 0.1
