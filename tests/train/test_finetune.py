@@ -520,9 +520,13 @@ def test_a_timed_run_keeps_time_for_a_validation_set_of_long_texts(tmp_path, cap
     out, budget = tmp_path / "out", 6.0
     assert main(["--quiet", "finetune", "classify", "--model", str(model), "--train", str(tmp_path / "train.tsv"),
                  "--validation", str(tmp_path / "dev.tsv"), "--out", str(out), "--batch-size", "8",
-                 "--max-seq-length", "512", "--max-time", f"{budget:g}s", "--epochs", "50", "--no-progress"]) == 0
-    m = json.loads((out / "metrics.json").read_text())
-    evaluations = [r for r in (json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines())
-                   if r["type"] == "eval"]
-    assert evaluations and m["train_seconds"] <= budget * 1.2, (m["train_seconds"], len(evaluations))
+                 "--max-seq-length", "512", "--max-time", f"{budget:g}s", "--epochs", "50", "--log-every", "1",
+                 "--no-progress"]) == 0
+    end = json.loads((out / "metrics.json").read_text())["train_seconds"]
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    last = [r["elapsed"] for r in rows if r["type"] == "train"][-1]  # training stopped here; then the evaluation
+    # it kept at least half the final evaluation's time (the old estimate kept a tenth; a host so loaded that
+    # set-up took the budget stops after one step, whatever the estimate)
+    assert any(r["type"] == "eval" for r in rows) and (last <= budget - 0.5 * (end - last) or len(rows) <= 2), \
+        (last, end)
     capsys.readouterr()
