@@ -3,6 +3,7 @@ their medians."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import statistics
 import time
@@ -12,7 +13,7 @@ import torch
 from ..config import ImplConfig, TrainConfig
 from ..devices import autocast_context, native_bf16, resolve_device, resolve_precision, setup_backend
 from ..errors import UserError
-from ..train.engine import build_optimizer
+from ..train.engine import Engine, build_optimizer
 
 
 def matmul_peak(device: torch.device, seconds: float = 0.5, sizes: tuple[int, ...] = (1024, 2048, 4096),
@@ -190,6 +191,12 @@ def fp32_arms(dev: torch.device, impl: ImplConfig) -> bool:
     """Whether a bench also times both tools in fp32: under bf16 on the CPU, where what bf16 buys is the
     question (on GPUs bf16 is the norm)."""
     return dev.type == "cpu" and resolve_precision(dev, impl) == "bf16"
+
+
+def fp32_engine(engine: Engine, lr: float) -> Engine:
+    """``engine``'s objective stepped in fp32, with an optimizer of its own: a bf16 bench's fp32 arm."""
+    return Engine(engine.objective, TrainConfig(lr=lr), dataclasses.replace(engine.impl, precision="fp32"),
+                  engine.device)
 
 
 def _fp32_figures(rows: list[tuple[float, ...]], what: str) -> dict:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import os
@@ -14,8 +13,8 @@ from ..config import TrainConfig
 from ..errors import UserError
 from ..models import family
 from ..train.engine import Engine
-from .common import (_alternate, _backend, fp32_arms, _fp32_figures, _import_transformers, _medians, _seconds,
-                     _transformers_optimizer, transformers_step, _versions)
+from .common import (_alternate, _backend, fp32_arms, fp32_engine, _fp32_figures, _import_transformers, _medians,
+                     _seconds, _transformers_optimizer, transformers_step, _versions)
 
 
 def _finetune_data(task: str, data_dir: str | None, train: str | None, tmp: str) -> tuple[str, str]:
@@ -169,8 +168,7 @@ def _finetune_rounds(engine: Engine, theirs, opt_theirs, batches: list[dict], re
     """(bertforge, transformers) real tokens per second of each round of ``steps`` steps (round r takes the
     batches after round r - 1's, cycling), after a warm-up step of each; with ``fp32``, both in fp32 too."""
     ids = torch.arange(batch_size, device=dev)  # the keys of keyed dropout, as in fine-tuning
-    engine32 = Engine(engine.objective, TrainConfig(lr=5e-5), dataclasses.replace(engine.impl, precision="fp32"),
-                      dev) if fp32 else None
+    engine32 = fp32_engine(engine, 5e-5) if fp32 else None
 
     def step_ours(b, e=engine):
         e.step([{**b, "sequence_ids": ids}])

@@ -18,9 +18,9 @@ from ..models import FAMILIES, BertConfig, BertForPreTraining, BertModel, family
 from ..models.flops import flops_per_token
 from ..objectives import MaskedLM
 from ..train.engine import Engine
-from .common import (_alternate, _backend, fp32_arms, _fp32_figures, _import_transformers, _inference_batches,
-                     matmul_peak, _medians, pretraining_batch, _rate, text_batch, _transformers_optimizer,
-                     transformers_step, _versions)
+from .common import (_alternate, _backend, fp32_arms, fp32_engine, _fp32_figures, _import_transformers,
+                     _inference_batches, matmul_peak, _medians, pretraining_batch, _rate, text_batch,
+                     _transformers_optimizer, transformers_step, _versions)
 
 
 def run_bench(preset: str = "mini", batch_size: int = 32, seq_len: int = 128, steps: int = 3, rounds: int = 7,
@@ -133,7 +133,7 @@ def _step_rounds(engine: Engine, batch: dict, step_theirs, autocast, impl: ImplC
     stepped in fp32 too (ours with an optimizer of its own)."""
     arms = {"bertforge": lambda: engine.step([batch]), "transformers": lambda: step_theirs(autocast)}
     if fp32_arms(dev, impl):
-        engine32 = Engine(engine.objective, TrainConfig(lr=1e-4), dataclasses.replace(impl, precision="fp32"), dev)
+        engine32 = fp32_engine(engine, 1e-4)
         arms.update({"bertforge fp32": lambda: engine32.step([batch]),
                      "transformers fp32": lambda: step_theirs(nullcontext())})
     for fn in arms.values():  # warm-up

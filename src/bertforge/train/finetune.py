@@ -256,10 +256,10 @@ class FineTuning(TrainingRun):
     def next_batches(self) -> list[dict]:
         if self.batches.at_epoch_start():
             self.engine.state.take_meters()  # a logging line covers steps of its own epoch only
-        batches = [to_device(b, self.engine.device) for b in self.batches.take()]
-        # this process's real tokens in this session's steps, for the estimate of an evaluation's time
-        self.train_tokens += sum(int(v.sum()) for b in batches for k, v in b.items() if k.endswith("attention_mask"))
-        return batches
+        taken = self.batches.take()
+        if self.estimated is None:  # this process's real tokens until eval_estimate is made, counted on the host
+            self.train_tokens += sum(int(v.sum()) for b in taken for k, v in b.items() if k.endswith("attention_mask"))
+        return [to_device(b, self.engine.device) for b in taken]
 
     def eval_estimate(self) -> float:
         """Seconds an evaluation will take, before one is measured: its tokens at a third of a training token's
