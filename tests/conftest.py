@@ -30,6 +30,12 @@ else:
     torch.set_num_threads(min(2, available_cores()))
 
 
+def pytest_collection_modifyitems(items):
+    """The slow tests first (in their order): pytest-xdist hands tests out in this order, so the long ones start
+    while every worker is busy and the quick ones fill the end, instead of one worker finishing a long test alone."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 def data_path(*parts: str) -> pathlib.Path:
     """A path inside BERTFORGE_DATA; skip when the variable is unset, fail when the file is missing."""
     root = os.environ.get("BERTFORGE_DATA")

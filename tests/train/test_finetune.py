@@ -24,7 +24,11 @@ ROWS = [("good fun day", "pos"), ("bad sad mess", "neg"), ("a fine good show", "
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    d = tmp_path_factory.mktemp("ft")
+    return write_setup(tmp_path_factory.mktemp("ft"))
+
+
+def write_setup(d):
+    """Labelled rows in ``d``, and two tiny models on their words: without dropout, and with it."""
     (d / "t.jsonl").write_text("".join(json.dumps({"text": a, "label": b}) + "\n" for a, b in ROWS))
     tok = train_vocabulary([r[0] for r in ROWS], 40, kind="wordlevel", min_frequency=1)
     torch.manual_seed(0)  # no dropout: split and whole batches then make the same update
@@ -226,80 +230,6 @@ def test_an_interrupted_checkpointed_run_can_be_overwritten(setup, tmp_path, cap
     (out / "checkpoints" / ".step-00000009.tmp-x").mkdir()  # what a killed save leaves
     assert main(_args(setup, out, *RESUMABLE, "--overwrite")) == 0
     assert (out / "model.safetensors").is_file() and not (out / "checkpoints").exists()
-    capsys.readouterr()
-
-
-@pytest.mark.slow
-def test_torchrun_and_accumulation_with_dropout_match_one_process(setup, tmp_path, capsys):
-    """Dropout masks keyed by (seed, step, example): two processes, or one accumulating two micro-batches,
-    compute the one-process run.  Batches of 6 from 13 examples: each epoch's last batch holds one example,
-    so the second process has none there (it takes part with a batch that counts for nothing)."""
-    args = ["--batch-size", "6", "--max-train-examples", "13", "--epochs", "2", "--log-every", "1"]
-    one, accum, two = tmp_path / "one", tmp_path / "accum", tmp_path / "two"
-    assert main(_args(setup, one, *args, model="dropout-model")) == 0
-    assert main(_args(setup, accum, *args, "--grad-accum", "2", model="dropout-model")) == 0
-    r = subprocess.run([*torchrun(2), "-m", "bertforge",
-                        *_args(setup, two, *args, model="dropout-model")], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    a = _weights(one)
-    for other in (accum, two):
-        b = _weights(other)
-        assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-5, other
-        la = [x["loss"] for x in _rows(one) if x["type"] == "train"]
-        lb = [x["loss"] for x in _rows(other) if x["type"] == "train"]
-        assert len(la) == 6 and max(abs(x - y) for x, y in zip(la, lb)) < 1e-5
-    assert json.loads((two / "finetune_config.json").read_text())["processes"] == 2
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["accum", "one", "two"]  # one writer, nothing beside (yet)
-    # and dropout is on: the same model without it ends elsewhere
-    shutil.copytree(setup / "dropout-model", tmp_path / "m0")
-    c = json.loads((tmp_path / "m0" / "config.json").read_text())
-    (tmp_path / "m0" / "config.json").write_text(json.dumps({**c, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}))
-    assert main(_args(setup, tmp_path / "nodrop", *args, model=str(tmp_path / "m0"))) == 0  # (an absolute model path)
-    assert not torch.allclose(_weights(tmp_path / "nodrop")["classifier.weight"], a["classifier.weight"], atol=1e-4)
-    capsys.readouterr()
-
-
-@pytest.mark.slow
-def test_embeddings_gather_every_process_vectors_as_one_process(tmp_path, capsys):
-    """In-batch negatives across processes: each gathers the others' vectors, so two processes accumulating two
-    micro-batches each train as one (batches of 6 from 13 pairs, with repeated passages; the last batch of each
-    epoch holds one pair, so the second process has none there)."""
-    from ..tasks.test_embed import _args as embed_args, write_setup
-
-    d = write_setup(tmp_path)
-    args = ["--batch-size", "6", "--epochs", "2", "--log-every", "1", "--symmetric"]
-    one, two = tmp_path / "one", tmp_path / "two"
-    assert main(embed_args(d, one, *args)) == 0
-    r = subprocess.run([*torchrun(2), "-m", "bertforge", *embed_args(d, two, *args, "--grad-accum", "2")],
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    a, b = _weights(one), _weights(two)
-    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-5
-    la, lb = ([x["loss"] for x in _rows(o) if x["type"] == "train"] for o in (one, two))
-    assert len(la) == 6 and max(abs(x - y) for x, y in zip(la, lb)) < 1e-5
-    capsys.readouterr()
-
-
-@pytest.mark.slow
-def test_reranking_groups_train_under_torchrun_and_accumulation_as_one_process(tmp_path, capsys):
-    """A reranking example is a query with its passages (a group of pairs; dropout keyed by query and slot): two
-    processes accumulating two micro-batches each train as one (5 queries in batches of 4: the last batch of the
-    epoch holds one query, so the second process has none there), with dropout on."""
-    from ..tasks.test_rerank import _base, _squad
-
-    squad, base = _squad(tmp_path / "s.json"), _base(tmp_path / "base")
-    args = ["--quiet", "finetune", "rerank", "--model", base, "--train", squad, "--batch-size", "4", "--epochs", "2",
-            "--max-train-examples", "5", "--num-negatives", "2", "--max-seq-length", "32", "--lr", "1e-3",
-            "--log-every", "1", "--no-progress", "--seed", "3"]
-    one, two = tmp_path / "one", tmp_path / "two"
-    assert main([*args, "--out", str(one)]) == 0
-    r = subprocess.run([*torchrun(2), "-m", "bertforge", *args[1:], "--out", str(two), "--grad-accum", "2"],
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    a, b = _weights(one), _weights(two)
-    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-5
-    la, lb = ([x["loss"] for x in _rows(o) if x["type"] == "train"] for o in (one, two))
-    assert len(la) == 4 and max(abs(x - y) for x, y in zip(la, lb)) < 1e-5
     capsys.readouterr()
 
 

@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from bertforge.checkpoint import list_checkpoints, load_checkpoint
 from bertforge.cli import main
 from bertforge.train.engine import LinearSchedule
-from ..helpers import tiny_pretrain, torchrun
+from ..helpers import tiny_pretrain
 
 
 def _args(corpus, tok, out, *extra, recipe="bert", length=64, batch=16):
@@ -175,27 +175,6 @@ def test_a_save_killed_midway_leaves_the_previous_checkpoint(small_text_corpus, 
     assert state["step"] == 10
     assert main(["--quiet", "pretrain", "--out", str(out), "--resume", "--max-steps", "15", "--no-progress"]) == 0
     assert [s for s, _ in list_checkpoints(str(out))][-1] == 15
-
-
-@pytest.mark.slow
-def test_ddp_torchrun_matches_one_process(small_text_corpus, story_tok_dir, tmp_path):
-    """With the default dropout (0.1): each sequence's masks are keyed by (seed, step, sequence), so two
-    processes, or one process accumulating two micro-batches, compute the one-process run."""
-    args = ["--max-steps", "6", "--eval-every", "0", "--save-every", "0", "--log-every", "1"]
-    one, two, accum = tmp_path / "one", tmp_path / "two", tmp_path / "accum"
-    assert main(["--quiet", *_args(small_text_corpus, story_tok_dir, one, *args)]) == 0
-    assert main(["--quiet", *_args(small_text_corpus, story_tok_dir, accum, *args, "--grad-accum", "2")]) == 0
-    a, c = _weights(one), _weights(accum)
-    assert max(float((a[k] - c[k]).abs().max()) for k in a) < 1e-5
-    r = subprocess.run([*torchrun(2), "-m", "bertforge", "--quiet",
-                        *_args(small_text_corpus, story_tok_dir, two, *args)], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    a, b = _weights(one), _weights(two)
-    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-5
-    la = [x["loss"] for x in _metric_rows(one) if x["type"] == "train"]
-    lb = [x["loss"] for x in _metric_rows(two) if x["type"] == "train"]
-    assert len(la) == 6 and max(abs(x - y) for x, y in zip(la, lb)) < 1e-5
-    assert not (two / "two").exists() and len(list((two / "checkpoints").iterdir())) == 1  # one writer
 
 
 def test_config_file_flags_override_and_no_nsp(small_text_corpus, story_tok_dir, tmp_path):
@@ -509,27 +488,6 @@ def test_sinusoidal_positions_start_from_sines_and_stay_learned(small_text_corpu
     saved = _weights(out)["bert.embeddings.position_embeddings.weight"].double()
     assert 0.9 < float(torch.nn.functional.cosine_similarity(saved.flatten(), w.flatten(), dim=0)) < 1  # moved, from sines
     assert json.loads((out / "pretrain_config.json").read_text())["model"]["position_init"] == "sinusoidal"
-
-
-@pytest.mark.slow
-def test_torchrun_says_things_once_and_ends_a_timed_run_on_every_process_together(small_text_corpus, story_tok_dir,
-                                                                                   tmp_path):
-    """Under torchrun each machine's first process speaks for the others (they meet the same inputs and errors),
-    and a timed run's clock is rank 0's: every process ends at the same step."""
-    r = subprocess.run([*torchrun(2), "-m", "bertforge", *_args(tmp_path / "missing.txt", story_tok_dir,
-                                                                 tmp_path / "no", "--max-steps", "2")],
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode != 0 and r.stderr.count("error: data path not found") == 1, r.stderr[-3000:]
-    out = tmp_path / "timed"
-    r = subprocess.run([*torchrun(2), "-m", "bertforge",
-                        *_args(small_text_corpus, story_tok_dir, out, "--max-time", "4s", "--eval-every", "2")],
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stderr.count("pretraining BertForPreTraining") == 1 and r.stderr.count("done: ") == 1
-    m = json.loads((out / "metrics.json").read_text())
-    # the end reached together (no process left waiting), past an evaluation: a slow host makes 10 steps in 4 s
-    assert m["wall_seconds"] <= 4 + 1.5 and m["steps"] > 2
-    assert any(r["type"] == "eval" and r["step"] == 2 for r in _metric_rows(out))
 
 
 def test_a_config_file_in_sections_with_its_out_and_a_runs_own_settings_repeat_it(small_text_corpus, story_tok_dir,
