@@ -294,3 +294,35 @@ def test_a_sentence_of_thousands_of_tokens_is_warned_about(tmp_path, caplog):
     (tmp_path / "flat.conll").write_text("".join(f"w{i}\tO\n" for i in range(1500)) + "anna\tB-per\n")
     read_ner(str(tmp_path / "flat.conll"), NerConfig())
     assert "flat.conll: sentence 1 has 1501 tokens: are the sentences apart (a blank line between two)?" in caplog.text
+
+
+def test_a_resumed_run_compares_its_labels_file_by_content(setup, tmp_path, monkeypatch, capsys):
+    """Issue 66, class 1: the --labels file of integer ner_tags is compared by what it holds: named by another
+    path it resumes; edited (its ids would name other tags) it is refused."""
+    import bertforge.train.finetune as finetune_mod
+
+    names = ["O", "B-per", "I-per", "B-loc"]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps({"tokens": t, "ner_tags": [names.index(g) for g in tags]})
+                                                  + "\n" for t, tags in _sentences(12)))
+    (tmp_path / "labels.txt").write_text("\n".join(names) + "\n")
+    monkeypatch.chdir(tmp_path)
+    argv = ["--quiet", "finetune", "ner", "--model", str(setup / "model"), "--train", "train.jsonl", "--labels",
+            "labels.txt", "--out", "run", "--max-seq-length", "32", "--batch-size", "4", "--epochs", "1",
+            "--save-every", "1", "--no-progress"]
+
+    def stopped(*a, **k):
+        raise KeyboardInterrupt  # the run stops at its end, after its checkpoints
+
+    with monkeypatch.context() as mp:
+        mp.setattr(finetune_mod, "finish", stopped)
+        assert main(argv) == 130
+    at = argv.index("--labels") + 1
+    absolute = [*argv[:at], str(tmp_path / "labels.txt"), *argv[at + 1:], "--resume"]
+    (tmp_path / "labels.txt").write_text("\n".join(["O", "B-loc", "I-per", "B-per"]) + "\n")
+    capsys.readouterr()
+    assert main(absolute) == 2
+    err = capsys.readouterr().err
+    assert f"--labels {tmp_path / 'labels.txt'} changed since" in err, err
+    (tmp_path / "labels.txt").write_text("\n".join(names) + "\n")
+    assert main(absolute) == 0, capsys.readouterr().err
+    assert sorted(json.loads((tmp_path / "run" / "config.json").read_text())["id2label"].values()) == sorted(names)

@@ -263,19 +263,28 @@ def test_a_fine_tuning_resume_may_change_the_schedule_and_says_so(tmp_path, caps
     assert json.loads((out / "metrics.json").read_text())["epochs"][-1]["epoch"] == 2
 
 
-def test_a_run_from_init_resumes_without_its_base_model(tmp_path, capsys):
-    """A checkpoint holds all that a resumed run needs: the --init folder may have moved since."""
+@pytest.mark.parametrize("grown", [[], ["--add-vocab", "8"]])
+def test_a_run_from_init_resumes_without_its_base_model(grown, tmp_path, capsys):
+    """A checkpoint holds all that a resumed run needs: the --init folder may have moved since (also when the run
+    grew its vocabulary, issue 66 class 1)."""
     from ..helpers import tiny_model_dir
 
     base = tiny_model_dir(tmp_path / "base", DOCUMENTS, vocab_size=60)
-    data, out = _corpus(tmp_path / "c.jsonl", DOCUMENTS), tmp_path / "run"
-    assert main(["--quiet", "pretrain", "--init", base, "--data", str(data), "--out", str(out), "--max-seq-length",
-                 "32", "--batch-size", "4", "--max-steps", "2", "--save-every", "1", "--eval-every", "0",
-                 "--max-eval-instances", "4", "--no-progress"]) == 0
+    texts = DOCUMENTS + [f"the zebra number {i} ate quinoa near the lighthouse." for i in range(12)] * 2
+    data, out = _corpus(tmp_path / "c.jsonl", texts), tmp_path / "run"
+    assert main(["--quiet", "pretrain", "--init", base, *grown, "--data", str(data), "--out", str(out),
+                 "--max-seq-length", "32", "--batch-size", "4", "--max-steps", "2", "--save-every", "1",
+                 "--eval-every", "0", "--max-eval-instances", "4", "--no-progress"]) == 0
     shutil.move(base, tmp_path / "moved")
     assert main(["--quiet", "pretrain", "--out", str(out), "--resume", "--max-steps", "3", "--no-progress"]) == 0, \
         capsys.readouterr().err
     assert json.loads((out / "metrics.json").read_text())["steps"] == 3
+    # and the command given again whole, naming the folder that is gone
+    assert main(["--quiet", "pretrain", "--init", base, *grown, "--data", str(data), "--out", str(out),
+                 "--max-seq-length", "32", "--batch-size", "4", "--max-steps", "4", "--save-every", "1",
+                 "--eval-every", "0", "--max-eval-instances", "4", "--no-progress", "--resume"]) == 0, \
+        capsys.readouterr().err
+    assert json.loads((out / "metrics.json").read_text())["steps"] == 4
 
 
 def test_a_run_killed_after_its_final_checkpoint_is_finished_by_resume(inputs, tmp_path, capsys):
@@ -361,3 +370,37 @@ def test_resume_compares_files_by_content_and_runs_from_any_working_folder(input
                  str(work / "renamed.jsonl"), "--tokenizer", str(tmp_path / "tok-copy"), "--no-progress"]) == 0, \
         capsys.readouterr().err
     assert json.loads((work / "run" / "metrics.json").read_text())["steps"] == 3
+
+
+def test_a_fine_tuning_run_resumes_from_itself_alone(tmp_path, capsys):
+    """Issue 66, class 1: the run keeps a copy of what it read of its base model (config, tokenizer), so it
+    resumes once the base folder moved, and a base folder given again is compared by content: the same model
+    under another path resumes, another model under the same path (a tokenizer of the same size) is refused."""
+    from ..helpers import tiny_model_dir
+
+    argv, out = _interrupted_fine_tune(tmp_path)
+    model = argv[argv.index("--model") + 1]
+    tokenizer = (pathlib.Path(model) / "tokenizer.json").read_bytes()
+    shutil.move(model, tmp_path / "moved")
+    other = [" ".join(reversed(d.split())) + " again" for d in DOCUMENTS]  # other words, another vocabulary
+    tiny_model_dir(model, other, vocab_size=60, kind="wordlevel", seed=1)
+    assert (pathlib.Path(model) / "tokenizer.json").read_bytes() != tokenizer
+    capsys.readouterr()
+    assert main([*argv, "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert f"--model {model} now holds another" in err and err.count("\n") == 1, err
+    moved = [*argv[:argv.index("--model") + 1], str(tmp_path / "moved"), *argv[argv.index("--model") + 2:]]
+    assert main([*moved, "--resume"]) == 0, capsys.readouterr().err  # the same model, moved: by content
+    assert (out / "tokenizer.json").read_bytes() == tokenizer and not (out / "checkpoints").exists()
+
+
+def test_a_fine_tuning_run_resumes_once_its_base_model_is_gone(tmp_path, capsys):
+    argv, out = _interrupted_fine_tune(tmp_path)
+    model = pathlib.Path(argv[argv.index("--model") + 1])
+    tokenizer = (model / "tokenizer.json").read_bytes()
+    shutil.rmtree(model)
+    capsys.readouterr()
+    assert main([*argv, "--resume"]) == 0, capsys.readouterr().err
+    assert (out / "tokenizer.json").read_bytes() == tokenizer and (out / "model.safetensors").is_file()
+    record = json.loads((out / "finetune_config.json").read_text())
+    assert record["corpus"]["model"]  # (the base's digest, kept for the record)

@@ -7,6 +7,10 @@ for a number of epochs or steps with evaluation after each epoch and every ``--e
 evaluation kept; without validation data, none and the last weights), and the outputs.  They are written into
 ``--out`` itself, with a checkpoint every 15 minutes of the run (or ``--save-every`` steps) and at
 Ctrl-C or SIGTERM, removed at the end; with ``--save-every 0``, into a temporary folder renamed into place.
+A checkpointed run also keeps, beside its checkpoints, a copy of what it read of its base model besides the
+weights (config, tokenizer, sentence-transformers settings): ``--resume`` reads that copy, so it needs only the
+run's own folder, and a ``--model`` folder that still exists is checked by content (by a digest of those files,
+recorded when the run started), never by its path.
 
 Under ``torchrun`` every process trains on its share of each global batch (DistributedDataParallel); rank 0
 alone evaluates, checkpoints and writes.  On the CPU each example's dropout masks are keyed by (seed, step,
@@ -31,12 +35,12 @@ from .. import checkpoint as ckpt
 from .. import modelcard
 from ..atomic import atomic_write_json
 from ..batching import EpochBatches, plan_steps, to_device
-from ..config import FinetuneConfig, dataclass_from_dict, validate_fields
+from ..config import FinetuneConfig, dataclass_from_dict, finetune_lr, flag_of, validate_fields
 from ..devices import Dist
 from ..embeddings import ST_FILES
 from ..errors import TrainingError, UserError, shown
 from ..loading import check_max_seq_length, warn_untrained_positions
-from ..models import for_folder
+from ..models import for_folder, load_config
 from ..outputs import MODEL_FILES, register_output
 from ..plots import plot_finetuning
 from ..settings import check_resumed, file_digest, say_schedule_changed
@@ -53,6 +57,11 @@ register_output("finetune", MODEL_FILES | {SETTINGS_FILE, "metrics.jsonl", "metr
                                            "tensorboard", "predictions.json", "predictions.jsonl", "README.md",
                                            "checkpoints"} | ST_FILES)
 MIN_UPDATES = 100  # fewer optimizer updates than this rarely fine-tune a BERT well: warned
+BASE_COPY = "started-from"  # in checkpoints/: the run's copy of what it read of its base model but the weights
+# ... which is: the files a fine-tuning run reads of a model folder besides its weights (and the modules'
+# settings of a sentence-transformers folder, each in a folder of its own)
+BASE_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json",
+              "pretrain_config.json", *sorted(f for f in ST_FILES if f.endswith(".json")))
 
 
 @dataclass
@@ -71,13 +80,17 @@ def finetune(task: FinetuneTask, cfg: FinetuneConfig, overwrite: bool = False, r
     15 minutes of the run, and when it was interrupted) from its newest checkpoint that loads (with the same
     settings and files, checked before anything is read).
     """
-    if cfg.model and isinstance(cfg.model, str) and not os.path.isdir(cfg.model):  # (the rest: in validate)
-        raise UserError(f"model directory not found: {cfg.model}")
-    cfg.validate()
-    validate_fields(task.settings)
     folder = RunFolder(cfg.out, "finetune")
     recover(cfg.out)  # (what an interrupted write left beside the run is back before its checkpoints are counted)
     step = folder.newest_step()
+    # a resumed run with a checkpoint reads its own copy of the base model's files: --model may have moved
+    own = resume and step is not None and os.path.isfile(os.path.join(base_copy(cfg.out), "config.json"))
+    if cfg.model and isinstance(cfg.model, str) and not os.path.isdir(cfg.model) and not own:
+        raise UserError(f"model directory not found: {cfg.model}")  # (the rest: in validate)
+    if own and cfg.train.lr is None:  # the default rate, by the width of the model the run started from
+        cfg.train.lr = finetune_lr(load_config(base_copy(cfg.out)).hidden_size)
+    cfg.validate()
+    validate_fields(task.settings)
     if not resume and not overwrite and (step is not None or (folder.started and not folder.finished)):
         at = f" (step {step})" if step is not None else " (before its first checkpoint)"
         raise UserError(f"{cfg.out} holds an interrupted run{at}: add --resume to continue it, or --overwrite to "
@@ -85,19 +98,23 @@ def finetune(task: FinetuneTask, cfg: FinetuneConfig, overwrite: bool = False, r
     # one rule with pretraining: a run killed before its first checkpoint starts again from step 0 on --resume
     output = preflight(folder, [cfg.model, cfg.data.train_file, cfg.data.validation_file], overwrite, resume,
                        restarts=True)
-    files = files_content(cfg)
+    files = files_content(cfg, task)
     schedule = check_resumed_files(folder, cfg, task, files) if resume else []
     with start_run(output, cfg.impl) as (d, device):
         if cfg.train.batch_size < d.world * cfg.train.grad_accum:
             raise UserError(f"--batch-size {cfg.train.batch_size} is smaller than processes x --grad-accum")
-        task.read(cfg)
-        tok = load_tokenizer(cfg.model)
-        model_class, config = for_folder(cfg.model, task.model_class)  # the task's head, of the folder's family
-        check_vocab_fits(tok, config.vocab_size, cfg.model)
-        check_max_seq_length(config, cfg.data.max_seq_length, cfg.model)
+        base = base_copy(cfg.out) if own else cfg.model
+        if own and d.is_main:
+            log.info("resuming from the run's own copy of its base model's config and tokenizer (%s)", base)
+        reading = dataclasses.replace(cfg, model=base) if own else cfg
+        task.read(reading)
+        tok = load_tokenizer(base)
+        model_class, config = for_folder(base, task.model_class)  # the task's head, of the folder's family
+        check_vocab_fits(tok, config.vocab_size, base)
+        check_max_seq_length(config, cfg.data.max_seq_length, base)
         reinit_head = task.configure(config)
-        features, collate = task.encode(tok, cfg)
-        warn_untrained_positions(cfg.model, max((len(f["input_ids"]) for f in features), default=0), d)
+        features, collate = task.encode(tok, reading)
+        warn_untrained_positions(base, max((len(f["input_ids"]) for f in features), default=0), d)
         torch.manual_seed(cfg.train.seed)
         if resume and step is not None:  # every weight from the checkpoint: none read from the base model
             model = model_class(config).to(device)
@@ -109,6 +126,7 @@ def finetune(task: FinetuneTask, cfg: FinetuneConfig, overwrite: bool = False, r
             if d.is_main and resume:
                 say_schedule_changed(schedule)
             elif d.is_main and checkpointed:  # what a resumed run is checked against, before it reads its data
+                copy_base(cfg.model, base_copy(out))  # (before the settings: a run with them has its copy)
                 atomic_write_json(os.path.join(out, SETTINGS_FILE), run_record(cfg, task, d.world, files),
                                   faults=False)
             run = FineTuning(task, cfg, d, out, model, features, collate, device)
@@ -130,11 +148,46 @@ def run_record(cfg: FinetuneConfig, task: FinetuneTask, processes: int, files: d
             "processes": processes, CORPUS: files, COMMAND: command or modelcard.COMMAND}
 
 
-def files_content(cfg: FinetuneConfig) -> dict[str, str | None]:
-    """What a run trains and validates on (:func:`~bertforge.settings.file_digest`, else the dataset's name), so
-    that a resumed run is checked before it reads them."""
-    named = {"train": cfg.data.train_file, "validation": cfg.data.validation_file}
-    return {role: (file_digest(p) or p) if p else None for role, p in named.items()}
+def files_content(cfg: FinetuneConfig, task: FinetuneTask) -> dict[str, str | None]:
+    """What a run trains and validates on (:func:`~bertforge.settings.file_digest`, else the dataset's name), the
+    task's own files (its settings ``*_file``: NER's ``--labels``) and the base model (:func:`base_digest`; None
+    once it moved), so that a resumed run is checked, by content, before it reads them."""
+    named = {"train": cfg.data.train_file, "validation": cfg.data.validation_file,
+             **{f.name: getattr(task.settings, f.name) for f in dataclasses.fields(task.settings)
+                if f.name.endswith("_file")}}
+    files = {role: (file_digest(p) or p) if p else None for role, p in named.items()}
+    return {**files, "model": base_digest(cfg.model) if isinstance(cfg.model, str) and os.path.isdir(cfg.model)
+            else None}
+
+
+def base_copy(out: str) -> str:
+    return os.path.join(out, ckpt.CHECKPOINTS, BASE_COPY)
+
+
+def _base_files(model: str) -> list[str]:
+    """The files of :data:`BASE_FILES` that the model folder ``model`` holds (paths inside it)."""
+    return [name for name in BASE_FILES if os.path.isfile(os.path.join(model, name))]
+
+
+def base_digest(model: str) -> str:
+    """A digest of what a run reads of the model folder ``model`` besides its weights (:data:`BASE_FILES`)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for name in _base_files(model):
+        h.update(name.encode() + b"\0" + (file_digest(os.path.join(model, name)) or "").encode() + b"\0")
+    return h.hexdigest()
+
+
+def copy_base(model: str, dest: str) -> None:
+    """:data:`BASE_FILES` of ``model`` copied to ``dest`` (written whole or not at all)."""
+    tmp = dest + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    for name in _base_files(model):
+        os.makedirs(os.path.dirname(os.path.join(tmp, name)), exist_ok=True)
+        shutil.copy2(os.path.join(model, name), os.path.join(tmp, name))
+    shutil.rmtree(dest, ignore_errors=True)
+    os.replace(tmp, dest)
 
 
 def check_resumed_files(folder: RunFolder, cfg: FinetuneConfig, task: FinetuneTask, files: dict) -> list[str]:
@@ -157,6 +210,18 @@ def check_resumed_files(folder: RunFolder, cfg: FinetuneConfig, task: FinetuneTa
         raise UserError(f"--resume continues the run in {cfg.out} on the data it was started on, and "
                         f"{' and '.join(changed)} now holds other examples (the file changed since); restore it, or "
                         "start a new run")
+    changed = [f"{flag_of(f)} {getattr(task.settings, f.name)}" for f in dataclasses.fields(task.settings)
+               if f.name in files and f.name in was and was[f.name] != files[f.name]]
+    if changed:
+        raise UserError(f"--resume continues the run in {cfg.out} as it was started, and {' and '.join(changed)} "
+                        "changed since (compared by content); restore it, or start a new run")
+    if files["model"] is None:  # (the base model moved: the run resumes from its own copy, and keeps the record)
+        files["model"] = was.get("model")
+    if was.get("model") and files["model"] and was["model"] != files["model"]:
+        raise UserError(f"--resume continues the run in {cfg.out} from the model it was started from, and --model "
+                        f"{cfg.model} now holds another (its config, tokenizer or sentence-transformers "
+                        "settings changed since); name the folder it started from, or one that no longer exists: "
+                        "a checkpointed run resumes from its own copy of them")
     return schedule
 
 
@@ -184,6 +249,7 @@ def write_outputs(folder: str, task: FinetuneTask, cfg: FinetuneConfig, model, t
     if checkpointed:  # the run is complete: its checkpoints have served (damaged ones stay, for inspection)
         for _, path in ckpt.list_checkpoints(folder):
             shutil.rmtree(path, ignore_errors=True)
+        shutil.rmtree(base_copy(folder), ignore_errors=True)
         with contextlib.suppress(OSError):
             os.rmdir(os.path.join(folder, ckpt.CHECKPOINTS))
     return metrics
