@@ -4,12 +4,12 @@ import sys
 
 
 def console_main() -> None:
-    """The ``bertforge`` command; ``--version`` answers before torch is imported."""
-    if sys.argv[1:] == ["--version"]:
-        from . import __version__
+    """The ``bertforge`` command; ``--help``, ``--version`` and no command at all answer before torch is imported
+    (:mod:`bertforge.usage`)."""
+    from . import usage
 
-        print(f"bertforge {__version__}")
-        return
+    if usage.answers(sys.argv[1:]):
+        raise SystemExit(usage.main(sys.argv[1:]))
     from .cli import console_main as run
 
     run()

@@ -23,28 +23,11 @@ from .commands import (NOT_THE_SAME, add_setting_flags, emit, explicit_flags, no
 from .config import progress_shown
 from .errors import TrainingError, UserError
 from .logs import setup_logging
+from .usage import COMMANDS
+from .usage import Parser as _Parser
+from .usage import top_parser
 
 log = logging.getLogger("bertforge")
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse whose usage errors are one ``error:`` line and exit status 2, and whose help shows defaults."""
-
-    def set_defaults(self, **kw):
-        if "func" in kw:
-            kw.setdefault("_parser", self)  # the command's own parser, for hints on unknown flags
-        super().set_defaults(**kw)
-
-    def add_argument(self, *args, **kw):
-        """A flag's help ends with its default (flags made from settings carry it in their help already)."""
-        h = kw.get("help") or ""
-        if (args[0].startswith("-") and kw.get("default") not in (None, False, argparse.SUPPRESS)
-                and "(default" not in h and h != argparse.SUPPRESS):
-            kw["help"] = h + (" " if h else "") + "(default: %(default)s)"
-        return super().add_argument(*args, **kw)
-
-    def error(self, message: str):  # noqa: D401 - argparse API
-        self.exit(2, f"error: {message} (see '{self.prog} --help')\n")
 
 
 # ------------------------------------------------------------------------------------------------ tokenizer
@@ -72,7 +55,7 @@ def cmd_prepare(a: argparse.Namespace) -> int:
 def _add_prepare_parser(sub) -> None:
     from .config import PretrainDataConfig
 
-    pp = sub.add_parser("prepare", help="tokenize a corpus once into shards that pretraining runs reuse")
+    pp = sub.add_parser("prepare", help=COMMANDS["prepare"])
     pp.add_argument("--data", nargs="+", required=True, metavar="PATH",
                     help="the corpus: .txt/.jsonl/.gz/.parquet files, directories, globs, hf:NAME")
     pp.add_argument("--tokenizer", required=True, help="tokenizer or model directory, or vocab.txt")
@@ -149,7 +132,7 @@ def _add_finetune_parsers(sub) -> None:
     from .train.lifecycle import SAVE_INTERVAL
     from .tasks import TASKS
 
-    ft = sub.add_parser("finetune", help="fine-tune a BERT: classification, SQuAD, embeddings, NER")
+    ft = sub.add_parser("finetune", help=COMMANDS["finetune"])
     fts = ft.add_subparsers(dest="task", metavar="TASK", parser_class=_Parser)
     fts.required = True
     for name, kind in TASKS.items():
@@ -191,7 +174,7 @@ def _add_evaluate_parsers(sub) -> None:
     from .runtime import add_backend_flag
     from .tasks import TASKS
 
-    ev = sub.add_parser("evaluate", help="score predictions or a saved model")
+    ev = sub.add_parser("evaluate", help=COMMANDS["evaluate"])
     evs = ev.add_subparsers(dest="task", metavar="TASK", parser_class=_Parser)
     evs.required = True
     for kind in TASKS.values():
@@ -252,7 +235,7 @@ def _add_predict_parsers(sub) -> None:
     from .runtime import add_backend_flag
     from .tasks import TASKS
 
-    pr = sub.add_parser("predict", help="use a trained model: fill-mask, next-sentence, classify, qa, ner, embed")
+    pr = sub.add_parser("predict", help=COMMANDS["predict"])
     prs = pr.add_subparsers(dest="task", metavar="TASK", parser_class=_Parser)
     prs.required = True
 
@@ -282,18 +265,13 @@ def _add_predict_parsers(sub) -> None:
 
 # ------------------------------------------------------------------------------------------------ parser
 def build_parser() -> argparse.ArgumentParser:
-    from . import __version__
     from .bench import add_bench_parser
     from .config import TOKENIZER_MODELS, PretrainDataConfig
     from .export import add_export_parser
 
-    p = _Parser(prog="bertforge", description="Pretrain BERT from scratch and fine-tune it.")
-    p.add_argument("--version", action="version", version=f"bertforge {__version__}")
-    p.add_argument("--quiet", action="store_true", help="only warnings and errors on stderr")
-    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    sub.required = True
+    p, sub = top_parser()
 
-    tk = sub.add_parser("tokenizer", help="train a WordPiece or word-level vocabulary")
+    tk = sub.add_parser("tokenizer", help=COMMANDS["tokenizer"])
     tks = tk.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser)
     tks.required = True
     tt = tks.add_parser("train", help="train a vocabulary on a corpus")
@@ -309,7 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_prepare_parser(sub)
 
-    pt = sub.add_parser("pretrain", help="pretrain BERT with masked LM (+ next sentence prediction)")
+    pt = sub.add_parser("pretrain", help=COMMANDS["pretrain"])
     _add_pretrain_args(pt)
     pt.set_defaults(func=cmd_pretrain)
 
@@ -319,7 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_predict_parsers(sub)
     add_export_parser(sub)
 
-    dm = sub.add_parser("demo", help="the whole pipeline end to end on the built-in corpus, in minutes")
+    dm = sub.add_parser("demo", help=COMMANDS["demo"])
     dm.add_argument("--out", default="demo-output", help="output directory (default demo-output)")
     dm.add_argument("--quick", action="store_true", help="a shorter run (under a minute on two cores)")
     dm.add_argument("--wordpiece", action="store_true", help="a WordPiece vocabulary instead of whole words")

@@ -41,6 +41,7 @@ from .models import OUTPUTS, family_of_config, load_config, role_of_config
 from .outputs import MODEL_FILES, Output, register_output
 from .runtime import BACKENDS, EXTRA, ONNX_DIR, OnnxModel
 from .train.runfolder import SETTINGS_FILES, TASK
+from .usage import COMMANDS
 
 log = logging.getLogger("bertforge")
 
@@ -285,7 +286,7 @@ def _gate(kind, folder: str, data: str, figures: dict, int8: bool) -> dict:
 # ------------------------------------------------------------------------------------------------ command line
 def add_export_parser(sub) -> None:
     """``bertforge export onnx``'s parser (``sub``: the command line's sub-parsers)."""
-    e = sub.add_parser("export", help="export a model folder for serving: ONNX, fp32 and int8")
+    e = sub.add_parser("export", help=COMMANDS["export"])
     es = e.add_subparsers(dest="format", metavar="FORMAT")
     es.required = True
     o = es.add_parser("onnx", help="an ONNX graph of the folder's head, for onnxruntime and sentence-transformers")

@@ -498,6 +498,8 @@ def _run_parts(out: str, files: list[str], tok: Tokenizer, reading: Reading, wor
     if jobs and reading.dedup:
         _assign_drops(out, parts, records, jobs, tok, workers)
     sizes = {id(j): _part_size(j) for j in jobs}
+    if jobs:  # (the phase's first line: a large corpus takes minutes before the run's next)
+        log.info("tokenizing %.1f MB of text in %d shard(s) into %s", sum(sizes.values()) / 1e6, len(jobs), out)
     with _progress(sum(sizes.values()), progress) as advance:
         for job, record in _map(prepare_part, jobs, tok, workers):
             records[int(job["name"])] = record

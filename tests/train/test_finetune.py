@@ -460,3 +460,13 @@ def test_a_timed_run_keeps_time_for_a_validation_set_of_long_texts(tmp_path, cap
     assert any(r["type"] == "eval" for r in rows) and (last <= budget - 0.5 * (end - last) or len(rows) <= 2), \
         (last, end)
     capsys.readouterr()
+
+
+def test_each_set_up_phase_says_so_as_it_starts(setup, tmp_path, capsys):
+    """Issue 67, item 7: tokenizing and building the model each say so as they start (a large file took a minute
+    of silence before the first line; reading it says nothing first, so that a bad file is one error line)."""
+    assert main(_args(setup, tmp_path / "run", "--max-steps", "1")[1:]) == 0
+    err = capsys.readouterr().err
+    said = [err.find(x) for x in ("tokenizing the examples", "building BertForSequenceClassification from",
+                                  "step 1/1")]
+    assert -1 not in said and said == sorted(said), err

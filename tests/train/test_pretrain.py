@@ -516,3 +516,14 @@ def test_elapsed_moves_on_every_log_line_of_a_run_by_steps(small_text_corpus, st
     elapsed = [r["elapsed"] for r in rows if r["type"] == "train"]
     assert len(elapsed) == 6 and elapsed[0] > 0 and all(b > a for a, b in zip(elapsed, elapsed[1:])), elapsed
     capsys.readouterr()
+
+
+def test_each_set_up_phase_says_so_as_it_starts(small_text_corpus, story_tok_dir, tmp_path, capsys):
+    """Issue 67, item 7: a run sat silent for over a minute before its first line; each set-up phase (tokenizing
+    the corpus, building the model) now says so as it starts, before the run's first figures."""
+    assert main(_args(small_text_corpus, story_tok_dir, tmp_path / "run", "--max-steps", "1", "--eval-every", "0",
+                      "--log-every", "1")) == 0
+    err = capsys.readouterr().err
+    said = [err.find(x) for x in ("tokenizing ", "building the model (2 layers of width 128, new weights)",
+                                  "pretraining BertForPreTraining", "step 1/1")]
+    assert -1 not in said and said == sorted(said), err

@@ -29,6 +29,7 @@ import os
 
 from ..commands import positive_int
 from ..errors import UserError
+from ..usage import COMMANDS
 from ..models import FAMILIES
 from .common import matmul_peak, pretraining_batch, text_batch, transformers_step
 from .finetuning import run_finetune_bench
@@ -43,7 +44,7 @@ def add_bench_parser(sub) -> None:
     """``bertforge bench``'s parser (``sub``: the command line's sub-parsers)."""
     from ..tasks import TASKS
 
-    b = sub.add_parser("bench", help="pretraining, inference or fine-tuning speed against transformers, side by side")
+    b = sub.add_parser("bench", help=COMMANDS["bench"])
     b.add_argument("--task", default="pretrain", choices=("pretrain", *TASKS),
                    help="pretrain (training step and inference), or a fine-tuning task's step (against its "
                         "reference library: transformers, or sentence-transformers for embeddings)")

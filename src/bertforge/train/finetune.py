@@ -107,15 +107,20 @@ def finetune(task: FinetuneTask, cfg: FinetuneConfig, overwrite: bool = False, r
         if own and d.is_main:
             log.info("resuming from the run's own copy of its base model's config and tokenizer (%s)", base)
         reading = dataclasses.replace(cfg, model=base) if own else cfg
-        task.read(reading)
+        task.read(reading)  # (no line before: a file that cannot be read is one error line, and nothing else)
         tok = load_tokenizer(base)
         model_class, config = for_folder(base, task.model_class)  # the task's head, of the folder's family
         check_vocab_fits(tok, config.vocab_size, base)
         check_max_seq_length(config, cfg.data.max_seq_length, base)
         reinit_head = task.configure(config)
+        if d.is_main:  # a line as each long set-up phase starts: a large file takes a while to tokenize
+            log.info("tokenizing the examples (--max-seq-length %d)", cfg.data.max_seq_length)
         features, collate = task.encode(tok, reading)
         warn_untrained_positions(base, max((len(f["input_ids"]) for f in features), default=0), d)
         torch.manual_seed(cfg.train.seed)
+        if d.is_main:
+            log.info("building %s from %s", model_class.__name__, "the checkpoint" if resume and step is not None
+                     else cfg.model)
         if resume and step is not None:  # every weight from the checkpoint: none read from the base model
             model = model_class(config).to(device)
         else:

@@ -97,6 +97,10 @@ def pretrain(cfg: PretrainConfig, resume: bool = False, overwrite: bool = False)
         config = pretraining_config(cfg, plan, tok)
         data = PretrainingData(cfg, tok, d, plan.continued)
         corpus = corpus_identity(cfg, data, d, folder if resume else None)
+        if d.is_main:  # (the set-up's last phase; reading and tokenizing the corpus said theirs)
+            log.info("building the model (%d layers of width %d, %s)", config.num_hidden_layers, config.hidden_size,
+                     "its weights from the checkpoint" if plan.continued
+                     else f"from {cfg.model.init}" if plan.weights == "init" else "new weights")
         objective = pretraining_objective(cfg, plan, config, tok).to(device)
         torch.manual_seed(cfg.train.seed + d.rank)  # dropout streams differ by rank
         with run_folder(output, d, resume, in_place=True):
