@@ -95,8 +95,8 @@ class TrainConfig:
     """Optimisation and the training loop; shared by pretraining and fine-tuning (whose defaults differ:
     :data:`FINETUNE_TRAIN_DEFAULTS` and each task's own)."""
 
-    batch_size: int = setting(32, "global batch size in sequences (all processes and accumulation steps)",
-                              check="positive")
+    batch_size: int | None = setting(32, "global batch size in sequences (all processes and accumulation steps)",
+                                     check="positive")  # (None: fine-tuning's by the data, finetune_batch)
     grad_accum: int = setting(1, "gradient accumulation steps per optimizer step", check="positive")
     lr: float | None = setting(1e-4, "peak learning rate", check="positive")
     warmup_steps: int | None = setting(None, "warmup steps (default: --warmup-ratio of the run)", check="non-negative")
@@ -124,7 +124,7 @@ class TrainConfig:
         validate_fields(self)
         if self.lr is None:
             raise UserError("--lr needs a value")
-        if self.batch_size % self.grad_accum:
+        if self.batch_size is not None and self.batch_size % self.grad_accum:
             raise UserError(f"--batch-size {self.batch_size} must be a positive multiple of "
                             f"--grad-accum {self.grad_accum}")
         if self.max_steps is None and self.max_time is None and self.epochs is None:
@@ -438,7 +438,7 @@ def _yaml_load(text: str):
 # What fine-tuning changes in TrainConfig's defaults (BERT's fine-tuning recipe); tasks may change more.
 # lr None: by the model's width (finetune_lr).
 FINETUNE_TRAIN_DEFAULTS: dict[str, Any] = dict(
-    lr=None, batch_size=32, warmup_ratio=0.1, epochs=3, log_every=20, eval_every=None, save_every=None,
+    lr=None, batch_size=None, warmup_ratio=0.1, epochs=3, log_every=20, eval_every=None, save_every=None,
     keep_checkpoints=1,  # save_every None: by time (lifecycle.SAVE_INTERVAL); a checkpoint serves only to resume
 )
 

@@ -19,6 +19,28 @@ from ..errors import UserError
 from ..models import BertConfig
 
 
+# Fine-tuning's batch when none is given, by the data's size: a run of few optimizer updates fine-tunes badly
+# (WNUT-16's 159 updates at batch 32 tagged no entity, issue 68), so the task's batch is halved while the epochs
+# asked would make fewer than FINETUNE_MIN_UPDATES updates, down to FINETUNE_MIN_BATCH (transformers' run_ner's).
+FINETUNE_MIN_UPDATES = 300
+FINETUNE_MIN_BATCH = 8
+
+
+def finetune_batch(start: int, examples: int, epochs: int | None) -> int:
+    """The batch of a run of ``epochs`` over ``examples`` (:data:`FINETUNE_MIN_UPDATES`); ``start`` when the run
+    is not counted in epochs (``--max-steps``, ``--max-time``)."""
+    batch = start
+    while epochs and batch > FINETUNE_MIN_BATCH and epochs * -(-examples // batch) < FINETUNE_MIN_UPDATES:
+        batch = max(FINETUNE_MIN_BATCH, batch // 2)
+    return batch
+
+
+def finetune_batch_rule(start: int) -> str:
+    """:func:`finetune_batch` in words, for ``--help``."""
+    return (f"by the data: {start}, halved while the epochs would make fewer than {FINETUNE_MIN_UPDATES} updates, "
+            f"down to {FINETUNE_MIN_BATCH}")
+
+
 class FinetuneTask:
     """What a task supplies to :func:`~bertforge.train.finetune.finetune`.  Called in this order: ``read`` (before
     any model is loaded), ``configure``, ``encode``, then ``evaluate`` after every epoch, ``write_outputs`` at
@@ -30,6 +52,7 @@ class FinetuneTask:
     select: ClassVar[str] = ""  # the metric that picks the best epoch (higher is better)
     plotted: ClassVar[list[tuple[str, str]]] = []  # (metric, label) drawn per epoch
     defaults: ClassVar[dict[str, Any]] = {}  # this task's defaults of FinetuneConfig fields (by flat name)
+    batch: ClassVar[int] = 32  # the batch of a run of enough updates, when --batch-size is not given (finetune_batch)
     pipeline_tag: ClassVar[str] = ""  # the Hub's name of what the model does, for its card
     bench_files: ClassVar[tuple[str, str]] = ("", "")  # `bench --data-dir D`'s training and validation files in D
     # ---- the command line's rows and the API's (cli.py and api.py loop over the tasks and name none)

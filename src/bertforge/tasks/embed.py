@@ -56,7 +56,7 @@ class EmbedTask(FinetuneTask):
     plotted = [("mrr@10", "MRR@10"), ("recall@10", "recall@10")]
     pipeline_tag = "sentence-similarity"
     bench_files = ("squad/train-8k-v1.1.json", "squad/dev-v1.1.json")
-    defaults = {}
+    defaults = {"batch_size": 32}  # (not by the data: a larger batch holds more in-batch negatives)
 
     help = ("sentence embeddings from query/passage pairs (JSONL, TSV or SQuAD JSON), in-batch negatives; the output "
             "is also a sentence-transformers folder")

@@ -289,7 +289,7 @@ class NerTask(FinetuneTask):
     bench_files = ("wnut16/train.conll", "wnut16/dev.conll")
     # batch 16: at 32 (the other tasks' default) WNUT-16's 1,694 tweets make 159 updates in 3 epochs and the model
     # learns to tag nothing; at 16 it learns (RESULTS.md, named entities)
-    defaults = {"max_seq_length": 128, "batch_size": 16}
+    defaults = {"max_seq_length": 128}
 
     help = "token classification (named entities) from CoNLL-style columns or JSONL; entity F1 by seqeval"
     printed = ("f1", "precision", "recall", "accuracy")

@@ -300,7 +300,8 @@ class SquadTask(FinetuneTask):
     pipeline_tag = "question-answering"
     bench_files = ("squad/train-8k-v1.1.json", "squad/dev-v1.1.json")
     plotted = [("exact_match", "exact match"), ("f1", "F1")]
-    defaults = {"max_seq_length": MAX_SEQ_LENGTH, "epochs": 2, "batch_size": 16}
+    defaults = {"max_seq_length": MAX_SEQ_LENGTH, "epochs": 2}
+    batch = 16
 
     help = "SQuAD v1.1 extractive question answering"
     printed = ("exact_match", "f1", "precision", "recall")

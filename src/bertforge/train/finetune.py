@@ -45,6 +45,7 @@ from ..outputs import MODEL_FILES, register_output
 from ..plots import plot_finetuning
 from ..settings import check_resumed, file_digest, say_schedule_changed
 from ..tasks import FinetuneTask
+from ..tasks.base import finetune_batch
 from ..tokenizer import check_vocab_fits, load_tokenizer
 from .engine import Engine, LinearSchedule
 from .lifecycle import TrainingRun, finish, preflight, recover, run_folder, start_run
@@ -101,8 +102,6 @@ def finetune(task: FinetuneTask, cfg: FinetuneConfig, overwrite: bool = False, r
     files = files_content(cfg, task)
     schedule = check_resumed_files(folder, cfg, task, files) if resume else []
     with start_run(output, cfg.impl) as (d, device):
-        if cfg.train.batch_size < d.world * cfg.train.grad_accum:
-            raise UserError(f"--batch-size {cfg.train.batch_size} is smaller than processes x --grad-accum")
         base = base_copy(cfg.out) if own else cfg.model
         if own and d.is_main:
             log.info("resuming from the run's own copy of its base model's config and tokenizer (%s)", base)
@@ -116,6 +115,10 @@ def finetune(task: FinetuneTask, cfg: FinetuneConfig, overwrite: bool = False, r
         if d.is_main:  # a line as each long set-up phase starts: a large file takes a while to tokenize
             log.info("tokenizing the examples (--max-seq-length %d)", cfg.data.max_seq_length)
         features, collate = task.encode(tok, reading)
+        if cfg.train.batch_size is None:  # (a resumed run has its own: check_resumed_files)
+            cfg.train.batch_size = data_batch(task, cfg, len(features), d)
+        if cfg.train.batch_size < d.world * cfg.train.grad_accum:
+            raise UserError(f"--batch-size {cfg.train.batch_size} is smaller than processes x --grad-accum")
         warn_untrained_positions(base, max((len(f["input_ids"]) for f in features), default=0), d)
         torch.manual_seed(cfg.train.seed)
         if d.is_main:
@@ -144,6 +147,20 @@ def finetune(task: FinetuneTask, cfg: FinetuneConfig, overwrite: bool = False, r
                                                             train_seconds, record, checkpointed, run.warnings)
         d.barrier()  # the other processes wait until rank 0 has written the outputs
         return metrics
+
+
+def data_batch(task: FinetuneTask, cfg: FinetuneConfig, examples: int, d: Dist) -> int:
+    """The batch of a run without ``--batch-size``: the task's, halved for a run of few updates
+    (:func:`~bertforge.tasks.base.finetune_batch`), said when it is; a multiple of processes x accumulation steps."""
+    t = cfg.train
+    batch = finetune_batch(task.batch, examples, None if t.max_steps or t.max_time else t.epochs)
+    if batch != task.batch and d.is_main:  # (halved: a run counted in epochs)
+        updates = lambda b: t.epochs * -(-examples // b)  # noqa: E731
+        log.info("batch %d: %s examples x %d epoch(s) make %s updates at %d, %s at the task's %d (fine-tuning needs "
+                 "a few hundred; --batch-size sets it)", batch, f"{examples:,}", t.epochs, f"{updates(batch):,}", batch,
+                 f"{updates(task.batch):,}", task.batch)
+    step = d.world * t.grad_accum
+    return max(step, -(-batch // step) * step)
 
 
 def run_record(cfg: FinetuneConfig, task: FinetuneTask, processes: int, files: dict, command=None) -> dict:
@@ -206,6 +223,8 @@ def check_resumed_files(folder: RunFolder, cfg: FinetuneConfig, task: FinetuneTa
     if isinstance(ran, str) and ran != task.name:
         raise UserError(f"the run in {cfg.out} is a finetune {ran} run; resume it with bertforge finetune {ran}")
     before = FinetuneConfig.from_dict(saved["finetune"])
+    if cfg.train.batch_size is None:  # the batch the run chose by its data when it started
+        cfg.train.batch_size = before.train.batch_size
     schedule = check_resumed(cfg.out, before, cfg, dataclass_from_dict(type(task.settings)(), saved.get("task") or {}),
                              task.settings)
     was = saved.get(CORPUS) or {}
