@@ -12,7 +12,7 @@ DESCRIPTION = "Pretrain BERT from scratch and fine-tune it."
 COMMANDS = {
     "tokenizer": "train a WordPiece or word-level vocabulary",
     "prepare": "tokenize a corpus once into shards that pretraining runs reuse",
-    "pretrain": "pretrain BERT or ModernBERT: masked LM (+ next sentence prediction), or ELECTRA",
+    "pretrain": "pretrain an encoder: masked LM (+ next sentence prediction), or ELECTRA",
     "finetune": "fine-tune a model for a task (bertforge finetune --help lists them)",
     "evaluate": "score predictions or a saved model",
     "predict": "use a trained model (bertforge predict --help lists what for)",

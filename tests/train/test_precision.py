@@ -1,5 +1,6 @@
 """bf16 on the CPU: autocast with fp32 weights and optimizer state, every fast path of ops/ in bf16 (not a fallback),
-the run's precision decided by the machine and kept by --resume, and bf16 inference (``--backend torch-bf16``).
+the run's precision decided by the machine (kept by --resume: test_pretrain.py), and bf16 inference
+(``--backend torch-bf16``).
 
 The rest of the suite pins fp32 (``BERTFORGE_CPU_BF16=0`` in conftest.py): its figures are fp32 numerics."""
 
@@ -7,10 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import signal
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -23,7 +20,7 @@ from bertforge.objectives import MaskedLM
 from bertforge.ops import cross_entropy
 from bertforge.tokenizer import SpecialIds
 
-from ..helpers import padded_batch, tiny_pretrain
+from ..helpers import padded_batch
 
 
 @pytest.mark.parametrize("avx512_bf16,amx,expected", [(True, False, "bf16"), (False, True, "bf16"),
@@ -83,33 +80,6 @@ def test_a_bf16_step_computes_the_fp32_step_through_the_fused_kernels(family, mo
     assert float(torch.nn.functional.cosine_similarity(fp32_grad, bf16_grad, dim=0)) >= 0.99
     assert bf16_grad.ne(fp32_grad).any()  # (bf16 did compute: the gradients are not the fp32 ones)
     assert all(p.dtype == torch.float32 for p in model.parameters())  # fp32 master weights
-
-
-@pytest.mark.slow
-def test_a_bf16_run_records_its_precision_and_resumes_exactly_in_it(small_text_corpus, story_tok_dir, tmp_path,
-                                                                    monkeypatch):
-    """``--precision auto`` on a CPU with native bf16 (mocked) runs bf16 and says so in its settings and card; a
-    resumed run keeps it on a machine that would choose fp32, and ends as the uninterrupted run, bit for bit."""
-    from safetensors.torch import load_file
-
-    def args(out, steps):
-        return ["--quiet", *tiny_pretrain(small_text_corpus, out, "--recipe", "bert", "--eval-every", "0",  # dropout
-                                          "--save-every", "2", "--max-eval-instances", "8", tokenizer=story_tok_dir,
-                                          steps=steps)]
-
-    monkeypatch.setenv("BERTFORGE_CPU_BF16", "1")
-    straight, killed = tmp_path / "straight", tmp_path / "killed"
-    assert main(args(straight, 4)) == 0
-    assert json.loads((straight / "pretrain_config.json").read_text())["impl"]["precision"] == "bf16"
-    assert "| precision | bf16 |" in (straight / "README.md").read_text()
-    env = dict(os.environ, BERTFORGE_FAULT="write:6")  # killed in its second checkpoint
-    proc = subprocess.run([sys.executable, "-m", "bertforge", *args(killed, 4)], env=env, capture_output=True)
-    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
-    monkeypatch.setenv("BERTFORGE_CPU_BF16", "0")  # resumed where auto would choose fp32
-    assert main(["--quiet", "pretrain", "--out", str(killed), "--resume", "--no-progress"]) == 0
-    assert json.loads((killed / "pretrain_config.json").read_text())["impl"]["precision"] == "bf16"
-    a, b = (load_file(o / "model.safetensors") for o in (straight, killed))
-    assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_bf16_inference_gives_the_fp32_predictions(tmp_path, capsys):

@@ -527,3 +527,28 @@ def test_each_set_up_phase_says_so_as_it_starts(small_text_corpus, story_tok_dir
     said = [err.find(x) for x in ("tokenizing ", "building the model (2 layers of width 128, new weights)",
                                   "pretraining BertForPreTraining", "step 1/1")]
     assert -1 not in said and said == sorted(said), err
+
+
+@pytest.mark.slow
+def test_a_bf16_run_records_its_precision_and_resumes_exactly_in_it(small_text_corpus, story_tok_dir, tmp_path,
+                                                                    monkeypatch):
+    """``--precision auto`` on a CPU with native bf16 (mocked) runs bf16 and says so in its settings and card; a
+    resumed run keeps it on a machine that would choose fp32, and ends as the uninterrupted run, bit for bit."""
+    def args(out, steps):
+        return ["--quiet", *tiny_pretrain(small_text_corpus, out, "--recipe", "bert", "--eval-every", "0",  # dropout
+                                          "--save-every", "2", "--max-eval-instances", "8", tokenizer=story_tok_dir,
+                                          steps=steps)]
+
+    monkeypatch.setenv("BERTFORGE_CPU_BF16", "1")
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    assert main(args(straight, 4)) == 0
+    assert json.loads((straight / "pretrain_config.json").read_text())["impl"]["precision"] == "bf16"
+    assert "| precision | bf16 |" in (straight / "README.md").read_text()
+    env = dict(os.environ, BERTFORGE_FAULT="write:6")  # killed in its second checkpoint
+    proc = subprocess.run([sys.executable, "-m", "bertforge", *args(killed, 4)], env=env, capture_output=True)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
+    monkeypatch.setenv("BERTFORGE_CPU_BF16", "0")  # resumed where auto would choose fp32
+    assert main(["--quiet", "pretrain", "--out", str(killed), "--resume", "--no-progress"]) == 0
+    assert json.loads((killed / "pretrain_config.json").read_text())["impl"]["precision"] == "bf16"
+    a, b = (load_file(o / "model.safetensors") for o in (straight, killed))
+    assert all(torch.equal(a[k], b[k]) for k in a)
