@@ -31,7 +31,6 @@ from .config import (
     FinetuneConfig,
     ImplConfig,
     PretrainConfig,
-    finetune_lr,
     flag_of,
     parse_duration,
     read_config_file,
@@ -182,7 +181,7 @@ def say_schedule_changed(changes: list[str]) -> None:
 
 def _comparable(name: str, value: Any) -> Any:
     """A setting's value as a resumed run compares it: a path as the file it names (./a.txt is a.txt)."""
-    if name in ("model", "init", "model_config") and isinstance(value, str) and value:
+    if name in ("init", "model_config") and isinstance(value, str) and value:
         return os.path.realpath(value)
     if name == "eval_data" and isinstance(value, list):
         return [p if p.startswith("hf:") else os.path.realpath(p) for p in value]
@@ -270,11 +269,7 @@ def finetune_settings(task: str, model: str = "", train: str = "", validation: s
     task_settings = kind.settings_class(**{k: v for k, v in settings.items() if k in own})
     cfg = kind.config(model=model, train_file=train, validation_file=validation, out=out,
                       **{k: v for k, v in settings.items() if k not in own})
-    _absolute_paths(cfg, ("model", "train_file", "validation_file"))
-    if cfg.train.lr is None and cfg.model and isinstance(cfg.model, str) and os.path.isdir(cfg.model):
-        from .models import load_config
-
-        cfg.train.lr = finetune_lr(load_config(cfg.model).hidden_size)  # the default: by the model's width
+    _absolute_paths(cfg, ("model", "train_file", "validation_file"))  # (lr None: by the model's width, at the start)
     return cfg, task_settings
 
 

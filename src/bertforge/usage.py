@@ -59,13 +59,18 @@ def answers(argv: Sequence[str]) -> bool:
     return len(argv) <= 1 and all(a in ("-h", "--help", "--version") for a in argv)
 
 
-def main(argv: Sequence[str]) -> int:
-    """``bertforge [--help | --version]``: argparse answers (help, version, or the missing command's error)."""
+def parser() -> Parser:
+    """The top level with one line per command (:data:`COMMANDS`) and none of their flags."""
     p, sub = top_parser()
     for name, line in COMMANDS.items():
         sub.add_parser(name, help=line)
+    return p
+
+
+def main(argv: Sequence[str]) -> int:
+    """``bertforge [--help | --version]``: argparse answers (help, version, or the missing command's error)."""
     try:
-        p.parse_args(list(argv))
+        parser().parse_args(list(argv))
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else 0
     return 0

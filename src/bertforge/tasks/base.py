@@ -20,17 +20,22 @@ from ..models import BertConfig
 
 
 # Fine-tuning's batch when none is given, by the data's size: a run of few optimizer updates fine-tunes badly
-# (WNUT-16's 159 updates at batch 32 tagged no entity, issue 68), so the task's batch is halved while the epochs
-# asked would make fewer than FINETUNE_MIN_UPDATES updates, down to FINETUNE_MIN_BATCH (transformers' run_ner's).
+# (on WNUT-16 the batch of 32 tagged no entity: RESULTS.md), so the task's batch is halved while the epochs asked
+# would make fewer than FINETUNE_MIN_UPDATES updates, down to FINETUNE_MIN_BATCH (transformers' run_ner's).
 FINETUNE_MIN_UPDATES = 300
 FINETUNE_MIN_BATCH = 8
+
+
+def finetune_updates(examples: int, epochs: int, batch: int) -> int:
+    """Optimizer updates of ``epochs`` over ``examples`` in batches of ``batch`` (a short last batch is one)."""
+    return epochs * -(-examples // batch)
 
 
 def finetune_batch(start: int, examples: int, epochs: int | None) -> int:
     """The batch of a run of ``epochs`` over ``examples`` (:data:`FINETUNE_MIN_UPDATES`); ``start`` when the run
     is not counted in epochs (``--max-steps``, ``--max-time``)."""
     batch = start
-    while epochs and batch > FINETUNE_MIN_BATCH and epochs * -(-examples // batch) < FINETUNE_MIN_UPDATES:
+    while epochs and batch > FINETUNE_MIN_BATCH and finetune_updates(examples, epochs, batch) < FINETUNE_MIN_UPDATES:
         batch = max(FINETUNE_MIN_BATCH, batch // 2)
     return batch
 

@@ -287,8 +287,8 @@ class NerTask(FinetuneTask):
     plotted = [("f1", "entity F1"), ("precision", "precision"), ("recall", "recall")]
     pipeline_tag = "token-classification"
     bench_files = ("wnut16/train.conll", "wnut16/dev.conll")
-    # batch 16: at 32 (the other tasks' default) WNUT-16's 1,694 tweets make 159 updates in 3 epochs and the model
-    # learns to tag nothing; at 16 it learns (RESULTS.md, named entities)
+    # (its batch is the data's, finetune_batch: on a small file such as WNUT-16 the batch of 32 makes too few updates
+    # and the model learns to tag nothing; RESULTS.md, named entities)
     defaults = {"max_seq_length": 128}
 
     help = "token classification (named entities) from CoNLL-style columns or JSONL; entity F1 by seqeval"

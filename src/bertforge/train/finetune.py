@@ -45,7 +45,7 @@ from ..outputs import MODEL_FILES, register_output
 from ..plots import plot_finetuning
 from ..settings import check_resumed, file_digest, say_schedule_changed
 from ..tasks import FinetuneTask
-from ..tasks.base import finetune_batch
+from ..tasks.base import finetune_batch, finetune_updates
 from ..tokenizer import check_vocab_fits, load_tokenizer
 from .engine import Engine, LinearSchedule
 from .lifecycle import TrainingRun, finish, preflight, recover, run_folder, start_run
@@ -88,8 +88,9 @@ def finetune(task: FinetuneTask, cfg: FinetuneConfig, overwrite: bool = False, r
     own = resume and step is not None and os.path.isfile(os.path.join(base_copy(cfg.out), "config.json"))
     if cfg.model and isinstance(cfg.model, str) and not os.path.isdir(cfg.model) and not own:
         raise UserError(f"model directory not found: {cfg.model}")  # (the rest: in validate)
-    if own and cfg.train.lr is None:  # the default rate, by the width of the model the run started from
-        cfg.train.lr = finetune_lr(load_config(base_copy(cfg.out)).hidden_size)
+    base = base_copy(cfg.out) if own else cfg.model  # the folder the run reads its config and tokenizer from
+    if cfg.train.lr is None and base and isinstance(base, str):  # the default: by the width of the run's model
+        cfg.train.lr = finetune_lr(load_config(base).hidden_size)
     cfg.validate()
     validate_fields(task.settings)
     if not resume and not overwrite and (step is not None or (folder.started and not folder.finished)):
@@ -102,7 +103,6 @@ def finetune(task: FinetuneTask, cfg: FinetuneConfig, overwrite: bool = False, r
     files = files_content(cfg, task)
     schedule = check_resumed_files(folder, cfg, task, files) if resume else []
     with start_run(output, cfg.impl) as (d, device):
-        base = base_copy(cfg.out) if own else cfg.model
         if own and d.is_main:
             log.info("resuming from the run's own copy of its base model's config and tokenizer (%s)", base)
         reading = dataclasses.replace(cfg, model=base) if own else cfg
@@ -155,10 +155,10 @@ def data_batch(task: FinetuneTask, cfg: FinetuneConfig, examples: int, d: Dist) 
     t = cfg.train
     batch = finetune_batch(task.batch, examples, None if t.max_steps or t.max_time else t.epochs)
     if batch != task.batch and d.is_main:  # (halved: a run counted in epochs)
-        updates = lambda b: t.epochs * -(-examples // b)  # noqa: E731
         log.info("batch %d: %s examples x %d epoch(s) make %s updates at %d, %s at the task's %d (fine-tuning needs "
-                 "a few hundred; --batch-size sets it)", batch, f"{examples:,}", t.epochs, f"{updates(batch):,}", batch,
-                 f"{updates(task.batch):,}", task.batch)
+                 "a few hundred; --batch-size sets it)", batch, f"{examples:,}", t.epochs,
+                 f"{finetune_updates(examples, t.epochs, batch):,}", batch,
+                 f"{finetune_updates(examples, t.epochs, task.batch):,}", task.batch)
     step = d.world * t.grad_accum
     return max(step, -(-batch // step) * step)
 
