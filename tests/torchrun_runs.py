@@ -39,9 +39,14 @@ if __name__ == "__main__":
     with open(sys.argv[1], encoding="utf-8") as f:
         runs = json.load(f)
     failed = 0
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
+    ranks = range(int(os.environ["WORLD_SIZE"]))
     for k, run in enumerate(runs):
         dist.init_process_group = _init_in(f"run-{k}/")
         status = main(run["argv"])
         print(f"=== run {k}: status {status} (rank {os.environ.get('RANK')})", file=sys.stderr, flush=True)
         failed += status != run["status"]
+        # every process has left run k (and its process group) before any starts run k + 1
+        store.set(f"ended-{k}/{os.environ['RANK']}", "1")
+        store.wait([f"ended-{k}/{r}" for r in ranks])
     sys.exit(1 if failed else 0)
