@@ -33,8 +33,12 @@ def pad_batch(features: list[dict], pad_id: int, keys_1d: tuple[str, ...] = ()) 
 
 
 def length_sorted_batches(lengths: list[int], batch_size: int) -> list[np.ndarray]:
-    """Index batches of similar lengths (for inference: little padding); callers restore the order."""
-    order = np.argsort(np.asarray(lengths), kind="stable")
+    """Index batches of similar lengths (for inference: little padding), longest first; callers restore the order.
+
+    Longest first, because each batch's tensors then fit in the memory the batch before freed: in ascending
+    order every batch asks for a little more than any freed block, and glibc's heap grew with every batch of a
+    long evaluation (docs/log/edges.md, "An evaluation's memory")."""
+    order = np.argsort(-np.asarray(lengths), kind="stable")
     return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
 
 

@@ -159,3 +159,24 @@ def test_what_a_new_user_met_in_predict(minilm_dir, tmp_path, capsys):
     assert "exceeds the 512 positions" in capsys.readouterr().err
     assert main(["predict", "next-sentence", "--model", minilm_dir, "A.", "B."]) == 2
     assert "--nsp" in capsys.readouterr().err
+
+
+def test_inference_runs_the_longest_batch_first_and_keeps_the_order():
+    """Every evaluate and predict scores its rows in batches of similar length, longest first (in ascending order
+    each batch asked for a little more memory than any the batch before freed, and the heap grew with every batch
+    of a long evaluation), and gives the results back in the rows' order."""
+    from bertforge.batching import length_sorted_batches
+    from bertforge.evaluation import by_length
+
+    lengths = [3, 9, 1, 7, 7, 2, 5]
+    batches = length_sorted_batches(lengths, 2)
+    longest = [max(lengths[i] for i in b) for b in batches]
+    assert longest == sorted(longest, reverse=True) and sorted(i for b in batches for i in b) == list(range(7))
+
+    class Echo(torch.nn.Module):
+        def forward(self, input_ids, attention_mask, **_):
+            return attention_mask.sum(-1)
+
+    rows = by_length(Echo(), [{"input_ids": [1] * n, "token_type_ids": [0] * n} for n in lengths], 0, torch.device("cpu"), 2,
+                     lambda o, b: o.tolist())
+    assert rows == lengths
