@@ -35,13 +35,15 @@ def dataclass_from_dict(base: Any, d: dict[str, Any], where: str = "config") -> 
 
 
 def setting(default: Any = None, help: str = "", factory=None, flag: bool | str = True,  # noqa: A002
-            choices: tuple[str, ...] | None = None, check: str | None = None, only: str | None = None) -> Any:
+            choices: tuple[str, ...] | None = None, check: str | None = None, only: str | None = None,
+            by_content: bool = False) -> Any:
     """A configuration field with its help text, from which the command line's flag and help are made
     (each default is written once, in its field; ``flag=False`` keeps it out of the command line, a string names
     its flag).  ``check`` names the range its value must lie in (see :data:`CHECKS`), enforced by
     :func:`validate_fields`.  ``only`` names the one command that takes it, in a section that several share
-    (the others keep its default)."""
-    meta = {"help": help, "flag": flag, "choices": choices, "check": check, "only": only}
+    (the others keep its default).  ``by_content``: a path that ``--resume`` compares by what it names (a file's
+    bytes, a model folder's files), as it compares every setting named ``*_file``."""
+    meta = {"help": help, "flag": flag, "choices": choices, "check": check, "only": only, "by_content": by_content}
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)

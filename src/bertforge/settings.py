@@ -138,8 +138,9 @@ SCHEDULE = ("lr", "max_steps", "max_time", "epochs", "warmup_steps", "warmup_rat
 RESUMABLE = (*SCHEDULE, "out", "eval_every", "save_every", "keep_checkpoints", "log_every", "max_eval_instances",
              "cache_dir", "grad_accum", "eval_batch_size")
 # compared by what they hold, not by their names: the files a run trains and validates on (a digest of their
-# bytes or of the tokenized corpus), a task's own files (every setting named ``*_file``), the tokenizer (its
-# fingerprint, against the run's own) and fine-tuning's base model (a digest of its config and tokenizer)
+# bytes or of the tokenized corpus), a task's own files and folders (every setting named ``*_file`` or marked
+# ``by_content``: reranking's mining model), the tokenizer (its fingerprint, against the run's own) and
+# fine-tuning's base model (a digest of its config and tokenizer)
 BY_CONTENT = ("train_file", "validation_file", "data", "tokenizer", "model")
 # read again only by a run that starts again from step 0 (a continued run's model and config come from its
 # checkpoint and folder): compared, as the folders they name, only then
@@ -157,8 +158,9 @@ def check_resumed(out: str, saved: Sections, now: Sections, saved_task: Any = No
         before = {**before, **{f.name: (saved_task, f) for f in dataclasses.fields(saved_task)}}
     refused, schedule = [], []
     for name, (holder, f) in fields:
-        if (name in BY_CONTENT or name.endswith("_file") or isinstance(holder, ImplConfig)
-                or (name in RESUMABLE and name not in SCHEDULE) or (continued and name in AT_START)):
+        if (name in BY_CONTENT or name.endswith("_file") or f.metadata.get("by_content")
+                or isinstance(holder, ImplConfig) or (name in RESUMABLE and name not in SCHEDULE)
+                or (continued and name in AT_START)):
             continue
         was, now_value = getattr(before[name][0], f.name), getattr(holder, f.name)
         if _comparable(name, was) != _comparable(name, now_value):

@@ -193,6 +193,40 @@ def test_bad_input_is_one_error_line_and_writes_nothing(trained, tmp_path, capsy
     assert "no reranking head" in capsys.readouterr().err
 
 
+def test_a_resumed_run_compares_its_mining_model_by_content(tmp_path, capsys):
+    """Issue 66: --negatives and --first-stage name a model folder the run reads at its start, and --resume
+    compares it by what it holds: another model under the same path is refused (it would mine other negatives),
+    the same model under another path resumes."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    import bertforge.train.finetune as finetune_mod
+
+    squad, miner = _squad(tmp_path / "squad.json"), _base(tmp_path / "miner")
+    shutil.copytree(miner, tmp_path / "moved")
+    argv = ["--quiet", "finetune", "rerank", "--model", _base(tmp_path / "base"), "--train", squad, "--validation",
+            squad, "--out", str(tmp_path / "out"), "--epochs", "1", "--batch-size", "2", "--num-negatives", "2",
+            "--top-k", "5", "--max-seq-length", "48", "--save-every", "1", "--no-progress", "--negatives", miner,
+            "--first-stage", miner]
+
+    def stopped(*a, **k):
+        raise KeyboardInterrupt  # the run stops at its end, after its checkpoints
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(finetune_mod, "finish", stopped)
+        assert main(argv) == 130
+    weights = load_file(f"{miner}/model.safetensors")
+    save_file({k: v + 0.01 for k, v in weights.items()}, f"{miner}/model.safetensors", metadata={"format": "pt"})
+    capsys.readouterr()
+    assert main([*argv, "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert f"--negatives {miner} and --first-stage {miner} changed since" in err and err.count("\n") == 1, err
+    moved = [str(tmp_path / "moved") if a == miner else a for a in argv]
+    assert main([*moved, "--resume"]) == 0, capsys.readouterr().err
+    assert (tmp_path / "out" / "model.safetensors").is_file()
+
+
 def test_an_evaluation_is_counted_in_training_examples_for_the_clock():
     """The run's clock reserves time for the final evaluation by its size in training examples (a query with
     its passages); counted in pairs, a timed run reserved six times too much and trained a single step."""

@@ -55,7 +55,7 @@ SIGMOID, IDENTITY = "torch.nn.modules.activation.Sigmoid", "torch.nn.modules.lin
 class RerankConfig:
     negatives: str = setting("bm25", "where each query's negatives come from: bm25 (mined from the training file's "
                                      "passages), an embeddings model folder (mined by its vectors), or none (the file "
-                                     "brings its own)")
+                                     "brings its own)", by_content=True)
     num_negatives: int = setting(5, "mined negatives per query", check="positive")
     range_min: int = setting(0, "mined negatives skip this many of the first stage's best passages (after the "
                                 "positives are left out)", check="non-negative")
@@ -68,7 +68,7 @@ class RerankConfig:
                                             "pos_weight); default: --num-negatives, so that a query's positive and its "
                                             "negatives weigh alike", check="positive")
     first_stage: str = setting("bm25", "the first stage whose top k the reranker reorders when it is scored: bm25 or "
-                                       "an embeddings model folder")
+                                       "an embeddings model folder", by_content=True)
     top_k: int = setting(20, "passages of the first stage the reranker reorders", check="positive")
 
 

@@ -172,14 +172,28 @@ def run_record(cfg: FinetuneConfig, task: FinetuneTask, processes: int, files: d
 
 def files_content(cfg: FinetuneConfig, task: FinetuneTask) -> dict[str, str | None]:
     """What a run trains and validates on (:func:`~bertforge.settings.file_digest`, else the dataset's name), the
-    task's own files (its settings ``*_file``: NER's ``--labels``) and the base model (:func:`base_digest`; None
-    once it moved), so that a resumed run is checked, by content, before it reads them."""
-    named = {"train": cfg.data.train_file, "validation": cfg.data.validation_file,
-             **{f.name: getattr(task.settings, f.name) for f in dataclasses.fields(task.settings)
-                if f.name.endswith("_file")}}
-    files = {role: (file_digest(p) or p) if p else None for role, p in named.items()}
+    task's own files and folders (its settings ``*_file`` or ``by_content``: NER's ``--labels``, reranking's
+    ``--negatives``: :func:`content_digest`) and the base model (:func:`base_digest`; None once it moved), so that
+    a resumed run is checked, by content, before it reads them."""
+    files = {role: (file_digest(p) or p) if p else None
+             for role, p in (("train", cfg.data.train_file), ("validation", cfg.data.validation_file))}
+    files.update({f.name: content_digest(getattr(task.settings, f.name)) for f in by_content(task.settings)})
     return {**files, "model": base_digest(cfg.model) if isinstance(cfg.model, str) and os.path.isdir(cfg.model)
             else None}
+
+
+def by_content(settings) -> list[dataclasses.Field]:
+    """A task's settings that name what the run reads: compared by content on ``--resume``."""
+    return [f for f in dataclasses.fields(settings) if f.name.endswith("_file") or f.metadata.get("by_content")]
+
+
+def content_digest(value: str | None) -> str | None:
+    """What a task's path setting names: a file's digest, a model folder's (:func:`base_digest` and its weights),
+    or the value itself when it names neither (reranking's ``bm25``)."""
+    if value and os.path.isdir(value):
+        weights = [w for w in ("model.safetensors", "pytorch_model.bin") if os.path.isfile(os.path.join(value, w))]
+        return base_digest(value) + "".join(":" + (file_digest(os.path.join(value, w)) or "") for w in weights)
+    return (file_digest(value) or value) if value else None
 
 
 def base_copy(out: str) -> str:
@@ -234,8 +248,10 @@ def check_resumed_files(folder: RunFolder, cfg: FinetuneConfig, task: FinetuneTa
         raise UserError(f"--resume continues the run in {cfg.out} on the data it was started on, and "
                         f"{' and '.join(changed)} now holds other examples (the file changed since); restore it, or "
                         "start a new run")
-    changed = [f"{flag_of(f)} {getattr(task.settings, f.name)}" for f in dataclasses.fields(task.settings)
-               if f.name in files and f.name in was and was[f.name] != files[f.name]]
+    saved_task = saved.get("task") or {}  # a run recorded before a setting was compared by content: by its value
+    changed = [f"{flag_of(f)} {getattr(task.settings, f.name)}" for f in by_content(task.settings)
+               if (was[f.name] != files[f.name] if f.name in was
+                   else f.name in saved_task and saved_task[f.name] != getattr(task.settings, f.name))]
     if changed:
         raise UserError(f"--resume continues the run in {cfg.out} as it was started, and {' and '.join(changed)} "
                         "changed since (compared by content); restore it, or start a new run")
