@@ -158,6 +158,7 @@ def cmd_evaluate(a: argparse.Namespace) -> int:
     (those not given take its defaults) and the task's settings, checked before anything is read."""
     import inspect
 
+    from .evaluation import inference_progress
     from .runtime import inference_backend
 
     fn = a.api
@@ -166,7 +167,7 @@ def cmd_evaluate(a: argparse.Namespace) -> int:
     if a.settings_kind is not None:  # checked whole; those given passed on (the others: the model's own, or defaults)
         task_settings(a, a.settings_kind)
         kw.update(explicit_flags(a, [f.name for f in dataclasses.fields(a.settings_kind)]))
-    with inference_backend(a.backend):
+    with inference_backend(a.backend), inference_progress():
         print(json.dumps(fn(**kw)))
     return 0
 
@@ -201,9 +202,10 @@ def _add_evaluate_parsers(sub) -> None:
 # ------------------------------------------------------------------------------------------------ predict
 def cmd_predict(a: argparse.Namespace) -> int:
     """``predict TASK``: a fine-tuning task's own rows, or a pretraining head's (fill-mask, next-sentence)."""
+    from .evaluation import inference_progress
     from .runtime import inference_backend
 
-    with inference_backend(a.backend):
+    with inference_backend(a.backend), inference_progress():
         return _predict(a)
 
 

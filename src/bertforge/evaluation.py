@@ -8,8 +8,12 @@ training mode it found.
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import logging
 import re
 import string
+import sys
+import time
 from collections import Counter
 from collections.abc import Iterable
 
@@ -18,6 +22,8 @@ import torch
 
 from .batching import length_sorted_batches, pad_batch, to_device
 from .errors import UserError
+
+log = logging.getLogger("bertforge")
 
 
 @contextlib.contextmanager
@@ -31,18 +37,63 @@ def eval_mode(model: torch.nn.Module):
         model.train(was)
 
 
+_shown: contextvars.ContextVar[bool] = contextvars.ContextVar("bertforge_inference_progress", default=False)
+PROGRESS_LOG_SECONDS = 60.0  # without a terminal, a line this often
+
+
+@contextlib.contextmanager
+def inference_progress():
+    """Within it (``evaluate`` and ``predict``), every inference over rows says how far it is."""
+    token = _shown.set(True)
+    try:
+        yield
+    finally:
+        _shown.reset(token)
+
+
+class _Progress:
+    """A bar on a terminal; otherwise (a log file, a pipe) a log line every :data:`PROGRESS_LOG_SECONDS`, so that a
+    long evaluation is not silent."""
+
+    def __init__(self, total: int, desc: str):
+        from tqdm import tqdm
+
+        self.total, self.done, self.desc = total, 0, desc
+        self.start = self.said = time.monotonic()
+        self.bar = tqdm(total=total, desc=desc, unit="row", leave=False) if sys.stderr.isatty() else None
+
+    def update(self, n: int) -> None:
+        self.done += n
+        if self.bar is not None:
+            self.bar.update(n)
+        elif time.monotonic() - self.said >= PROGRESS_LOG_SECONDS and self.done < self.total:
+            self.said = time.monotonic()
+            log.info("%s: %d of %d rows (%d%%), %.0f s", self.desc, self.done, self.total,
+                     100 * self.done // self.total, self.said - self.start)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
 def by_length(model, features: list[dict], pad_id: int, device, batch_size: int, fn, desc: str | None = None) -> list:
     """``fn(model output, batch)`` -> one result per row, over batches of similar lengths (little padding) in eval
-    mode; the results in the features' order.  ``desc``: a progress bar's."""
-    from tqdm import tqdm
-
+    mode; the results in the features' order.  ``desc``: the progress's name; shown with it, or within
+    :func:`inference_progress`."""
     out: list = [None] * len(features)
     batches = length_sorted_batches([len(f["input_ids"]) for f in features], batch_size)
-    with eval_mode(model):
-        for idx in tqdm(batches, desc=desc, disable=desc is None, leave=False):
-            b = to_device(pad_batch([features[i] for i in idx], pad_id), device)
-            for i, r in zip(idx, fn(model(**b), b)):
-                out[i] = r
+    progress = _Progress(len(features), desc or "scoring") if desc is not None or _shown.get() else None
+    try:
+        with eval_mode(model):
+            for idx in batches:
+                b = to_device(pad_batch([features[i] for i in idx], pad_id), device)
+                for i, r in zip(idx, fn(model(**b), b)):
+                    out[i] = r
+                if progress is not None:
+                    progress.update(len(idx))
+    finally:
+        if progress is not None:
+            progress.close()
     return out
 
 

@@ -161,10 +161,14 @@ def test_what_a_new_user_met_in_predict(minilm_dir, tmp_path, capsys):
     assert "--nsp" in capsys.readouterr().err
 
 
-def test_inference_runs_the_longest_batch_first_and_keeps_the_order():
+def test_inference_runs_the_longest_batch_first_and_keeps_the_order(monkeypatch, caplog):
     """Every evaluate and predict scores its rows in batches of similar length, longest first (in ascending order
     each batch asked for a little more memory than any the batch before freed, and the heap grew with every batch
-    of a long evaluation), and gives the results back in the rows' order."""
+    of a long evaluation), and gives the results back in the rows' order.  Within evaluate and predict it says how
+    far it is: without a terminal, in a log line every so often."""
+    import logging
+
+    import bertforge.evaluation as evaluation
     from bertforge.batching import length_sorted_batches
     from bertforge.evaluation import by_length
 
@@ -180,3 +184,13 @@ def test_inference_runs_the_longest_batch_first_and_keeps_the_order():
     rows = by_length(Echo(), [{"input_ids": [1] * n, "token_type_ids": [0] * n} for n in lengths], 0, torch.device("cpu"), 2,
                      lambda o, b: o.tolist())
     assert rows == lengths
+    monkeypatch.setattr(evaluation, "PROGRESS_LOG_SECONDS", 0.0)
+    caplog.set_level(logging.INFO, logger="bertforge")
+    by_length(Echo(), [{"input_ids": [1] * n, "token_type_ids": [0] * n} for n in lengths], 0, torch.device("cpu"), 2,
+              lambda o, b: o.tolist())
+    assert not caplog.records  # (outside evaluate and predict: a fine-tuning run's evaluation has its own bar)
+    with evaluation.inference_progress():
+        by_length(Echo(), [{"input_ids": [1] * n, "token_type_ids": [0] * n} for n in lengths], 0,
+                  torch.device("cpu"), 2, lambda o, b: o.tolist())
+    said = [r.getMessage() for r in caplog.records]
+    assert said[0].startswith("scoring: 2 of 7 rows (28%)") and said[-1].startswith("scoring: 6 of 7 rows"), said
