@@ -474,12 +474,13 @@ def test_each_set_up_phase_says_so_as_it_starts(setup, tmp_path, capsys):
 
 def test_without_a_batch_size_a_run_of_few_updates_takes_a_smaller_batch(setup, tmp_path, capsys):
     """Issue 68: a run's batch is decided by its data when not given: the task's (32 for classify), halved while
-    the epochs would make fewer than 300 updates, down to 8; said, and saved with the run. With --max-steps the
+    the epochs would make fewer than 600 updates, down to 8; said, and saved with the run. With --max-steps the
     updates do not depend on it: the task's batch."""
     from bertforge.tasks.base import finetune_batch
 
-    assert [finetune_batch(32, n, 3) for n in (32_000, 3_200, 2_000, 800, 16)] == [32, 32, 16, 8, 8]
-    assert finetune_batch(32, 16, None) == 32 and finetune_batch(16, 1_700, 3) == 16
+    assert [finetune_batch(32, n, 3) for n in (32_000, 6_369, 6_368, 3_185, 3_184, 16)] == [32, 32, 16, 16, 8, 8]
+    assert finetune_batch(32, 16, None) == 32
+    assert finetune_batch(16, 1_700, 3) == 8 and finetune_batch(16, 9_000, 2) == 16  # (SQuAD's 16: WNUT-16, train-8k)
     assert main(_args(setup, tmp_path / "run")[1:]) == 0  # (16 rows, 3 epochs: 3 updates at 32)
     err = capsys.readouterr().err
     assert "batch 8: 16 examples x 3 epoch(s) make 6 updates at 8, 3 at the task's 32" in err, err
