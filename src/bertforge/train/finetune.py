@@ -191,8 +191,7 @@ def content_digest(value: str | None) -> str | None:
     """What a task's path setting names: a file's digest, a model folder's (:func:`base_digest` and its weights),
     or the value itself when it names neither (reranking's ``bm25``)."""
     if value and os.path.isdir(value):
-        weights = [w for w in ("model.safetensors", "pytorch_model.bin") if os.path.isfile(os.path.join(value, w))]
-        return base_digest(value) + "".join(":" + (file_digest(os.path.join(value, w)) or "") for w in weights)
+        return f"{base_digest(value)}:{file_digest(os.path.join(value, 'model.safetensors'))}"
     return (file_digest(value) or value) if value else None
 
 
