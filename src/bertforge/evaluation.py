@@ -13,7 +13,6 @@ import logging
 import re
 import string
 import sys
-import time
 from collections import Counter
 from collections.abc import Iterable
 
@@ -22,6 +21,7 @@ import torch
 
 from .batching import length_sorted_batches, pad_batch, to_device
 from .errors import UserError
+from .logs import progress
 
 log = logging.getLogger("bertforge")
 
@@ -51,49 +51,28 @@ def inference_progress():
         _shown.reset(token)
 
 
-class _Progress:
-    """A bar on a terminal; otherwise (a log file, a pipe) a log line every :data:`PROGRESS_LOG_SECONDS`, so that a
-    long evaluation is not silent."""
-
-    def __init__(self, total: int, desc: str):
-        from tqdm import tqdm
-
-        self.total, self.done, self.desc = total, 0, desc
-        self.start = self.said = time.monotonic()
-        self.bar = tqdm(total=total, desc=desc, unit="row", leave=False) if sys.stderr.isatty() else None
-
-    def update(self, n: int) -> None:
-        self.done += n
-        if self.bar is not None:
-            self.bar.update(n)
-        elif time.monotonic() - self.said >= PROGRESS_LOG_SECONDS and self.done < self.total:
-            self.said = time.monotonic()
-            log.info("%s: %d of %d rows (%d%%), %.0f s", self.desc, self.done, self.total,
-                     100 * self.done // self.total, self.said - self.start)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-
-
 def by_length(model, features: list[dict], pad_id: int, device, batch_size: int, fn, desc: str | None = None) -> list:
     """``fn(model output, batch)`` -> one result per row, over batches of similar lengths (little padding) in eval
     mode; the results in the features' order.  ``desc``: the progress's name; shown with it, or within
     :func:`inference_progress`."""
     out: list = [None] * len(features)
     batches = length_sorted_batches([len(f["input_ids"]) for f in features], batch_size)
-    progress = _Progress(len(features), desc or "scoring") if desc is not None or _shown.get() else None
-    try:
-        with eval_mode(model):
-            for idx in batches:
-                b = to_device(pad_batch([features[i] for i in idx], pad_id), device)
-                for i, r in zip(idx, fn(model(**b), b)):
-                    out[i] = r
-                if progress is not None:
-                    progress.update(len(idx))
-    finally:
-        if progress is not None:
-            progress.close()
+    total, name = len(features), desc or "scoring"
+
+    def said(done: int, seconds: float) -> None:
+        if done < total:  # (the last batch's line would only repeat the total)
+            log.info("%s: %d of %d rows (%d%%), %.0f s", name, done, total, 100 * done // total, seconds)
+
+    if desc is None and not _shown.get():  # a fine-tuning run's evaluations: its training bar alone
+        advancing = contextlib.nullcontext(lambda n: None)
+    else:
+        advancing = progress(total, name, sys.stderr.isatty(), said, PROGRESS_LOG_SECONDS, unit="row")
+    with advancing as advance, eval_mode(model):
+        for idx in batches:
+            b = to_device(pad_batch([features[i] for i in idx], pad_id), device)
+            for i, r in zip(idx, fn(model(**b), b)):
+                out[i] = r
+            advance(len(idx))
     return out
 
 

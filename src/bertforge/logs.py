@@ -1,5 +1,6 @@
 """What a run records as it goes: ``metrics.jsonl`` (one JSON line per logging step and per evaluation,
-and TensorBoard scalars when it is installed) and ``train.log`` (a copy of the log)."""
+and TensorBoard scalars when it is installed) and ``train.log`` (a copy of the log); how long work says how far
+it is (:func:`progress`)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,39 @@ import json
 import logging
 import os
 import sys
+import time
+from collections.abc import Callable, Iterator
 
 from .atomic import atomic_write_text
 
 log = logging.getLogger("bertforge")
+
+
+@contextlib.contextmanager
+def progress(total: int, desc: str, shown: bool, say: Callable[[int, float], None], every: float,
+             **bar) -> Iterator[Callable[[int], None]]:
+    """``advance(n)`` for long work of ``total`` units: a tqdm bar (``bar``: its options) when ``shown`` (a
+    terminal), else ``say(done, seconds since the start)`` every ``every`` seconds, so that work written to a log
+    file is not silent."""
+    from tqdm import tqdm
+
+    b = tqdm(total=total, desc=desc, disable=not shown, leave=False, **bar)
+    start = said = time.monotonic()
+    done = 0
+
+    def advance(n: int) -> None:
+        nonlocal done, said
+        b.update(n)
+        done += n
+        now = time.monotonic()
+        if not shown and now - said >= every:
+            said = now
+            say(done, now - start)
+
+    try:
+        yield advance
+    finally:
+        b.close()
 
 
 class _TqdmHandler(logging.Handler):

@@ -46,8 +46,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 from tokenizers import Tokenizer
-from tqdm import tqdm
 
+from . import logs
 from .atomic import atomic_write_json, current_umask, fault_point, write_failure
 from .corpus import END, expand_paths, input_signature, line_based, read_part, sentences_of
 from .errors import TrainingError, UserError
@@ -500,7 +500,12 @@ def _run_parts(out: str, files: list[str], tok: Tokenizer, reading: Reading, wor
     sizes = {id(j): _part_size(j) for j in jobs}
     if jobs:  # (the phase's first line: a large corpus takes minutes before the run's next)
         log.info("tokenizing %.1f MB of text in %d shard(s) into %s", sum(sizes.values()) / 1e6, len(jobs), out)
-    with _progress(sum(sizes.values()), progress) as advance:
+    total = sum(sizes.values())
+
+    def said(done: int, seconds: float) -> None:
+        log.info("prepared %.0f of %.0f MB (%.1f MB/s)", done / 1e6, total / 1e6, done / 1e6 / max(seconds, 1e-9))
+
+    with logs.progress(total, "preparing", progress, said, 30, unit="B", unit_scale=True) as advance:
         for job, record in _map(prepare_part, jobs, tok, workers):
             records[int(job["name"])] = record
             advance(sizes[id(job)])
@@ -567,27 +572,6 @@ def _map(fn, jobs: list[dict], tok: Tokenizer, workers: int | None) -> Iterator[
             os.environ.pop("TOKENIZERS_PARALLELISM", None)
         else:
             os.environ["TOKENIZERS_PARALLELISM"] = before
-
-
-@contextlib.contextmanager
-def _progress(total: int, shown: bool):
-    """``advance(bytes)``: a bar with MB/s and the time left on a terminal, else a log line every 30 s."""
-    bar = tqdm(total=total, unit="B", unit_scale=True, desc="preparing", disable=not shown, leave=False)
-    t0, last, done = time.monotonic(), [time.monotonic()], [0]
-
-    def advance(n: int) -> None:
-        bar.update(n)
-        done[0] += n
-        now = time.monotonic()
-        if not shown and now - last[0] >= 30:
-            last[0] = now
-            rate = done[0] / 1e6 / max(now - t0, 1e-9)
-            log.info("prepared %.0f of %.0f MB (%.1f MB/s)", done[0] / 1e6, total / 1e6, rate)
-
-    try:
-        yield advance
-    finally:
-        bar.close()
 
 
 def _assign_drops(out: str, parts: list[dict], records: list, jobs: list[dict], tok: Tokenizer,
