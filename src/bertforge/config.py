@@ -49,6 +49,11 @@ def setting(default: Any = None, help: str = "", factory=None, flag: bool | str 
     return field(default=default, metadata=meta)
 
 
+def by_content(f: dataclasses.Field) -> bool:
+    """Whether ``--resume`` compares setting ``f`` by what it names: every ``*_file``, and those marked so."""
+    return f.name.endswith("_file") or bool(f.metadata.get("by_content"))
+
+
 # name -> (test, description) of the ranges a numeric setting may be restricted to
 CHECKS: dict[str, tuple[Any, str]] = {
     "positive": (lambda v: v > 0, "positive"),

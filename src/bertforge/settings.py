@@ -31,6 +31,7 @@ from .config import (
     FinetuneConfig,
     ImplConfig,
     PretrainConfig,
+    by_content,
     flag_of,
     parse_duration,
     read_config_file,
@@ -158,9 +159,8 @@ def check_resumed(out: str, saved: Sections, now: Sections, saved_task: Any = No
         before = {**before, **{f.name: (saved_task, f) for f in dataclasses.fields(saved_task)}}
     refused, schedule = [], []
     for name, (holder, f) in fields:
-        if (name in BY_CONTENT or name.endswith("_file") or f.metadata.get("by_content")
-                or isinstance(holder, ImplConfig) or (name in RESUMABLE and name not in SCHEDULE)
-                or (continued and name in AT_START)):
+        if (name in BY_CONTENT or by_content(f) or isinstance(holder, ImplConfig)
+                or (name in RESUMABLE and name not in SCHEDULE) or (continued and name in AT_START)):
             continue
         was, now_value = getattr(before[name][0], f.name), getattr(holder, f.name)
         if _comparable(name, was) != _comparable(name, now_value):

@@ -35,7 +35,7 @@ from .. import checkpoint as ckpt
 from .. import modelcard
 from ..atomic import atomic_write_json
 from ..batching import EpochBatches, plan_steps, to_device
-from ..config import FinetuneConfig, dataclass_from_dict, finetune_lr, flag_of, validate_fields
+from ..config import FinetuneConfig, by_content, dataclass_from_dict, finetune_lr, flag_of, validate_fields
 from ..devices import Dist
 from ..embeddings import ST_FILES
 from ..errors import TrainingError, UserError, shown
@@ -177,14 +177,14 @@ def files_content(cfg: FinetuneConfig, task: FinetuneTask) -> dict[str, str | No
     a resumed run is checked, by content, before it reads them."""
     files = {role: (file_digest(p) or p) if p else None
              for role, p in (("train", cfg.data.train_file), ("validation", cfg.data.validation_file))}
-    files.update({f.name: content_digest(getattr(task.settings, f.name)) for f in by_content(task.settings)})
+    files.update({f.name: content_digest(getattr(task.settings, f.name)) for f in content_fields(task.settings)})
     return {**files, "model": base_digest(cfg.model) if isinstance(cfg.model, str) and os.path.isdir(cfg.model)
             else None}
 
 
-def by_content(settings) -> list[dataclasses.Field]:
-    """A task's settings that name what the run reads: compared by content on ``--resume``."""
-    return [f for f in dataclasses.fields(settings) if f.name.endswith("_file") or f.metadata.get("by_content")]
+def content_fields(settings) -> list[dataclasses.Field]:
+    """A task's settings that name what the run reads (:func:`~bertforge.config.by_content`)."""
+    return [f for f in dataclasses.fields(settings) if by_content(f)]
 
 
 def content_digest(value: str | None) -> str | None:
@@ -248,7 +248,7 @@ def check_resumed_files(folder: RunFolder, cfg: FinetuneConfig, task: FinetuneTa
                         f"{' and '.join(changed)} now holds other examples (the file changed since); restore it, or "
                         "start a new run")
     saved_task = saved.get("task") or {}  # a run recorded before a setting was compared by content: by its value
-    changed = [f"{flag_of(f)} {getattr(task.settings, f.name)}" for f in by_content(task.settings)
+    changed = [f"{flag_of(f)} {getattr(task.settings, f.name)}" for f in content_fields(task.settings)
                if (was[f.name] != files[f.name] if f.name in was
                    else f.name in saved_task and saved_task[f.name] != getattr(task.settings, f.name))]
     if changed:
