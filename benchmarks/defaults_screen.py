@@ -27,6 +27,8 @@ import statistics
 import subprocess
 import sys
 
+from bertforge.tasks import TASKS
+
 
 def sst2_subset(data: str, n: int, out: str) -> str:
     """``n`` rows of SST-2's training file drawn at random (seed 0), as a TSV beside the runs."""
@@ -82,6 +84,7 @@ def main() -> int:
     out = os.path.join(a.out, a.case)
     os.makedirs(out, exist_ok=True)
     task, data_flags = case_args(a.case, a.data_dir, out)
+    metric = TASKS[task].select  # the figure that picks a run's best epoch
     arms = [arm.partition("=")[::2] for arm in a.arm]
     scores: dict[str, list[float]] = {}
     for name, flags in arms:
@@ -99,7 +102,6 @@ def main() -> int:
                 m = json.load(f)
             with open(os.path.join(run, "finetune_config.json"), encoding="utf-8") as f:
                 train = json.load(f)["finetune"]["train"]
-            metric = {"ner": "f1", "classify": "accuracy", "squad": "f1", "embed": "mrr@10"}[task]
             row = {"case": a.case, "arm": name, "flags": flags, "seed": seed, metric: m[metric],
                    "batch_size": train["batch_size"], "lr": train["lr"], "epochs": train["epochs"],
                    "best_epoch": m.get("best_epoch"), "train_seconds": m.get("train_seconds")}
