@@ -101,9 +101,11 @@ def main() -> int:
             with open(os.path.join(run, "metrics.json"), encoding="utf-8") as f:
                 m = json.load(f)
             with open(os.path.join(run, "finetune_config.json"), encoding="utf-8") as f:
-                train = json.load(f)["finetune"]["train"]
+                ran = json.load(f)["finetune"]
+            train = ran["train"]
             row = {"case": a.case, "arm": name, "flags": flags, "seed": seed, metric: m[metric],
                    "batch_size": train["batch_size"], "lr": train["lr"], "epochs": train["epochs"],
+                   "max_seq_length": ran["data"]["max_seq_length"],
                    "best_epoch": m.get("best_epoch"), "train_seconds": m.get("train_seconds")}
             print(json.dumps(row), flush=True)
             if made:

@@ -141,7 +141,8 @@ def _add_finetune_parsers(sub) -> None:
         cfg = kind.config()
         flags = add_setting_flags(p, cfg, defaults={"lr": finetune_lr_rule(), "save_every": (
             f"every {SAVE_INTERVAL // 60} minutes of the run"), **({"batch_size": finetune_batch_rule(kind.batch)}
-                                                                if cfg.train.batch_size is None else {})})
+                                                                if cfg.train.batch_size is None else {}),
+            **({"max_seq_length": kind.length_rule} if cfg.data.max_seq_length is None else {})})
         p.add_argument("--config", help="YAML or JSON file with the same settings as the flags, or a run's "
                                         "finetune_config.json (flags override it)")
         p.add_argument("--overwrite", action="store_true",

@@ -479,7 +479,8 @@ class FinetuneDataConfig:
                                              check="open-fraction")
     max_eval_examples: int | None = setting(None, "validate on the first N validation examples only",
                                             check="positive")
-    max_seq_length: int = setting(128, "tokens per example (longer ones are truncated or windowed)", check="positive")
+    max_seq_length: int | None = setting(128, "tokens per example (longer ones are truncated or windowed)",
+                                         check="positive")  # (None: the task's by its base model, default_length)
     max_train_examples: int | None = setting(None, "use only the first N training examples", check="positive")
     eval_batch_size: int = setting(64, "batch size for evaluation", check="positive")
     group_by_length: bool = setting(False, "batches of examples of similar length (less padding; as the Trainer's "

@@ -264,6 +264,23 @@ def test_sentence_transformers_loads_the_folder_with_the_same_vectors(setup, tmp
     assert np.abs(embed(str(tmp_path / "saved"), texts, device="cpu") - theirs).max() < 1e-5
 
 
+def test_without_a_length_a_run_reads_as_far_as_its_base_folder_says(setup, tmp_path):
+    """Issue 68: without --max-seq-length, the base folder's sentence-transformers max_seq_length (what
+    sentence-transformers trains it with); a plain BERT folder: 128, or its positions when fewer."""
+    def args(model, out):
+        return ["--quiet", "finetune", "embed", "--model", str(model), "--train", str(setup / "pairs.jsonl"), "--out",
+                str(out), "--no-progress", "--epochs", "1", "--batch-size", "4"]
+
+    def length(out):
+        return json.loads((out / "sentence_bert_config.json").read_text())["max_seq_length"]
+
+    plain, st_folder, from_st = tmp_path / "plain", tmp_path / "st", tmp_path / "from-st"
+    assert main(args(setup / "model", plain)) == 0 and length(plain) == 32  # 128 > the tiny model's 32 positions
+    assert main(_args(setup, st_folder, "--epochs", "1", "--batch-size", "4")) == 0 and length(st_folder) == 16
+    assert main(args(st_folder, from_st)) == 0 and length(from_st) == 16
+    assert json.loads((from_st / "finetune_config.json").read_text())["finetune"]["data"]["max_seq_length"] == 16
+
+
 def test_accumulation_caches_gradients_and_makes_the_whole_batchs_update(setup, tmp_path, capsys):
     """--grad-accum runs as GradCache: the loss over the whole batch, in micro-batches (dropout on)."""
     args = ["--batch-size", "6", "--epochs", "2", "--log-every", "1", "--validation", str(setup / "pairs.jsonl")]

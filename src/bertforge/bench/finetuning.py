@@ -9,7 +9,7 @@ from contextlib import nullcontext
 
 import torch
 
-from ..config import TrainConfig
+from ..config import FinetuneDataConfig, TrainConfig
 from ..errors import UserError
 from ..models import family
 from ..train.engine import Engine
@@ -51,7 +51,8 @@ def run_finetune_bench(task: str, model: str | None = None, preset: str = "mini"
     transformers = _import_transformers()
     if task not in TASKS:
         raise UserError(f"bench --task must be pretrain, {' or '.join(TASKS)}, not {task!r}")
-    seq_len = seq_len or TASKS[task].config().data.max_seq_length
+    seq_len = (seq_len or TASKS[task].config().data.max_seq_length  # (None: the task's by the model folder)
+               or (TASKS[task].default_length(model) if model else FinetuneDataConfig().max_seq_length))
     impl, dev, autocast = _backend(device, threads, precision)
     kind = TASKS[task]
     with tempfile.TemporaryDirectory() as tmp:

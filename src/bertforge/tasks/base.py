@@ -150,6 +150,14 @@ class FinetuneTask:
             val = []
         return train, val[: dc.max_eval_examples] if dc.max_eval_examples else val
 
+    length_rule: ClassVar[str] = ""  # --max-seq-length's default in words, where the task's is None (default_length)
+
+    @classmethod
+    def default_length(cls, base: str) -> int:
+        """The tokens per example of a run on model folder ``base`` without ``--max-seq-length``, where the task's
+        default is None (decided by the folder)."""
+        raise NotImplementedError
+
     def configure(self, config: BertConfig) -> bool:
         """Adapt the model's config to the task; True when the checkpoint's head must be re-initialised."""
         return False

@@ -14,8 +14,8 @@ from tokenizers import Tokenizer
 
 from ..batching import pad_batch
 from ..commands import emit, one_line, positive_int, text_input_flags
-from ..config import FinetuneConfig, setting
-from ..embeddings import POOLINGS, EmbeddingSettings, encode, settings_of, tokenize, write_settings
+from ..config import FinetuneConfig, FinetuneDataConfig, setting
+from ..embeddings import POOLINGS, EmbeddingSettings, encode, read_settings, settings_of, tokenize, write_settings
 from ..errors import UserError, checked, require_type
 from ..inference import Pipeline
 from ..loading import model_dir
@@ -56,7 +56,16 @@ class EmbedTask(FinetuneTask):
     plotted = [("mrr@10", "MRR@10"), ("recall@10", "recall@10")]
     pipeline_tag = "sentence-similarity"
     bench_files = ("squad/train-8k-v1.1.json", "squad/dev-v1.1.json")
-    defaults = {"batch_size": 32}  # (not by the data: a larger batch holds more in-batch negatives)
+    # the batch not by the data: a larger batch holds more in-batch negatives; the length by the base folder
+    defaults = {"batch_size": 32, "max_seq_length": None}
+    length_rule = (f"the base folder's sentence-transformers max_seq_length (what sentence-transformers trains it "
+                   f"with), else {FinetuneDataConfig().max_seq_length}; at most the model's positions")
+
+    @classmethod
+    def default_length(cls, base: str) -> int:
+        found = read_settings(base)
+        return (found.max_seq_length if found is not None and found.max_seq_length
+                else FinetuneDataConfig().max_seq_length)
 
     help = ("sentence embeddings from query/passage pairs (JSONL, TSV or SQuAD JSON), in-batch negatives; the output "
             "is also a sentence-transformers folder")

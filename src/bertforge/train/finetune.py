@@ -102,6 +102,9 @@ def finetune(task: FinetuneTask, cfg: FinetuneConfig, overwrite: bool = False, r
                        restarts=True)
     files = files_content(cfg, task)
     schedule = check_resumed_files(folder, cfg, task, files) if resume else []
+    length_by_base = cfg.data.max_seq_length is None
+    if length_by_base:  # (a resumed run has its own: check_resumed_files)
+        cfg.data.max_seq_length = check_max_seq_length(load_config(base), None, base, task.default_length(base))
     with start_run(output, cfg.impl) as (d, device):
         if own and d.is_main:
             log.info("resuming from the run's own copy of its base model's config and tokenizer (%s)", base)
@@ -113,7 +116,8 @@ def finetune(task: FinetuneTask, cfg: FinetuneConfig, overwrite: bool = False, r
         check_max_seq_length(config, cfg.data.max_seq_length, base)
         reinit_head = task.configure(config)
         if d.is_main:  # a line as each long set-up phase starts: a large file takes a while to tokenize
-            log.info("tokenizing the examples (--max-seq-length %d)", cfg.data.max_seq_length)
+            log.info("tokenizing the examples (--max-seq-length %d%s)", cfg.data.max_seq_length,
+                     f": {task.length_rule}" if length_by_base else "")
         features, collate = task.encode(tok, reading)
         if cfg.train.batch_size is None:  # (a resumed run has its own: check_resumed_files)
             cfg.train.batch_size = data_batch(task, cfg, len(features), d)
@@ -238,6 +242,8 @@ def check_resumed_files(folder: RunFolder, cfg: FinetuneConfig, task: FinetuneTa
     before = FinetuneConfig.from_dict(saved["finetune"])
     if cfg.train.batch_size is None:  # the batch the run chose by its data when it started
         cfg.train.batch_size = before.train.batch_size
+    if cfg.data.max_seq_length is None:  # the length the run took from its base model when it started
+        cfg.data.max_seq_length = before.data.max_seq_length
     schedule = check_resumed(cfg.out, before, cfg, dataclass_from_dict(type(task.settings)(), saved.get("task") or {}),
                              task.settings)
     was = saved.get(CORPUS) or {}
