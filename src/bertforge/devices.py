@@ -6,7 +6,8 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -20,6 +21,8 @@ class Dist:
     rank: int = 0
     world: int = 1
     local_rank: int = 0
+    # what lets go of the process group before it ends (Engine.release_group)
+    releases: list[Callable[[], None]] = field(default_factory=list, repr=False, compare=False)
 
     @property
     def is_main(self) -> bool:

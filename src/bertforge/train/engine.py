@@ -214,11 +214,20 @@ class Engine:
             from torch.nn.parallel import DistributedDataParallel as DDP
 
             module = self.ddp = DDP(module, device_ids=[device.index] if device.type == "cuda" else None)
+            self.dist.releases.append(self.release_group)
         self.module = maybe_compile(module, impl)
         self.state = TrainState()
         self.generators: dict[str, torch.Generator] = {}  # the run's own random streams (data order, ...)
         self._params = [p for g in self.optimizer.param_groups for p in g["params"]]
         self.start_clock()
+
+    def release_group(self) -> None:
+        """Drop the DDP wrapper while the process group it holds is still registered, so that its reducer is not
+        the group's last holder. torch frees a reducer holding the GIL; a gloo group it ended then would wait for
+        its worker threads, one of which may be waiting for the GIL to free the tensors of the run's last
+        collective: a run under torchrun that hangs as it ends, on a loaded host (docs/log/test-suite.md). The
+        group's own binding frees it without the GIL (``dist.destroy_process_group``)."""
+        self.module, self.ddp = self.objective, None
 
     # the clock: elapsed wall-clock time of the run, carried across resumptions
     def start_clock(self, since: float | None = None) -> None:
