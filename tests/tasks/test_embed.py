@@ -266,7 +266,9 @@ def test_sentence_transformers_loads_the_folder_with_the_same_vectors(setup, tmp
 
 def test_without_a_length_a_run_reads_as_far_as_its_base_folder_says(setup, tmp_path):
     """Issue 68: without --max-seq-length, the base folder's sentence-transformers max_seq_length (what
-    sentence-transformers trains it with); a plain BERT folder: 128, or its positions when fewer."""
+    sentence-transformers trains it with); a plain BERT folder: 128, or its positions when fewer. A resumed run
+    keeps the length it recorded, and a run from a sentence-transformers folder resumes at all (its copy of the
+    folder lacked the pooling's settings, 1_Pooling/config.json, which the resumed run reads)."""
     def args(model, out):
         return ["--quiet", "finetune", "embed", "--model", str(model), "--train", str(setup / "pairs.jsonl"), "--out",
                 str(out), "--no-progress", "--epochs", "1", "--batch-size", "4"]
@@ -279,6 +281,21 @@ def test_without_a_length_a_run_reads_as_far_as_its_base_folder_says(setup, tmp_
     assert main(_args(setup, st_folder, "--epochs", "1", "--batch-size", "4")) == 0 and length(st_folder) == 16
     assert main(args(st_folder, from_st)) == 0 and length(from_st) == 16
     assert json.loads((from_st / "finetune_config.json").read_text())["finetune"]["data"]["max_seq_length"] == 16
+
+    # resumed, a run keeps the length it recorded, whatever its copy of the base folder says by then (a run
+    # recorded before the default was the folder's: 128)
+    import bertforge.train.finetune as finetune_mod
+
+    def stopped(*a, **k):
+        raise KeyboardInterrupt  # the run stops at its end, after its checkpoints
+
+    resumed = tmp_path / "resumed"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(finetune_mod, "finish", stopped)
+        assert main([*args(st_folder, resumed), "--save-every", "1"]) == 130
+    (resumed / "checkpoints" / "started-from" / "sentence_bert_config.json").write_text(  # (what it reads again)
+        '{"max_seq_length": 20, "do_lower_case": false}')
+    assert main([*args(st_folder, resumed), "--save-every", "1", "--resume"]) == 0 and length(resumed) == 16
 
 
 def test_accumulation_caches_gradients_and_makes_the_whole_batchs_update(setup, tmp_path, capsys):

@@ -60,9 +60,9 @@ register_output("finetune", MODEL_FILES | {SETTINGS_FILE, "metrics.jsonl", "metr
 MIN_UPDATES = 100  # fewer optimizer updates than this rarely fine-tune a BERT well: warned
 BASE_COPY = "started-from"  # in checkpoints/: the run's copy of what it read of its base model but the weights
 # ... which is: the files a fine-tuning run reads of a model folder besides its weights (and the modules'
-# settings of a sentence-transformers folder, each in a folder of its own)
+# settings of a sentence-transformers folder, each in a folder of its own: 1_Pooling/config.json)
 BASE_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json",
-              "pretrain_config.json", *sorted(f for f in ST_FILES if f.endswith(".json")))
+              "pretrain_config.json", *sorted(f if f.endswith(".json") else f + "/config.json" for f in ST_FILES))
 
 
 @dataclass
