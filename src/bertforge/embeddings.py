@@ -79,6 +79,23 @@ def read_settings(path: str) -> EmbeddingSettings | None:
     return settings
 
 
+def module_settings(path: str) -> list[str]:
+    """The settings of the modules that sentence-transformers folder ``path`` keeps in folders of their own, as its
+    modules.json lists them (``1_Pooling/config.json``), as paths inside it; none for a plain BERT folder."""
+    try:
+        with open(os.path.join(path, "modules.json"), encoding="utf-8") as f:
+            modules = json.load(f)
+    except (OSError, ValueError):
+        return []
+    found = []
+    for m in modules if isinstance(modules, list) else []:
+        sub = os.path.normpath(m["path"]) if isinstance(m, dict) and isinstance(m.get("path"), str) else "."
+        inside = sub not in (".", "") and not os.path.isabs(sub) and not sub.startswith("..")
+        if inside and os.path.isfile(os.path.join(path, sub, "config.json")):
+            found.append(os.path.join(sub, "config.json"))
+    return found
+
+
 def settings_of(path: str, pooling: str | None = None) -> EmbeddingSettings:
     """How directory ``path`` embeds: its sentence-transformers settings, else mean pooling, normalised;
     ``pooling`` overrides the folder's."""

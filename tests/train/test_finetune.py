@@ -488,3 +488,14 @@ def test_without_a_batch_size_a_run_of_few_updates_takes_a_smaller_batch(setup, 
     assert saved["finetune"]["train"]["batch_size"] == 8
     assert main(_args(setup, tmp_path / "steps", "--max-steps", "2")) == 0
     assert json.loads((tmp_path / "steps" / "finetune_config.json").read_text())["finetune"]["train"]["batch_size"] == 32
+
+
+def test_a_length_of_null_is_the_tasks_default(setup, tmp_path):
+    """``max_seq_length: null`` in a --config file (or None by the API) is the task's default length, at most the
+    model's positions, as for a task that takes its length from the base folder; it ended in a traceback."""
+    (tmp_path / "c.json").write_text('{"max_seq_length": null}')
+    argv = [a for a in _args(setup, tmp_path / "o", "--max-steps", "1", "--config", str(tmp_path / "c.json"))]
+    at = argv.index("--max-seq-length")
+    assert main([*argv[:at], *argv[at + 2:]]) == 0
+    saved = json.loads((tmp_path / "o" / "finetune_config.json").read_text())["finetune"]["data"]["max_seq_length"]
+    assert saved == min(128, json.loads((setup / "model" / "config.json").read_text())["max_position_embeddings"])

@@ -52,7 +52,7 @@ def run_finetune_bench(task: str, model: str | None = None, preset: str = "mini"
     if task not in TASKS:
         raise UserError(f"bench --task must be pretrain, {' or '.join(TASKS)}, not {task!r}")
     seq_len = (seq_len or TASKS[task].config().data.max_seq_length  # (None: the task's by the model folder)
-               or (TASKS[task].default_length(model) if model else FinetuneDataConfig().max_seq_length))
+               or (TASKS[task].length_of(model) if model else FinetuneDataConfig().max_seq_length))
     impl, dev, autocast = _backend(device, threads, precision)
     kind = TASKS[task]
     with tempfile.TemporaryDirectory() as tmp:

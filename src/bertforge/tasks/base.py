@@ -14,7 +14,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from ..commands import add_setting_flags, positive_int
-from ..config import FinetuneConfig, dataclass_from_dict, validate_fields
+from ..config import FinetuneConfig, FinetuneDataConfig, dataclass_from_dict, validate_fields
 from ..errors import UserError
 from ..models import BertConfig
 
@@ -154,9 +154,17 @@ class FinetuneTask:
 
     @classmethod
     def default_length(cls, base: str) -> int:
-        """The tokens per example of a run on model folder ``base`` without ``--max-seq-length``, where the task's
-        default is None (decided by the folder)."""
-        raise NotImplementedError
+        """The tokens per example of a run on model folder ``base`` without ``--max-seq-length`` (a task whose
+        default is None decides it by the folder); before the cap at the model's positions."""
+        return cls.defaults.get("max_seq_length") or FinetuneDataConfig().max_seq_length
+
+    @classmethod
+    def length_of(cls, base: str) -> int:
+        """:meth:`default_length`, at most the positions of the model in ``base``."""
+        from ..loading import check_max_seq_length
+        from ..models import load_config
+
+        return check_max_seq_length(load_config(base), None, base, cls.default_length(base))
 
     def configure(self, config: BertConfig) -> bool:
         """Adapt the model's config to the task; True when the checkpoint's head must be re-initialised."""

@@ -37,7 +37,7 @@ from ..atomic import atomic_write_json
 from ..batching import EpochBatches, plan_steps, to_device
 from ..config import FinetuneConfig, by_content, dataclass_from_dict, finetune_lr, flag_of, validate_fields
 from ..devices import Dist
-from ..embeddings import ST_FILES
+from ..embeddings import ST_FILES, module_settings
 from ..errors import TrainingError, UserError, shown
 from ..loading import check_max_seq_length, warn_untrained_positions
 from ..models import for_folder, load_config
@@ -59,10 +59,10 @@ register_output("finetune", MODEL_FILES | {SETTINGS_FILE, "metrics.jsonl", "metr
                                            "checkpoints"} | ST_FILES)
 MIN_UPDATES = 100  # fewer optimizer updates than this rarely fine-tune a BERT well: warned
 BASE_COPY = "started-from"  # in checkpoints/: the run's copy of what it read of its base model but the weights
-# ... which is: the files a fine-tuning run reads of a model folder besides its weights (and the modules'
-# settings of a sentence-transformers folder, each in a folder of its own: 1_Pooling/config.json)
+# ... which is: the files a fine-tuning run reads of a model folder besides its weights, and the settings of a
+# sentence-transformers folder's modules in folders of their own (embeddings.module_settings)
 BASE_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json",
-              "pretrain_config.json", *sorted(f if f.endswith(".json") else f + "/config.json" for f in ST_FILES))
+              "pretrain_config.json", *sorted(f for f in ST_FILES if f.endswith(".json")))
 
 
 @dataclass
@@ -104,7 +104,7 @@ def finetune(task: FinetuneTask, cfg: FinetuneConfig, overwrite: bool = False, r
     schedule = check_resumed_files(folder, cfg, task, files) if resume else []
     length_by_base = cfg.data.max_seq_length is None
     if length_by_base:  # (a resumed run has its own: check_resumed_files)
-        cfg.data.max_seq_length = check_max_seq_length(load_config(base), None, base, task.default_length(base))
+        cfg.data.max_seq_length = task.length_of(base)
     with start_run(output, cfg.impl) as (d, device):
         if own and d.is_main:
             log.info("resuming from the run's own copy of its base model's config and tokenizer (%s)", base)
@@ -117,7 +117,7 @@ def finetune(task: FinetuneTask, cfg: FinetuneConfig, overwrite: bool = False, r
         reinit_head = task.configure(config)
         if d.is_main:  # a line as each long set-up phase starts: a large file takes a while to tokenize
             log.info("tokenizing the examples (--max-seq-length %d%s)", cfg.data.max_seq_length,
-                     f": {task.length_rule}" if length_by_base else "")
+                     f": {task.length_rule}" if length_by_base and task.length_rule else "")
         features, collate = task.encode(tok, reading)
         if cfg.train.batch_size is None:  # (a resumed run has its own: check_resumed_files)
             cfg.train.batch_size = data_batch(task, cfg, len(features), d)
@@ -219,10 +219,11 @@ def base_digest(model: str) -> str:
 
 
 def copy_base(model: str, dest: str) -> None:
-    """:data:`BASE_FILES` of ``model`` copied to ``dest`` (written whole or not at all)."""
+    """:data:`BASE_FILES` of ``model`` and its modules' settings copied to ``dest`` (written whole or not at all;
+    the modules' settings are not in :func:`base_digest`: a resumed run reads them from this copy)."""
     tmp = dest + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    for name in _base_files(model):
+    for name in [*_base_files(model), *module_settings(model)]:
         os.makedirs(os.path.dirname(os.path.join(tmp, name)), exist_ok=True)
         shutil.copy2(os.path.join(model, name), os.path.join(tmp, name))
     shutil.rmtree(dest, ignore_errors=True)

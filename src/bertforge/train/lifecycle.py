@@ -104,6 +104,7 @@ def start_run(output: Output, impl: ImplConfig) -> Iterator[tuple[Dist, torch.de
         if d.enabled and dist.is_initialized():
             for release in d.releases:  # (Engine.release_group: nothing but the group's binding holds it now)
                 release()
+            d.releases.clear()  # (and the engines go with the run)
             gc.collect()  # (a wrapper in a reference cycle goes now, not after the group)
             dist.destroy_process_group()
 
