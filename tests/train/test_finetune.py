@@ -494,7 +494,7 @@ def test_a_length_of_null_is_the_tasks_default(setup, tmp_path):
     """``max_seq_length: null`` in a --config file (or None by the API) is the task's default length, at most the
     model's positions, as for a task that takes its length from the base folder; it ended in a traceback."""
     (tmp_path / "c.json").write_text('{"max_seq_length": null}')
-    argv = [a for a in _args(setup, tmp_path / "o", "--max-steps", "1", "--config", str(tmp_path / "c.json"))]
+    argv = _args(setup, tmp_path / "o", "--max-steps", "1", "--config", str(tmp_path / "c.json"))
     at = argv.index("--max-seq-length")
     assert main([*argv[:at], *argv[at + 2:]]) == 0
     saved = json.loads((tmp_path / "o" / "finetune_config.json").read_text())["finetune"]["data"]["max_seq_length"]

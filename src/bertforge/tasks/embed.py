@@ -58,14 +58,13 @@ class EmbedTask(FinetuneTask):
     bench_files = ("squad/train-8k-v1.1.json", "squad/dev-v1.1.json")
     # the batch not by the data: a larger batch holds more in-batch negatives; the length by the base folder
     defaults = {"batch_size": 32, "max_seq_length": None}
-    length_rule = (f"the base folder's sentence-transformers max_seq_length (what sentence-transformers trains it "
+    length_rule = ("the base folder's sentence-transformers max_seq_length (what sentence-transformers trains it "
                    f"with), else {FinetuneDataConfig().max_seq_length}; at most the model's positions")
 
     @classmethod
     def default_length(cls, base: str) -> int:
         found = read_settings(base)
-        return (found.max_seq_length if found is not None and found.max_seq_length
-                else FinetuneDataConfig().max_seq_length)
+        return found.max_seq_length if found is not None and found.max_seq_length else super().default_length(base)
 
     help = ("sentence embeddings from query/passage pairs (JSONL, TSV or SQuAD JSON), in-batch negatives; the output "
             "is also a sentence-transformers folder")
