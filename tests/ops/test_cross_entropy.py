@@ -77,3 +77,15 @@ def test_a_model_with_a_held_buffer_still_pickles_without_it():
     copy = pickle.loads(pickle.dumps(buf))
     assert copy._buf is None and copy._holder is None and buf._holder() is not None
     del held
+
+
+def test_no_buffer_while_compiling():
+    """Under ``torch.compile`` a head has no buffer (the fused loss is not traced): a guard on the weak
+    dictionary's entries broke a compiled step once the collector dropped an entry."""
+    head = torch.nn.Linear(2, 2)
+    assert head_buffer(head) is not None
+
+    def has(x):
+        return x + (0 if head_buffer(head) is None else 1)
+
+    assert torch.equal(torch.compile(has, backend="eager")(torch.zeros(1)), torch.zeros(1))

@@ -31,3 +31,24 @@ def test_linear_equals_torch(shape, bias):
         assert torch.allclose(a, t.grad, rtol=1e-5, atol=1e-4)
     with torch.no_grad():
         assert torch.allclose(linear(x, w, b), ref, rtol=1e-5, atol=1e-4)
+
+
+def test_bf16_products_take_mkl_where_onednn_has_no_bf16_kernel(monkeypatch):
+    """On a CPU without AVX-512 oneDNN refuses bf16 inputs ("could not create a primitive descriptor"):
+    ``dnn_matmul_t`` then multiplies through ``F.linear``, and gives its values wherever it runs."""
+    import importlib
+
+    lin = importlib.import_module("bertforge.ops.linear")  # (the package exports the function `linear`)
+
+    x, w = torch.randn(40, 16, dtype=torch.bfloat16), torch.randn(24, 16, dtype=torch.bfloat16)
+    ref = torch.nn.functional.linear(x, w)
+    assert torch.allclose(lin.dnn_matmul_t(x, w).float(), ref.float(), rtol=1e-2, atol=1e-2)
+
+    def refuses(*a):
+        raise RuntimeError("could not create a primitive descriptor")
+
+    monkeypatch.setattr(lin, "dnn_linear_op", lambda: refuses)
+    monkeypatch.setattr(lin, "dnn_bf16", lambda: False)
+    assert torch.equal(lin.dnn_matmul_t(x, w), ref)
+    with pytest.raises(RuntimeError):  # fp32 still takes oneDNN
+        lin.dnn_matmul_t(x.float(), w.float())

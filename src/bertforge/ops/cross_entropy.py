@@ -106,9 +106,12 @@ def linear_cross_entropy_sum(h: torch.Tensor, W: torch.Tensor, b: torch.Tensor, 
 _HEAD_BUFFERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def head_buffer(head) -> LogitBuffer:
+def head_buffer(head) -> LogitBuffer | None:
     """The :class:`LogitBuffer` of a masked-LM head (any object), kept while the head lives: a copied or
-    another model's head has its own."""
+    another model's head has its own.  None while ``torch.compile`` traces (the fused loss is not traced, and
+    a guard on a weak dictionary's entries fails once the collector drops one)."""
+    if tracing():
+        return None
     buffer = _HEAD_BUFFERS.get(head)
     if buffer is None:
         buffer = _HEAD_BUFFERS[head] = LogitBuffer()

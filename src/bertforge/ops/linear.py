@@ -39,10 +39,20 @@ def dnn_linear_op():
     return op if agree else None
 
 
+@functools.cache
+def dnn_bf16() -> bool:
+    """Whether oneDNN has a bf16 linear kernel on this CPU: it needs AVX-512 (emulated bf16 products) or
+    native bf16; on an AVX2-only CPU it refuses bf16 inputs, and MKL's GEMM (``F.linear``) takes them."""
+    return dnn_linear_op() is not None and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
 def dnn_matmul_t(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-    """``x @ w.T (+ b)`` through oneDNN, or plain torch where :func:`dnn_linear_op` is None."""
+    """``x @ w.T (+ b)`` through oneDNN, or plain torch where :func:`dnn_linear_op` is None or oneDNN has no
+    kernel for a bf16 input on this CPU."""
     op = dnn_linear_op()
-    return F.linear(x, w, b) if op is None else op(x, w, b, "none", [], "")
+    if op is None or (x.dtype == torch.bfloat16 and not dnn_bf16()):
+        return F.linear(x, w, b)
+    return op(x, w, b, "none", [], "")
 
 
 class _Linear(torch.autograd.Function):
