@@ -76,23 +76,6 @@ def padded_batch(vocab: int, B: int = 4, T: int = 24, seed: int = 0):
     return ids, am, tt
 
 
-def killed_and_resumed(args, tmp_path, fault: str = "write:6"):
-    """(straight, killed): the run ``args(out)`` (argv after ``bertforge``) uninterrupted, and killed by SIGKILL at
-    fault point ``fault`` (a checkpoint's file writes counted) then resumed; for tests that they end alike."""
-    import signal
-    import subprocess
-
-    from bertforge.cli import main
-
-    straight, killed = tmp_path / "straight", tmp_path / "killed"
-    assert main(args(straight)) == 0
-    env = dict(os.environ, BERTFORGE_FAULT=fault, PYTHONUNBUFFERED="1")
-    proc = subprocess.run([sys.executable, "-m", "bertforge", *args(killed)], env=env, capture_output=True)
-    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
-    assert main([*args(killed), "--resume"]) == 0
-    return straight, killed
-
-
 def same_run(a, b) -> None:
     """Two fine-tuning folders end alike: weights bit for bit, every metrics row (their clocks aside)."""
     import json

@@ -1,5 +1,5 @@
 """Several bertforge runs one after the other in each process that torchrun starts, so that the tests which
-compare a run under torchrun with one process (tests/train/test_torchrun.py) pay torchrun's start-up (the launcher
+compare a run under torchrun with one process (tests/train/test_lifecycle.py) pay torchrun's start-up (the launcher
 and each process importing torch) once for all of them instead of once each.
 
     torchrun --nproc_per_node=2 -m tests.torchrun_runs RUNS.json

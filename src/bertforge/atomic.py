@@ -127,10 +127,10 @@ def atomic_write_text(path: str, text: str, faults: bool = True) -> None:
             f.flush()
             os.fsync(f.fileno())
         if faults:
-            fault_point("write")
+            fault_point("write", path)
         os.replace(tmp, path)
         if faults:
-            fault_point("rename")
+            fault_point("rename", path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
@@ -168,10 +168,10 @@ def atomic_dir(path: str, replace: bool = True) -> Iterator[str]:
             old = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.old-", dir=parent)
             os.rmdir(old)
             os.rename(path, old)
-            fault_point("rename")
+            fault_point("aside", path)
         os.rename(tmp, path)
         fsync(parent)
-        fault_point("rename")
+        fault_point("rename", path)
         if old:
             remove_path(old)
     except BaseException as e:
@@ -245,20 +245,33 @@ def remove_folders(folders: list[str]) -> None:
             os.rmdir(f)
 
 
-def fault_point(event: str) -> None:
-    """Test hook: ``BERTFORGE_FAULT=EVENT:N`` kills this process (SIGKILL, as a power loss would) at the N-th
-    ``write`` or ``rename`` of a save, so that tests can check that every instant of a save is recoverable."""
+def fault_point(event: str, name: str) -> None:
+    """Test hook: ``BERTFORGE_FAULT=EVENT:NAME[:N]`` kills this process (SIGKILL, as a power loss would) at the
+    N-th (by default the first) point ``EVENT`` of a save whose ``name`` ends with the path NAME (a glob per
+    component), so that tests can check that every instant of a save is recoverable.  The points: ``write``
+    once a file is complete in its temporary place (named by its final path; a model folder saved in place is
+    one write, named by the folder), ``rename`` once a file or folder is renamed into place, ``aside`` once a
+    folder to be replaced is moved aside, ``shard`` once a prepared shard is complete (its folder)."""
     spec = os.environ.get("BERTFORGE_FAULT")
     if not spec:
         return
-    kind, _, n = spec.partition(":")
-    if kind != event:
+    kind, _, rest = spec.partition(":")
+    pattern, _, n = rest.partition(":")
+    if kind != event or not _tail_matches(name, pattern):
         return
-    _FAULT_COUNTS[event] = _FAULT_COUNTS.get(event, 0) + 1
-    if _FAULT_COUNTS[event] == int(n):
+    _FAULT_COUNTS[spec] = _FAULT_COUNTS.get(spec, 0) + 1
+    if _FAULT_COUNTS[spec] == int(n or 1):
         import signal
 
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _tail_matches(path: str, pattern: str) -> bool:
+    """Whether ``path``'s last components match ``pattern``'s, one glob per component."""
+    import fnmatch
+
+    want, have = pattern.strip("/").split("/"), os.path.normpath(path).split(os.sep)
+    return len(have) >= len(want) and all(fnmatch.fnmatchcase(h, w) for h, w in zip(have[-len(want):], want))
 
 
 _FAULT_COUNTS: dict[str, int] = {}

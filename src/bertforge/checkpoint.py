@@ -88,13 +88,13 @@ def save_pretrained(model, path: str, tokenizer=None) -> None:
     tmp = tempfile.mkdtemp(prefix=".save-tmp-", dir=path)
     try:
         write_model_files(model, tmp, tokenizer)
-        fault_point("write")
+        fault_point("write", path)
         for name in sorted(os.listdir(tmp)):
             src = os.path.join(tmp, name)
             follow_umask(src)
             fsync(src)
             os.replace(src, os.path.join(path, name))
-            fault_point("rename")
+            fault_point("rename", os.path.join(path, name))
         fsync(path)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -264,18 +264,18 @@ def save_checkpoint(out: str, step: int, model, engine_state: dict, run_state: d
         state["scaler"] = engine_state["scaler"]
     with atomic_dir(final) as tmp:
         _save_weights(model_state_for_saving(model), os.path.join(tmp, WEIGHTS_NAME), {"format": "pt"})
-        fault_point("write")
+        fault_point("write", os.path.join(final, WEIGHTS_NAME))
         for name, tensors in (extra_weights or {}).items():
             _save_weights({k: v.contiguous() for k, v in tensors.items()}, os.path.join(tmp, f"{name}.safetensors"))
-            fault_point("write")
+            fault_point("write", os.path.join(final, f"{name}.safetensors"))
         write_file(os.path.join(tmp, "optimizer.pt"), lambda f: torch.save(engine_state["optimizer"], f))
-        fault_point("write")
+        fault_point("write", os.path.join(final, "optimizer.pt"))
         write_file(os.path.join(tmp, "trainer_state.pt"), lambda f: torch.save(state, f))
-        fault_point("write")
+        fault_point("write", os.path.join(final, "trainer_state.pt"))
         readable = {k: v for k, v in state.items() if isinstance(v, (int, float, str, dict)) and k != "rng"}
         with open(os.path.join(tmp, "trainer_state.json"), "w", encoding="utf-8") as f:
             json.dump(readable, f, indent=2, default=str)
-        fault_point("write")
+        fault_point("write", os.path.join(final, "trainer_state.json"))
     for _, old in list_checkpoints(out)[:-keep] if keep > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
     return final

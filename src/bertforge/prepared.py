@@ -278,7 +278,7 @@ def prepare_part(job: dict) -> dict:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    fault_point("shard")
+    fault_point("shard", final)
     return record
 
 

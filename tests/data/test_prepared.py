@@ -132,7 +132,7 @@ def test_a_killed_prepare_resumes_to_the_same_bytes(small_text_corpus, minilm_di
             "--no-progress"]
     whole = subprocess.run([sys.executable, *args, "--out", str(tmp_path / "whole")], capture_output=True, text=True)
     assert whole.returncode == 0, whole.stderr
-    env = {**os.environ, "BERTFORGE_FAULT": "shard:2"}
+    env = {**os.environ, "BERTFORGE_FAULT": "shard:*:2"}  # the second shard
     killed = subprocess.run([sys.executable, *args, "--out", str(tmp_path / "cut")], env=env, capture_output=True)
     assert killed.returncode == -9
     assert not (tmp_path / "cut" / "manifest.json").exists() and len(os.listdir(tmp_path / "cut" / "shards")) == 2
@@ -148,7 +148,7 @@ def test_a_worker_that_dies_is_one_error_and_the_finished_shards_stay(small_text
     for i in range(4):
         shutil.copy(small_text_corpus, folder / f"part-{i}.jsonl")
     _one_shard_per_file(monkeypatch, small_text_corpus.stat().st_size)
-    monkeypatch.setenv("BERTFORGE_FAULT", "shard:1")  # each worker is killed after its first shard
+    monkeypatch.setenv("BERTFORGE_FAULT", "shard:*")  # each worker is killed after its first shard
     _prepare(["--data", str(folder), "--tokenizer", minilm_dir, "--workers", "2"], tmp_path, expect=1)
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "a worker process of bertforge prepare died" in err

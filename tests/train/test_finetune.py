@@ -139,9 +139,8 @@ def test_sigkill_and_resume_end_with_the_weights_of_the_uninterrupted_run(setup,
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     assert main(_args(setup, straight, *RESUMABLE, model="dropout-model")) == 0
     assert not (straight / "checkpoints").exists()  # a finished run keeps no checkpoints
-    # killed (SIGKILL, as a power loss) in the middle of its third checkpoint (step 9), the writes counted:
-    # step 3 saves 4 files (no evaluation yet), step 6 five (the best evaluation's weights too)
-    env = dict(os.environ, BERTFORGE_FAULT="write:12", PYTHONUNBUFFERED="1")
+    # killed (SIGKILL, as a power loss) in the middle of its third checkpoint (step 9)
+    env = dict(os.environ, BERTFORGE_FAULT="write:step-00000009/optimizer.pt", PYTHONUNBUFFERED="1")
     proc = subprocess.run([sys.executable, "-m", "bertforge", *_args(setup, killed, *RESUMABLE, model="dropout-model")],
                           env=env, capture_output=True)
     assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
@@ -174,7 +173,7 @@ def test_resume_refuses_data_that_changed_since_the_run_started(setup, tmp_path,
     out = tmp_path / "killed"
     args = ["--quiet", "finetune", "classify", "--model", str(setup / "model"), "--train", str(data), "--validation",
             str(data), "--out", str(out), "--lr", "1e-3", "--no-progress", "--max-seq-length", "16", *RESUMABLE]
-    env = dict(os.environ, BERTFORGE_FAULT="write:6", PYTHONUNBUFFERED="1")  # killed in its second checkpoint
+    env = dict(os.environ, BERTFORGE_FAULT="write:step-00000006/optimizer.pt", PYTHONUNBUFFERED="1")  # the second
     proc = subprocess.run([sys.executable, "-m", "bertforge", *args], env=env, capture_output=True)
     assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
     assert [s for s, _ in list_checkpoints(str(out))] == [3]
@@ -207,7 +206,7 @@ def test_a_run_killed_before_its_first_checkpoint_starts_again_on_resume(setup, 
     could not be resumed ("nothing to resume"), and the same command again said to pass --overwrite."""
     out = tmp_path / "killed"
     args = _args(setup, out, *RESUMABLE)
-    env = dict(os.environ, BERTFORGE_FAULT="write:1", PYTHONUNBUFFERED="1")  # killed in its first checkpoint
+    env = dict(os.environ, BERTFORGE_FAULT="write:step-00000003/model.safetensors", PYTHONUNBUFFERED="1")
     proc = subprocess.run([sys.executable, "-m", "bertforge", *args], env=env, capture_output=True)
     assert proc.returncode == -signal.SIGKILL and not list_checkpoints(str(out)), proc.stderr.decode()[-2000:]
     assert main(args) == 2
@@ -224,7 +223,7 @@ def test_a_run_killed_before_its_first_checkpoint_starts_again_on_resume(setup, 
 @pytest.mark.slow
 def test_an_interrupted_checkpointed_run_can_be_overwritten(setup, tmp_path, capsys):
     out = tmp_path / "o"
-    env = dict(os.environ, BERTFORGE_FAULT="write:6")
+    env = dict(os.environ, BERTFORGE_FAULT="write:step-00000006/optimizer.pt")
     proc = subprocess.run([sys.executable, "-m", "bertforge", *_args(setup, out, *RESUMABLE)], env=env, capture_output=True)
     assert proc.returncode == -signal.SIGKILL and list_checkpoints(str(out))
     (out / "checkpoints" / ".step-00000009.tmp-x").mkdir()  # what a killed save leaves
@@ -290,7 +289,7 @@ def test_torchrun_killed_in_a_save_and_resumed_ends_as_one_uninterrupted_process
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     assert main(_args(setup, straight, *RESUMABLE, model="dropout-model")) == 0
     torchrun_ = [*torchrun(2), "-m", "bertforge"]
-    env = dict(os.environ, BERTFORGE_FAULT="write:12")  # rank 0 (the writer) killed in its third checkpoint
+    env = dict(os.environ, BERTFORGE_FAULT="write:step-00000009/optimizer.pt")  # rank 0 (the writer) killed
     r = subprocess.run([*torchrun_, *_args(setup, killed, *RESUMABLE, model="dropout-model")], env=env, capture_output=True,
                        text=True, timeout=300)
     assert r.returncode != 0 and [s for s, _ in list_checkpoints(str(killed))] == [6], r.stderr[-3000:]

@@ -110,13 +110,13 @@ def straight_run(small_text_corpus, story_tok_dir, tmp_path_factory):
     return out
 
 
-# The second save (step 4), with the run's earlier writes counted: setup writes the model files (1 write, 2
-# renames) and pretrain_config.json (1 write, 1 rename); the step-2 save 5 writes and 3 renames.  Of the
-# step-4 save: checkpoint files 8-11, the model directory's files 12; the checkpoint folder's rename 7,
-# the model files' renames 8-9.  A kill at each checkpoint file is the run shell's, tested once for every
-# command on the toy run (test_lifecycle); here the instants that pretraining adds: the model directory's
-# file and rename, and the checkpoint renamed whole then damaged.
-FAULTS = ["write:12", "rename:7", "rename:8"]
+# The second save (step 4) writes its checkpoint, renames it into place, then saves the model folder in place
+# (written beside it, then renamed file by file); the run folder saved it twice before (at the start, at step 2).
+# A kill at each checkpoint file is the run shell's, tested once for every command on the toy run
+# (test_lifecycle); here the instants that pretraining adds: the model folder's files written and renamed, and
+# the checkpoint renamed whole then damaged.
+DAMAGED = "rename:checkpoints/step-00000004"
+FAULTS = ["write:killed:3", DAMAGED, "rename:killed/config.json:3"]
 
 
 @pytest.mark.slow
@@ -129,7 +129,7 @@ def test_a_kill_at_any_instant_of_a_save_resumes_to_the_uninterrupted_run(fault,
                           env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=300)
     assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
     assert [s for s, _ in list_checkpoints(str(killed))][0] == 2
-    if fault == "rename:7":  # the newest checkpoint, complete at the kill, is then damaged; a torn metrics line too
+    if fault == DAMAGED:  # the newest checkpoint, complete at the kill, is then damaged; a torn metrics line too
         newest = list_checkpoints(str(killed))[-1][1]
         assert newest.endswith("step-00000004")
         with open(os.path.join(newest, "optimizer.pt"), "r+b") as f:
@@ -143,7 +143,7 @@ def test_a_kill_at_any_instant_of_a_save_resumes_to_the_uninterrupted_run(fault,
     assert _metric_rows(straight_run) == _metric_rows(killed)
     leftovers = [n for n in os.listdir(killed / "checkpoints") if n.startswith(".") and not n.startswith(".damaged-")]
     assert not leftovers and not [n for n in os.listdir(killed) if n.startswith((".tmp-", ".save-tmp-"))]
-    if fault == "rename:7":
+    if fault == DAMAGED:
         assert [n for n in os.listdir(killed / "checkpoints") if n.startswith(".damaged-step-00000004")]
 
 
@@ -544,7 +544,7 @@ def test_a_bf16_run_records_its_precision_and_resumes_exactly_in_it(small_text_c
     assert main(args(straight, 4)) == 0
     assert json.loads((straight / "pretrain_config.json").read_text())["impl"]["precision"] == "bf16"
     assert "| precision | bf16 |" in (straight / "README.md").read_text()
-    env = dict(os.environ, BERTFORGE_FAULT="write:6")  # killed in its second checkpoint
+    env = dict(os.environ, BERTFORGE_FAULT="write:step-00000004/optimizer.pt")  # the second checkpoint
     proc = subprocess.run([sys.executable, "-m", "bertforge", *args(killed, 4)], env=env, capture_output=True)
     assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
     monkeypatch.setenv("BERTFORGE_CPU_BF16", "0")  # resumed where auto would choose fp32
