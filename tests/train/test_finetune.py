@@ -498,3 +498,15 @@ def test_a_length_of_null_is_the_tasks_default(setup, tmp_path):
     assert main([*argv[:at], *argv[at + 2:]]) == 0
     saved = json.loads((tmp_path / "o" / "finetune_config.json").read_text())["finetune"]["data"]["max_seq_length"]
     assert saved == min(128, json.loads((setup / "model" / "config.json").read_text())["max_position_embeddings"])
+
+
+def test_a_run_parses_its_base_config_json_once(setup, tmp_path, monkeypatch):
+    """The learning rate by the model's width and the model itself come from one parse of config.json."""
+    import bertforge.models.base as base
+
+    reads = []
+    real = base.read_json_object
+    monkeypatch.setattr(base, "read_json_object", lambda *a: reads.append(a[0]) or real(*a))
+    argv = _args(setup, tmp_path / "o", "--epochs", "1")
+    assert main([a for i, a in enumerate(argv) if "--lr" not in argv[max(0, i - 1):i + 1]]) == 0
+    assert [r for r in reads if str(r).endswith("config.json")] == [str(setup / "model" / "config.json")]

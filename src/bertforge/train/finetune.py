@@ -40,7 +40,7 @@ from ..devices import Dist
 from ..embeddings import ST_FILES, module_settings
 from ..errors import TrainingError, UserError, shown
 from ..loading import check_max_seq_length, warn_untrained_positions
-from ..models import for_folder, load_config
+from ..models import head_class, load_config
 from ..outputs import MODEL_FILES, register_output
 from ..plots import plot_finetuning
 from ..settings import check_resumed, file_digest, say_schedule_changed
@@ -89,8 +89,9 @@ def finetune(task: FinetuneTask, cfg: FinetuneConfig, overwrite: bool = False, r
     if cfg.model and isinstance(cfg.model, str) and not os.path.isdir(cfg.model) and not own:
         raise UserError(f"model directory not found: {cfg.model}")  # (the rest: in validate)
     base = base_copy(cfg.out) if own else cfg.model  # the folder the run reads its config and tokenizer from
-    if cfg.train.lr is None and base and isinstance(base, str):  # the default: by the width of the run's model
-        cfg.train.lr = finetune_lr(load_config(base).hidden_size)
+    config = load_config(base) if base and isinstance(base, str) else None  # (the one read of its config.json)
+    if cfg.train.lr is None and config is not None:  # the default: by the width of the run's model
+        cfg.train.lr = finetune_lr(config.hidden_size)
     cfg.validate()
     validate_fields(task.settings)
     if not resume and not overwrite and (step is not None or (folder.started and not folder.finished)):
@@ -111,7 +112,7 @@ def finetune(task: FinetuneTask, cfg: FinetuneConfig, overwrite: bool = False, r
         reading = dataclasses.replace(cfg, model=base) if own else cfg
         task.read(reading)  # (no line before: a file that cannot be read is one error line, and nothing else)
         tok = load_tokenizer(base)
-        model_class, config = for_folder(base, task.model_class)  # the task's head, of the folder's family
+        model_class = head_class(config, task.model_class, base)  # the task's head, of the folder's family
         check_vocab_fits(tok, config.vocab_size, base)
         check_max_seq_length(config, cfg.data.max_seq_length, base)
         reinit_head = task.configure(config)
