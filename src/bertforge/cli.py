@@ -129,7 +129,7 @@ def cmd_finetune(a: argparse.Namespace) -> int:
 
 def _add_finetune_parsers(sub) -> None:
     from .config import finetune_lr_rule
-    from .tasks.base import finetune_batch_rule
+    from .tasks.base import finetune_batch_rule, finetune_epochs_rule
     from .train.lifecycle import SAVE_INTERVAL
     from .tasks import TASKS
 
@@ -140,8 +140,9 @@ def _add_finetune_parsers(sub) -> None:
         p = fts.add_parser(name, help=kind.help)
         cfg = kind.config()
         flags = add_setting_flags(p, cfg, defaults={"lr": finetune_lr_rule(), "save_every": (
-            f"every {SAVE_INTERVAL // 60} minutes of the run"), **({"batch_size": finetune_batch_rule(kind.batch)}
+            f"every {SAVE_INTERVAL // 60} minutes of the run"), **({"batch_size": finetune_batch_rule(kind.batch, kind.min_updates)}
                                                                 if cfg.train.batch_size is None else {}),
+            **({"epochs": finetune_epochs_rule(kind.min_updates)} if cfg.train.epochs is None else {}),
             **({"max_seq_length": kind.length_rule} if cfg.data.max_seq_length is None else {})})
         p.add_argument("--config", help="YAML or JSON file with the same settings as the flags, or a run's "
                                         "finetune_config.json (flags override it)")

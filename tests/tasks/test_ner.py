@@ -326,3 +326,24 @@ def test_a_resumed_run_compares_its_labels_file_by_content(setup, tmp_path, monk
     (tmp_path / "labels.txt").write_text("\n".join(names) + "\n")
     assert main(absolute) == 0, capsys.readouterr().err
     assert sorted(json.loads((tmp_path / "run" / "config.json").read_text())["id2label"].values()) == sorted(names)
+
+
+def test_without_epochs_a_small_file_takes_more_of_them(setup, tmp_path, capsys):
+    """Issue 68: NER's epochs are its data's when not given: the recipe's 3, more while its batch would make fewer
+    than 2,000 updates, up to 10 (WNUT-16's 1,694 sentences: 10 at batch 8); said, and saved with the run. Given
+    epochs are kept, and a run counted in steps keeps the recipe's."""
+    from bertforge.tasks.base import finetune_epochs
+
+    assert [finetune_epochs(n, 8, 2000) for n in (1_694, 4_000, 5_336, 100_000)] == [10, 4, 3, 3]
+    assert finetune_epochs(1_694, 16, 600) == 6 and finetune_epochs(6_400, 32, 600) == 3
+    argv = [a for a in _args(setup, tmp_path / "o") if a != "--quiet"]
+    assert main(argv) == 0  # (24 sentences: batch 8 by the data, 3 updates an epoch)
+    err = capsys.readouterr().err
+    assert "10 epochs: 24 examples make 3 updates an epoch at batch 8; ner fine-tunes to 2,000 updates" in err, err
+    saved = json.loads((tmp_path / "o" / "finetune_config.json").read_text())["finetune"]["train"]
+    assert (saved["epochs"], saved["batch_size"]) == (10, 8)
+    assert json.loads((tmp_path / "o" / "metrics.json").read_text())["step"] == 30
+    assert main(_args(setup, tmp_path / "e2", "--epochs", "2")) == 0
+    assert json.loads((tmp_path / "e2" / "metrics.json").read_text())["step"] == 6
+    assert main(_args(setup, tmp_path / "s", "--max-steps", "2")) == 0
+    assert json.loads((tmp_path / "s" / "finetune_config.json").read_text())["finetune"]["train"]["epochs"] == 3

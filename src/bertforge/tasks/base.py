@@ -21,11 +21,17 @@ from ..models import BertConfig
 
 # Fine-tuning's batch when none is given, by the data's size: a run of few optimizer updates fine-tunes badly
 # (on WNUT-16 the batch of 32 tagged no entity, and 16 fell far short of 8; on 2,000 SST-2 sentences 8 did as
-# well as 16 and 32: RESULTS.md), so the task's batch is halved while the epochs asked would make fewer than
-# FINETUNE_MIN_UPDATES updates, down to FINETUNE_MIN_BATCH (transformers' default batch); large data keeps the
-# task's batch, whose steps run faster per example.
+# well as 16 and 32: RESULTS.md), so the task's batch is halved while the epochs asked would make fewer than the
+# task's floor of updates (FINETUNE_MIN_UPDATES unless it says otherwise), down to FINETUNE_MIN_BATCH
+# (transformers' default batch); large data keeps the task's batch, whose steps run faster per example.
 FINETUNE_MIN_UPDATES = 600
 FINETUNE_MIN_BATCH = 8
+# A task whose epochs are by the data (its default epochs None: NER) starts from the recipe's and takes more, up
+# to FINETUNE_MAX_EPOCHS, while its batch would make fewer updates than its floor: on WNUT-16 the updates, not
+# the passes, decided (6 epochs at 16 scored as 3 at 8, the same 636 updates; 10 at 8 made 2,120 and 6 points
+# more: docs/log/defaults.md).
+FINETUNE_EPOCHS = 3
+FINETUNE_MAX_EPOCHS = 10
 
 
 def finetune_updates(examples: int, epochs: int, batch: int) -> int:
@@ -33,19 +39,34 @@ def finetune_updates(examples: int, epochs: int, batch: int) -> int:
     return epochs * -(-examples // batch)
 
 
-def finetune_batch(start: int, examples: int, epochs: int | None) -> int:
-    """The batch of a run of ``epochs`` over ``examples`` (:data:`FINETUNE_MIN_UPDATES`); ``start`` when the run
-    is not counted in epochs (``--max-steps``, ``--max-time``)."""
+def finetune_batch(start: int, examples: int, epochs: int | None, floor: int = FINETUNE_MIN_UPDATES) -> int:
+    """The batch of a run of ``epochs`` over ``examples`` (at least ``floor`` updates where it can); ``start``
+    when the run is not counted in epochs (``--max-steps``, ``--max-time``)."""
     batch = start
-    while epochs and batch > FINETUNE_MIN_BATCH and finetune_updates(examples, epochs, batch) < FINETUNE_MIN_UPDATES:
+    while epochs and batch > FINETUNE_MIN_BATCH and finetune_updates(examples, epochs, batch) < floor:
         batch = max(FINETUNE_MIN_BATCH, batch // 2)
     return batch
 
 
-def finetune_batch_rule(start: int) -> str:
+def finetune_batch_rule(start: int, floor: int = FINETUNE_MIN_UPDATES) -> str:
     """:func:`finetune_batch` in words, for ``--help``."""
-    return (f"by the data: {start}, halved while the epochs would make fewer than {FINETUNE_MIN_UPDATES} updates, "
-            f"down to {FINETUNE_MIN_BATCH}")
+    return f"by the data: {start}, halved while the epochs would make fewer than {floor} updates, down to " \
+           f"{FINETUNE_MIN_BATCH}"
+
+
+def finetune_epochs(examples: int, batch: int, floor: int) -> int:
+    """The epochs of a task that takes them by the data: :data:`FINETUNE_EPOCHS`, more while batches of ``batch``
+    would make fewer than ``floor`` updates, up to :data:`FINETUNE_MAX_EPOCHS`."""
+    epochs = FINETUNE_EPOCHS
+    while epochs < FINETUNE_MAX_EPOCHS and finetune_updates(examples, epochs, batch) < floor:
+        epochs += 1
+    return epochs
+
+
+def finetune_epochs_rule(floor: int) -> str:
+    """:func:`finetune_epochs` in words, for ``--help``."""
+    return f"by the data: {FINETUNE_EPOCHS}, more while they would make fewer than {floor} updates, up to " \
+           f"{FINETUNE_MAX_EPOCHS}"
 
 
 class FinetuneTask:
@@ -60,6 +81,7 @@ class FinetuneTask:
     plotted: ClassVar[list[tuple[str, str]]] = []  # (metric, label) drawn per epoch
     defaults: ClassVar[dict[str, Any]] = {}  # this task's defaults of FinetuneConfig fields (by flat name)
     batch: ClassVar[int] = 32  # the batch of a run of enough updates, when --batch-size is not given (finetune_batch)
+    min_updates: ClassVar[int] = FINETUNE_MIN_UPDATES  # the floor of updates of the rules by the data
     pipeline_tag: ClassVar[str] = ""  # the Hub's name of what the model does, for its card
     bench_files: ClassVar[tuple[str, str]] = ("", "")  # `bench --data-dir D`'s training and validation files in D
     # ---- the command line's rows and the API's (cli.py and api.py loop over the tasks and name none)

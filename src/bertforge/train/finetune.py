@@ -45,7 +45,7 @@ from ..outputs import MODEL_FILES, register_output
 from ..plots import plot_finetuning
 from ..settings import check_resumed, file_digest, say_schedule_changed
 from ..tasks import FinetuneTask
-from ..tasks.base import finetune_batch, finetune_updates
+from ..tasks.base import FINETUNE_EPOCHS, finetune_batch, finetune_epochs, finetune_updates
 from ..tokenizer import check_vocab_fits, load_tokenizer
 from .engine import Engine, LinearSchedule
 from .lifecycle import TrainingRun, finish, preflight, recover, run_folder, start_run
@@ -92,6 +92,9 @@ def finetune(task: FinetuneTask, cfg: FinetuneConfig, overwrite: bool = False, r
     config = load_config(base) if base and isinstance(base, str) else None  # (the one read of its config.json)
     if cfg.train.lr is None and config is not None:  # the default: by the width of the run's model
         cfg.train.lr = finetune_lr(config.hidden_size)
+    epochs_by_data = cfg.train.epochs is None
+    if epochs_by_data:  # the task's epochs by its data: the recipe's until the data is read (a resumed run: its own)
+        cfg.train.epochs = FINETUNE_EPOCHS
     cfg.validate()
     validate_fields(task.settings)
     if not resume and not overwrite and (step is not None or (folder.started and not folder.finished)):
@@ -102,7 +105,7 @@ def finetune(task: FinetuneTask, cfg: FinetuneConfig, overwrite: bool = False, r
     output = preflight(folder, [cfg.model, cfg.data.train_file, cfg.data.validation_file], overwrite, resume,
                        restarts=True)
     files = files_content(cfg, task)
-    schedule = check_resumed_files(folder, cfg, task, files) if resume else []
+    schedule = check_resumed_files(folder, cfg, task, files, epochs_by_data) if resume else []
     length_by_base = cfg.data.max_seq_length is None
     if length_by_base:  # (a resumed run has its own: check_resumed_files)
         cfg.data.max_seq_length = task.length_of(base)
@@ -122,6 +125,8 @@ def finetune(task: FinetuneTask, cfg: FinetuneConfig, overwrite: bool = False, r
         features, collate = task.encode(tok, reading)
         if cfg.train.batch_size is None:  # (a resumed run has its own: check_resumed_files)
             cfg.train.batch_size = data_batch(task, cfg, len(features), d)
+        if epochs_by_data and not resume and not (cfg.train.max_steps or cfg.train.max_time):
+            cfg.train.epochs = data_epochs(task, cfg, len(features), d)
         if cfg.train.batch_size < d.world * cfg.train.grad_accum:
             raise UserError(f"--batch-size {cfg.train.batch_size} is smaller than processes x --grad-accum")
         warn_untrained_positions(base, max((len(f["input_ids"]) for f in features), default=0), d)
@@ -158,7 +163,7 @@ def data_batch(task: FinetuneTask, cfg: FinetuneConfig, examples: int, d: Dist) 
     """The batch of a run without ``--batch-size``: the task's, halved for a run of few updates
     (:func:`~bertforge.tasks.base.finetune_batch`), said when it is; a multiple of processes x accumulation steps."""
     t = cfg.train
-    batch = finetune_batch(task.batch, examples, None if t.max_steps or t.max_time else t.epochs)
+    batch = finetune_batch(task.batch, examples, None if t.max_steps or t.max_time else t.epochs, task.min_updates)
     if batch != task.batch and d.is_main:  # (halved: a run counted in epochs)
         log.info("batch %d: %s examples x %d epoch(s) make %s updates at %d, %s at the task's %d (fine-tuning needs "
                  "a few hundred; --batch-size sets it)", batch, f"{examples:,}", t.epochs,
@@ -166,6 +171,18 @@ def data_batch(task: FinetuneTask, cfg: FinetuneConfig, examples: int, d: Dist) 
                  f"{finetune_updates(examples, t.epochs, task.batch):,}", task.batch)
     step = d.world * t.grad_accum
     return max(step, -(-batch // step) * step)
+
+
+def data_epochs(task: FinetuneTask, cfg: FinetuneConfig, examples: int, d: Dist) -> int:
+    """The epochs of a run whose task takes them by the data (:func:`~bertforge.tasks.base.finetune_epochs`), said
+    when they are more than the recipe's."""
+    t = cfg.train
+    epochs = finetune_epochs(examples, t.batch_size, task.min_updates)
+    if epochs != t.epochs and d.is_main:
+        log.info("%d epochs: %s examples make %s updates an epoch at batch %d; %s fine-tunes to %s updates where it "
+                 "can (--epochs sets it)", epochs, f"{examples:,}", f"{finetune_updates(examples, 1, t.batch_size):,}",
+                 t.batch_size, task.name, f"{task.min_updates:,}")
+    return epochs
 
 
 def run_record(cfg: FinetuneConfig, task: FinetuneTask, processes: int, files: dict, command=None) -> dict:
@@ -231,7 +248,8 @@ def copy_base(model: str, dest: str) -> None:
     os.replace(tmp, dest)
 
 
-def check_resumed_files(folder: RunFolder, cfg: FinetuneConfig, task: FinetuneTask, files: dict) -> list[str]:
+def check_resumed_files(folder: RunFolder, cfg: FinetuneConfig, task: FinetuneTask, files: dict,
+                        epochs_by_data: bool = False) -> list[str]:
     """The resume rule (:func:`~bertforge.settings.check_resumed`) against the run's saved settings, and its files by
     content; returns the schedule's changes."""
     saved = folder.saved()
@@ -246,6 +264,8 @@ def check_resumed_files(folder: RunFolder, cfg: FinetuneConfig, task: FinetuneTa
         cfg.train.batch_size = before.train.batch_size
     if cfg.data.max_seq_length is None:  # the length the run took from its base model when it started
         cfg.data.max_seq_length = before.data.max_seq_length
+    if epochs_by_data:  # the epochs the run took by its data when it started
+        cfg.train.epochs = before.train.epochs
     schedule = check_resumed(cfg.out, before, cfg, dataclass_from_dict(type(task.settings)(), saved.get("task") or {}),
                              task.settings)
     was = saved.get(CORPUS) or {}
