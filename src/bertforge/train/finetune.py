@@ -123,12 +123,7 @@ def finetune(task: FinetuneTask, cfg: FinetuneConfig, overwrite: bool = False, r
             log.info("tokenizing the examples (--max-seq-length %d%s)", cfg.data.max_seq_length,
                      f": {task.length_rule}" if length_by_base and task.length_rule else "")
         features, collate = task.encode(tok, reading)
-        if cfg.train.batch_size is None:  # (a resumed run has its own: check_resumed_files)
-            cfg.train.batch_size = data_batch(task, cfg, len(features), d)
-        if epochs_by_data and not resume and not (cfg.train.max_steps or cfg.train.max_time):
-            cfg.train.epochs = data_epochs(task, cfg, len(features), d)
-        if cfg.train.batch_size < d.world * cfg.train.grad_accum:
-            raise UserError(f"--batch-size {cfg.train.batch_size} is smaller than processes x --grad-accum")
+        by_data(task, cfg, len(features), d, epochs_by_data and not resume)
         warn_untrained_positions(base, max((len(f["input_ids"]) for f in features), default=0), d)
         torch.manual_seed(cfg.train.seed)
         if d.is_main:
@@ -157,6 +152,17 @@ def finetune(task: FinetuneTask, cfg: FinetuneConfig, overwrite: bool = False, r
                                                             train_seconds, record, checkpointed, run.warnings)
         d.barrier()  # the other processes wait until rank 0 has written the outputs
         return metrics
+
+
+def by_data(task: FinetuneTask, cfg: FinetuneConfig, examples: int, d: Dist, epochs: bool) -> None:
+    """The batch, and with ``epochs`` the epochs, that a run without them takes by its data (a resumed run has its
+    own: :func:`check_resumed_files`)."""
+    if cfg.train.batch_size is None:
+        cfg.train.batch_size = data_batch(task, cfg, examples, d)
+    if epochs and not (cfg.train.max_steps or cfg.train.max_time):
+        cfg.train.epochs = data_epochs(task, cfg, examples, d)
+    if cfg.train.batch_size < d.world * cfg.train.grad_accum:
+        raise UserError(f"--batch-size {cfg.train.batch_size} is smaller than processes x --grad-accum")
 
 
 def data_batch(task: FinetuneTask, cfg: FinetuneConfig, examples: int, d: Dist) -> int:
