@@ -347,3 +347,34 @@ def test_without_epochs_a_small_file_takes_more_of_them(setup, tmp_path, capsys)
     assert json.loads((tmp_path / "e2" / "metrics.json").read_text())["step"] == 6
     assert main(_args(setup, tmp_path / "s", "--max-steps", "2")) == 0
     assert json.loads((tmp_path / "s" / "finetune_config.json").read_text())["finetune"]["train"]["epochs"] == 3
+    assert main(_args(setup, tmp_path / "t", "--max-time", "1h")) == 0  # (a timed run ends at its epochs too)
+    assert json.loads((tmp_path / "t" / "metrics.json").read_text())["step"] == 30
+
+
+def test_a_run_without_epochs_resumes_with_the_epochs_it_chose(setup, tmp_path, monkeypatch, capsys):
+    """Stopped by Ctrl-C at step 25 of the 30 its data chose (10 epochs), the run resumed without --epochs takes
+    its own 10 again, says no schedule changed, and ends at step 30."""
+    import os
+    import signal
+
+    from bertforge.train.engine import Engine
+
+    step, calls = Engine.step, []
+
+    def stepping(self, *a, **kw):
+        calls.append(1)
+        if len(calls) == 25:
+            os.kill(os.getpid(), signal.SIGINT)
+        return step(self, *a, **kw)
+
+    monkeypatch.setattr(Engine, "step", stepping)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        assert main(_args(setup, tmp_path / "o")) == 1
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert "interrupted at step 25" in capsys.readouterr().err
+    monkeypatch.setattr(Engine, "step", step)
+    assert main([*_args(setup, tmp_path / "o"), "--resume"]) == 0
+    assert "changed" not in capsys.readouterr().err
+    assert json.loads((tmp_path / "o" / "metrics.json").read_text())["step"] == 30

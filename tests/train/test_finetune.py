@@ -510,3 +510,12 @@ def test_a_run_parses_its_base_config_json_once(setup, tmp_path, monkeypatch):
     argv = _args(setup, tmp_path / "o", "--epochs", "1")
     assert main([a for i, a in enumerate(argv) if "--lr" not in argv[max(0, i - 1):i + 1]]) == 0
     assert [r for r in reads if str(r).endswith("config.json")] == [str(setup / "model" / "config.json")]
+
+
+def test_epochs_of_null_are_refused_where_the_task_does_not_take_them_by_its_data(setup, tmp_path, capsys):
+    """Only a task whose default epochs are None (NER) takes them by its data; ``epochs: null`` elsewhere is still
+    the one error line it was."""
+    (tmp_path / "c.json").write_text('{"epochs": null}')
+    assert main(_args(setup, tmp_path / "o", "--config", str(tmp_path / "c.json"))) == 2
+    assert capsys.readouterr().err.strip() == "error: --epochs needs a value"
+

@@ -92,7 +92,7 @@ def finetune(task: FinetuneTask, cfg: FinetuneConfig, overwrite: bool = False, r
     config = load_config(base) if base and isinstance(base, str) else None  # (the one read of its config.json)
     if cfg.train.lr is None and config is not None:  # the default: by the width of the run's model
         cfg.train.lr = finetune_lr(config.hidden_size)
-    epochs_by_data = cfg.train.epochs is None
+    epochs_by_data = cfg.train.epochs is None and task.config().train.epochs is None  # (NER's; others: an error)
     if epochs_by_data:  # the task's epochs by its data: the recipe's until the data is read (a resumed run: its own)
         cfg.train.epochs = FINETUNE_EPOCHS
     cfg.validate()
@@ -159,7 +159,7 @@ def by_data(task: FinetuneTask, cfg: FinetuneConfig, examples: int, d: Dist, epo
     own: :func:`check_resumed_files`)."""
     if cfg.train.batch_size is None:
         cfg.train.batch_size = data_batch(task, cfg, examples, d)
-    if epochs and not (cfg.train.max_steps or cfg.train.max_time):
+    if epochs and not cfg.train.max_steps:  # (a timed run ends at its epochs too, where its clock allows)
         cfg.train.epochs = data_epochs(task, cfg, examples, d)
     if cfg.train.batch_size < d.world * cfg.train.grad_accum:
         raise UserError(f"--batch-size {cfg.train.batch_size} is smaller than processes x --grad-accum")
@@ -169,12 +169,13 @@ def data_batch(task: FinetuneTask, cfg: FinetuneConfig, examples: int, d: Dist) 
     """The batch of a run without ``--batch-size``: the task's, halved for a run of few updates
     (:func:`~bertforge.tasks.base.finetune_batch`), said when it is; a multiple of processes x accumulation steps."""
     t = cfg.train
-    batch = finetune_batch(task.batch, examples, None if t.max_steps or t.max_time else t.epochs, task.min_updates)
-    if batch != task.batch and d.is_main:  # (halved: a run counted in epochs)
-        log.info("batch %d: %s examples x %d epoch(s) make %s updates at %d, %s at the task's %d (fine-tuning needs "
-                 "a few hundred; --batch-size sets it)", batch, f"{examples:,}", t.epochs,
+    batch = finetune_batch(task.batch, examples, None if t.max_steps else t.epochs, task.min_updates)
+    if batch != task.batch and d.is_main:  # (halved: a run counted in epochs, or timed and ending at them)
+        log.info("batch %d: %s examples x %d epoch(s) make %s updates at %d, %s at the task's %d (%s fine-tunes to %s "
+                 "updates where it can; --batch-size sets it)", batch, f"{examples:,}", t.epochs,
                  f"{finetune_updates(examples, t.epochs, batch):,}", batch,
-                 f"{finetune_updates(examples, t.epochs, task.batch):,}", task.batch)
+                 f"{finetune_updates(examples, t.epochs, task.batch):,}", task.batch, task.name,
+                 f"{task.min_updates:,}")
     step = d.world * t.grad_accum
     return max(step, -(-batch // step) * step)
 
