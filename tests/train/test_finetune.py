@@ -501,14 +501,17 @@ def test_a_length_of_null_is_the_tasks_default(setup, tmp_path):
 
 
 def test_a_run_parses_its_base_config_json_once(setup, tmp_path, monkeypatch):
-    """The learning rate by the model's width and the model itself come from one parse of config.json."""
+    """The learning rate by the model's width, the length capped at its positions and the model itself come from
+    one parse of config.json."""
     import bertforge.models.base as base
 
     reads = []
     real = base.read_json_object
     monkeypatch.setattr(base, "read_json_object", lambda *a: reads.append(a[0]) or real(*a))
-    argv = _args(setup, tmp_path / "o", "--epochs", "1")
-    assert main([a for i, a in enumerate(argv) if "--lr" not in argv[max(0, i - 1):i + 1]]) == 0
+    (tmp_path / "c.json").write_text('{"max_seq_length": null}')  # (the task's length, capped by the model)
+    argv = _args(setup, tmp_path / "o", "--epochs", "1", "--config", str(tmp_path / "c.json"))
+    given = ("--lr", "--max-seq-length")  # (both by the model)
+    assert main([a for i, a in enumerate(argv) if not set(given) & set(argv[max(0, i - 1):i + 1])]) == 0
     assert [r for r in reads if str(r).endswith("config.json")] == [str(setup / "model" / "config.json")]
 
 

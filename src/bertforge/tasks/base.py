@@ -14,7 +14,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from ..commands import add_setting_flags, positive_int
-from ..config import FinetuneConfig, FinetuneDataConfig, dataclass_from_dict, validate_fields
+from ..config import FINETUNE_TRAIN_DEFAULTS, FinetuneConfig, FinetuneDataConfig, dataclass_from_dict, validate_fields
 from ..errors import UserError
 from ..models import BertConfig
 
@@ -30,7 +30,7 @@ FINETUNE_MIN_BATCH = 8
 # to FINETUNE_MAX_EPOCHS, while its batch would make fewer updates than its floor: on WNUT-16 the updates, not
 # the passes, decided (6 epochs at 16 scored as 3 at 8, the same 636 updates; 10 at 8 made 2,120 and 6 points
 # more: docs/log/defaults.md).
-FINETUNE_EPOCHS = 3
+FINETUNE_EPOCHS = FINETUNE_TRAIN_DEFAULTS["epochs"]
 FINETUNE_MAX_EPOCHS = 10
 
 
@@ -41,7 +41,7 @@ def finetune_updates(examples: int, epochs: int, batch: int) -> int:
 
 def finetune_batch(start: int, examples: int, epochs: int | None, floor: int = FINETUNE_MIN_UPDATES) -> int:
     """The batch of a run of ``epochs`` over ``examples`` (at least ``floor`` updates where it can); ``start``
-    when the run is not counted in epochs (``--max-steps``, ``--max-time``)."""
+    when the run is counted in steps (``--max-steps``: ``epochs`` None)."""
     batch = start
     while epochs and batch > FINETUNE_MIN_BATCH and finetune_updates(examples, epochs, batch) < floor:
         batch = max(FINETUNE_MIN_BATCH, batch // 2)
@@ -181,12 +181,12 @@ class FinetuneTask:
         return cls.defaults.get("max_seq_length") or FinetuneDataConfig().max_seq_length
 
     @classmethod
-    def length_of(cls, base: str) -> int:
-        """:meth:`default_length`, at most the positions of the model in ``base``."""
+    def length_of(cls, base: str, config: Any = None) -> int:
+        """:meth:`default_length`, at most the positions of the model in ``base`` (its ``config`` when read)."""
         from ..loading import check_max_seq_length
         from ..models import load_config
 
-        return check_max_seq_length(load_config(base), None, base, cls.default_length(base))
+        return check_max_seq_length(config or load_config(base), None, base, cls.default_length(base))
 
     def configure(self, config: BertConfig) -> bool:
         """Adapt the model's config to the task; True when the checkpoint's head must be re-initialised."""

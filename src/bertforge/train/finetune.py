@@ -108,7 +108,7 @@ def finetune(task: FinetuneTask, cfg: FinetuneConfig, overwrite: bool = False, r
     schedule = check_resumed_files(folder, cfg, task, files, epochs_by_data) if resume else []
     length_by_base = cfg.data.max_seq_length is None
     if length_by_base:  # (a resumed run has its own: check_resumed_files)
-        cfg.data.max_seq_length = task.length_of(base)
+        cfg.data.max_seq_length = task.length_of(base, config)
     with start_run(output, cfg.impl) as (d, device):
         if own and d.is_main:
             log.info("resuming from the run's own copy of its base model's config and tokenizer (%s)", base)
