@@ -18,6 +18,9 @@ from bertforge.devices import available_cores
 # numerics: --precision auto means fp32 here whatever the CPU (a CPU with native bf16 would otherwise pick bf16),
 # in the test processes and every process they start; tests/train/test_precision.py asks for bf16 itself.
 os.environ["BERTFORGE_CPU_BF16"] = "0"
+# Drawing a run's PNG plots took a quarter of the suite's time, a 2-step run's most expensive part: the runs here
+# skip them, in-process and in every process they start, and the tests of the plots turn them on (`plots_on`).
+os.environ["BERTFORGE_PLOTS"] = "0"
 
 # Under pytest-xdist (`make test` runs a worker per core, up to 4) the cores are shared among the workers: each
 # worker, and the bertforge processes it starts (which read BERTFORGE_THREADS and share it among torchrun's
@@ -83,3 +86,9 @@ def story_tokenizer(small_text_corpus):
 def _isolated_cache(tmp_path, monkeypatch):
     """Each test writes tokenized corpora to its own cache, never to ~/.cache."""
     monkeypatch.setenv("BERTFORGE_CACHE", str(tmp_path / "cache"))
+
+
+@pytest.fixture
+def plots_on(monkeypatch):
+    """Runs draw their plots (the suite's runs skip them: the conftest's BERTFORGE_PLOTS=0)."""
+    monkeypatch.setenv("BERTFORGE_PLOTS", "1")

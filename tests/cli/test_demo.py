@@ -22,7 +22,7 @@ from bertforge.demo.corpus import (
 
 
 @pytest.mark.slow
-def test_demo_quick_runs_end_to_end(tmp_path, capsys, monkeypatch):
+def test_demo_quick_runs_end_to_end(tmp_path, capsys, monkeypatch, plots_on):
     """`demo --quick` through the command line, every stage and output, at a toy size (what it reaches at its
     real size, seed by seed, is in the README's demo section)."""
     toy = replace(DemoSettings.quick(), stories=300, mlm_steps=60, nsp_steps=20, finetune_epochs=1)

@@ -37,8 +37,10 @@ def _args(corpus, tok, out, *extra):
 @pytest.fixture(scope="module")
 def electra_run(small_text_corpus, tok_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("electra") / "run"
-    assert main(["--quiet", *_args(small_text_corpus, tok_dir, out, "--max-steps", "6", "--eval-every", "3",
-                                   "--save-every", "3")]) == 0
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("BERTFORGE_PLOTS", "1")  # (the suite skips plots; this run's are tested)
+        assert main(["--quiet", *_args(small_text_corpus, tok_dir, out, "--max-steps", "6", "--eval-every", "3",
+                                       "--save-every", "3")]) == 0
     return out
 
 

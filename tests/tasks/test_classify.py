@@ -23,7 +23,7 @@ def sst_slice(tmp_path_factory):
     return d, model
 
 
-def test_tiny_model_learns_its_training_slice_and_transformers_agrees(sst_slice, tmp_path, capsys):
+def test_tiny_model_learns_its_training_slice_and_transformers_agrees(sst_slice, tmp_path, capsys, plots_on):
     d, model = sst_slice
     out = tmp_path / "cls"
     rc = main(["--quiet", "finetune", "classify", "--model", model, "--train", str(d / "train.tsv"),

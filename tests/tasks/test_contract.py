@@ -131,9 +131,10 @@ def _trained(name: str, base: str, tmp_path: pathlib.Path, capsys) -> tuple[path
 
 
 @pytest.mark.parametrize("name", sorted(SAMPLES))
-def test_a_task_reads_trains_evaluates_predicts_and_leaves_a_reference_folder(name, base, tmp_path, capsys):
+def test_a_task_reads_trains_evaluates_predicts_and_leaves_a_reference_folder(name, base, tmp_path, capsys, plots_on):
     task, sample = TASKS[name], SAMPLES[name]
     out, validation, taken, printed = _trained(name, base, tmp_path, capsys)
+    assert {p.name for p in (out / "plots").iterdir()} == {"loss.png", "metrics.png", "lr.png"}
     evaluate_flags = [x for k, v in taken.items() for x in (f"--{k.replace('_', '-')}", str(v))]
     assert set(task.printed) <= set(printed), printed
     metrics = json.loads((out / "metrics.json").read_text())

@@ -41,7 +41,7 @@ def _metric_rows(out):
     return rows
 
 
-def test_outputs_and_transformers_loading(small_text_corpus, story_tok_dir, tmp_path, capsys):
+def test_outputs_and_transformers_loading(small_text_corpus, story_tok_dir, tmp_path, capsys, plots_on):
     out = tmp_path / "run"
     assert main(["--quiet", *_args(small_text_corpus, story_tok_dir, out, "--max-steps", "20", "--eval-every", "10")]) == 0
     for name in ("config.json", "model.safetensors", "vocab.txt", "tokenizer.json", "tokenizer_config.json",
