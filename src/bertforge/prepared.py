@@ -628,29 +628,37 @@ def _manifest(out: str, files: list[str], tok: Tokenizer, reading: Reading, reco
     return manifest
 
 
-def _duplicates(out: str, records: list[dict], reading: Reading, buckets: int = 256) -> dict:
-    """Exact duplicates beyond each first occurrence (spaces collapsed), over the whole corpus: the hashes are
-    spread into ``buckets`` files by their top byte and each bucket is counted alone, so the memory this takes
-    is a bucket's, not the corpus's."""
+def _duplicates(out: str, records: list[dict], reading: Reading, buckets: int = 256,
+                in_memory: int = 1 << 24) -> dict:
+    """Exact duplicates beyond each first occurrence (spaces collapsed), over the whole corpus: up to
+    ``in_memory`` hashes (128 MB) counted at once; more are spread into ``buckets`` files by their top byte and
+    each bucket is counted alone, so the memory this takes is a bucket's, not the corpus's."""
     found = {"dropped": reading.dedup}
     for key, name in (("documents", HASHES[0]), ("paragraphs", HASHES[1])):
-        with tempfile.TemporaryDirectory(prefix=".duplicates-", dir=out) as tmp:
-            files = [open(os.path.join(tmp, str(b)), "wb") for b in range(buckets)]
-            total = 0
-            for r in records:
-                h = np.fromfile(os.path.join(out, "shards", r["name"], name), dtype=np.uint64)
-                total += len(h)
-                top = (h >> np.uint64(56)).astype(np.int64) * buckets // 256
-                order = np.argsort(top, kind="stable")
-                bounds = np.searchsorted(top[order], np.arange(buckets + 1))
-                for b in np.flatnonzero(np.diff(bounds)):
-                    h[order[bounds[b] : bounds[b + 1]]].tofile(files[b])
-            for f in files:
-                f.close()
-            distinct = sum(len(np.unique(np.fromfile(os.path.join(tmp, str(b)), dtype=np.uint64)))
-                           for b in range(buckets))
+        paths = [os.path.join(out, "shards", r["name"], name) for r in records]
+        total = sum(os.path.getsize(p) for p in paths) // 8
+        if total <= in_memory:  # (a temporary file per bucket costs more than the counting of a small corpus)
+            distinct = len(np.unique(np.concatenate([np.zeros(0, np.uint64)]
+                                                    + [np.fromfile(p, dtype=np.uint64) for p in paths])))
+        else:
+            distinct = _distinct_by_bucket(out, paths, buckets)
         found[key], found[f"{key}_read"] = total - distinct, total
     return found
+
+
+def _distinct_by_bucket(out: str, paths: list[str], buckets: int) -> int:
+    with tempfile.TemporaryDirectory(prefix=".duplicates-", dir=out) as tmp:
+        files = [open(os.path.join(tmp, str(b)), "wb") for b in range(buckets)]
+        for path in paths:
+            h = np.fromfile(path, dtype=np.uint64)
+            top = (h >> np.uint64(56)).astype(np.int64) * buckets // 256
+            order = np.argsort(top, kind="stable")
+            bounds = np.searchsorted(top[order], np.arange(buckets + 1))
+            for b in np.flatnonzero(np.diff(bounds)):
+                h[order[bounds[b] : bounds[b + 1]]].tofile(files[b])
+        for f in files:
+            f.close()
+        return sum(len(np.unique(np.fromfile(os.path.join(tmp, str(b)), dtype=np.uint64))) for b in range(buckets))
 
 
 def _held_out(out: str, manifest: dict) -> dict:

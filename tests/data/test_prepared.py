@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -226,6 +227,10 @@ def test_duplicates_are_counted_and_dropped_with_dedup(minilm_dir, tmp_path):
     texts = [b.document_text(d, tok) for d in range(b.n_documents)]
     assert texts == ["first story. it is long. a shared paragraph here.", "second story.", "third, new."]
     assert json.loads((dropped / "manifest.json").read_text())["duplicates"]["paragraphs"] == 4
+    # a corpus too large to count in memory is counted bucket by bucket, to the same figures
+    records = json.loads((kept / "manifest.json").read_text())["shards"]
+    by_bucket = prepared_module._duplicates(str(kept), records, SimpleNamespace(dedup=False), buckets=4, in_memory=0)
+    assert by_bucket == {**m, "dropped": False}
 
 
 def test_bad_input_is_one_error_naming_the_line(minilm_dir, tmp_path, monkeypatch, capsys):
