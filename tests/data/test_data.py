@@ -16,15 +16,16 @@ from bertforge.data import (
     create_instances,
     split_documents,
 )
-from bertforge.tokenizer import special_ids, train_vocabulary
+from bertforge.tokenizer import load_tokenizer, special_ids, train_vocabulary
 
 from ..conftest import data_path
 
 
 @pytest.fixture(scope="module")
-def gutenberg(tmp_path_factory):
+def gutenberg(tmp_path_factory, minilm_dir):
+    """The held-out books with a real WordPiece vocabulary (bert-base-uncased's: training one took seconds)."""
     path = str(data_path("gutenberg", "validation.jsonl"))
-    tok = train_vocabulary(iter_texts([path]), 8000)
+    tok = load_tokenizer(minilm_dir)
     corpus = build_corpus([path], tok, cache_dir=str(tmp_path_factory.mktemp("cache")))
     return tok, corpus
 
