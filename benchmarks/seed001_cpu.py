@@ -17,8 +17,9 @@ on the official dev set.  Here the stages, each one bertforge command run in thi
     finetune   finetune squad on the split, --max-time the fine-tuning minutes, no validation: the last
                weights are kept (--seed S)
     heldout    evaluate squad on the five set-aside training articles
-    dev        evaluate squad on squad/dev-v1.1.json (5 articles of the official dev set, 1,032 questions)
-               (both scores with answers of at most --max-answer-length tokens)
+    dev        evaluate squad on squad/dev-v1.1.json (5 articles of the official dev set, 1,032 questions;
+               --dry: its first 48, written by split) (both scores with answers of at most --max-answer-length
+               tokens)
 
 A stage with a record in OUT/stages/ is skipped (a record of other settings is refused: use another --out); a
 training stage killed midway continues from its checkpoint.  OUT/summary.json and OUT/summary.md (each stage's
@@ -51,6 +52,7 @@ class Recipe:
     pretrain_minutes: float = 25.0  # (against 20/15 and 20/30: fine-tuning's minutes were the lever; RESULTS.md)
     finetune_minutes: float = 75.0
     questions: int = 0  # fine-tuning questions, the first of the split (0: all)
+    dev_questions: int = 0  # the dev stage's questions, the first of dev-v1.1.json (0: all; --dry)
     max_seq_length: int = 128  # fine-tuning windows
     doc_stride: int = 32
     finetune_batch: int = 32
@@ -69,8 +71,9 @@ class Recipe:
     eval_minutes: float = 2.0
 
 
-DRY = dict(pretrain_minutes=0.5, finetune_minutes=0.5, questions=48, preset="tiny", book_bytes=300_000,
-           pretrain_steps=4, finetune_steps=4, split_minutes=0.1, prepare_minutes=0.1, eval_minutes=0.3)
+DRY = dict(pretrain_minutes=0.5, finetune_minutes=0.5, questions=48, dev_questions=48, preset="tiny",
+           book_bytes=300_000, pretrain_steps=4, finetune_steps=4, split_minutes=0.1, prepare_minutes=0.1,
+           eval_minutes=0.3)
 
 
 @dataclasses.dataclass
@@ -102,7 +105,8 @@ def stages(out: str, data_dir: str, r: Recipe, seed: int) -> list[Stage]:
         Stage("heldout", ["evaluate", "squad", "--model", d("squad"), "--data", d("split", "heldout.json"),
                           *windows, *answers], r.eval_minutes),
         Stage("dev", ["evaluate", "squad", "--model", d("squad"), "--data",
-                      os.path.join(data_dir, "squad", "dev-v1.1.json"), *windows, *answers], r.eval_minutes),
+                      d("split", "dev.json") if r.dev_questions else os.path.join(data_dir, "squad", "dev-v1.1.json"),
+                      *windows, *answers], r.eval_minutes),
     ]
 
 
@@ -121,18 +125,12 @@ def write_split(data_dir: str, folder: str, r: Recipe) -> dict:
     articles, held = src["data"][:-HELD_OUT_ARTICLES], src["data"][-HELD_OUT_ARTICLES:]
     if r.book_bytes:  # (--dry) one article held out, enough to score
         held = held[-1:]
-    train, n = [], 0
-    for a in articles:
-        if r.questions and n >= r.questions:
-            break
-        paragraphs = []
-        for p in a["paragraphs"]:
-            qas = p["qas"][: r.questions - n] if r.questions else p["qas"]
-            if qas:
-                paragraphs.append({**p, "qas": qas})
-                n += len(qas)
-        train.append({**a, "paragraphs": paragraphs})
+    train, n = first_questions(articles, r.questions)
     os.makedirs(folder, exist_ok=True)
+    if r.dev_questions:  # (--dry) the first questions of dev, not its 1,032
+        dev = read_json(os.path.join(data_dir, "squad", "dev-v1.1.json"))
+        write_json(os.path.join(folder, "dev.json"), {"version": dev.get("version", "1.1"),
+                                                      "data": first_questions(dev["data"], r.dev_questions)[0]})
     write_json(os.path.join(folder, "train.json"), {"version": src.get("version", "1.1"), "data": train})
     write_json(os.path.join(folder, "heldout.json"), {"version": src.get("version", "1.1"), "data": held})
     if r.squad_text:  # one document per article: its contexts, in order
@@ -147,6 +145,22 @@ def write_split(data_dir: str, folder: str, r: Recipe) -> dict:
                 g.write(json.dumps({"text": text[i : i + 10_000]}) + "\n")
     return {"train_questions": n, "train_articles": len(train), "heldout_articles": [a["title"] for a in held],
             "heldout_questions": sum(len(p["qas"]) for a in held for p in a["paragraphs"])}
+
+
+def first_questions(articles: list[dict], wanted: int) -> tuple[list[dict], int]:
+    """(the articles cut to their first ``wanted`` questions, 0: all of them; how many questions they hold)."""
+    kept, n = [], 0
+    for a in articles:
+        if wanted and n >= wanted:
+            break
+        paragraphs = []
+        for p in a["paragraphs"]:
+            qas = p["qas"][: wanted - n] if wanted else p["qas"]
+            if qas:
+                paragraphs.append({**p, "qas": qas})
+                n += len(qas)
+        kept.append({**a, "paragraphs": paragraphs})
+    return kept, n
 
 
 # ------------------------------------------------------------------------------------------------ stages

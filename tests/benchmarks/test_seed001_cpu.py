@@ -47,6 +47,10 @@ def test_dry_chain_from_raw_books_to_the_dev_score(tmp_path):
     assert ft["finetune"]["data"]["validation_file"] in ("", None)  # nothing chosen on held-out data or dev
     assert "dev-v1.1" not in (out / "logs" / "finetune.log").read_text()
     assert all(s["stages"][st]["argv"][-3:-1] == ["--seed", "1"] for st in ("pretrain", "finetune"))
+    dev = s["stages"]["dev"]["argv"]  # the dry run scores dev's first 48 questions, as split wrote them
+    assert dev[dev.index("--data") + 1] == str(out / "split" / "dev.json")
+    assert sum(len(p["qas"]) for a in json.loads((out / "split" / "dev.json").read_text())["data"]
+               for p in a["paragraphs"]) == 48
     again = _run("--data-dir", str(data), "--out", str(out), "--dry", "--seed", "1")
     assert again.returncode == 0 and json.loads((out / "summary.json").read_text())["stages"] == s["stages"]
     other = _run("--data-dir", str(data), "--out", str(out), "--dry", "--seed", "2")
