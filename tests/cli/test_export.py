@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import builtins
+import contextlib
 import importlib
+import io
 import json
 import os
+import pathlib
+import shutil
 
 import numpy as np
 import pytest
@@ -14,6 +18,7 @@ import torch
 from bertforge import pipeline
 from bertforge.cli import main
 from bertforge.embeddings import EmbeddingSettings, write_settings
+from bertforge.export import TOLERANCE
 from bertforge.models import BertConfig, BertForSequenceClassification, BertModel
 from bertforge.tokenizer import train_vocabulary
 
@@ -84,15 +89,32 @@ def _optimum_loads() -> bool:
     return True
 
 
-def test_predict_and_evaluate_take_the_backend(tmp_path, tok, capsys):
-    folder = save(BertForSequenceClassification, tmp_path / "clf", tok, id2label={0: "neg", 1: "pos"})
-    data = tmp_path / "dev.jsonl"
+@pytest.fixture(scope="module")
+def classifier(tmp_path_factory, tok) -> tuple[str, str]:
+    """(a sequence classifier's folder, a JSONL file of labelled texts)."""
+    root = tmp_path_factory.mktemp("clf")
+    folder = save(BertForSequenceClassification, root / "clf", tok, id2label={0: "neg", 1: "pos"})
+    data = root / "dev.jsonl"
     data.write_text("".join(json.dumps({"text": t, "label": "pos" if i % 2 else "neg"}) + "\n"
                             for i, t in enumerate(TEXTS * 2)))
-    out = tmp_path / "onnx"
-    assert main(["--quiet", "export", "onnx", "--model", folder, "--out", str(out), "--int8", "--check-data",
-                 str(data)]) == 0
-    printed = capsys.readouterr().out
+    return folder, str(data)
+
+
+@pytest.fixture(scope="module")
+def exported_classifier(classifier, tmp_path_factory) -> tuple[str, str]:
+    """(the classifier exported fp32 and int8 with the accuracy check, what the export printed)."""
+    folder, data = classifier
+    out, printed = tmp_path_factory.mktemp("clf-onnx") / "onnx", io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert main(["--quiet", "export", "onnx", "--model", folder, "--out", str(out), "--int8", "--check-data",
+                     data]) == 0
+    return str(out), printed.getvalue()
+
+
+def test_predict_and_evaluate_take_the_backend(classifier, exported_classifier, capsys):
+    _, data = classifier
+    out, printed = exported_classifier
+    out = pathlib.Path(out)
     assert "accuracy on" in printed and "onnx-int8" in printed
     check = json.loads((out / "onnx" / "export.json").read_text())["check"]
     assert check["task"] == "classify" and check["torch"] == check["onnx"]
@@ -113,6 +135,14 @@ def test_a_pretrained_folder_exports_its_masked_lm_for_fill_mask(tmp_path, tok, 
 
     folder = save(BertForPreTraining, tmp_path / "pretrained", tok)
     assert main(["--quiet", "export", "onnx", "--model", folder, "--out", str(tmp_path / "onnx")]) == 0
+    # BERT's masked-LM graph (tests/models/test_export.py has every other family and head): the export's own check
+    # at lengths 1 to the maximum, the ecosystem's names and dynamic axes
+    graph = json.loads((tmp_path / "onnx" / "onnx" / "export.json").read_text())["graphs"]["onnx"]
+    assert graph["lengths"] == [1, 7, 128, 512] and graph["max_abs_difference"] <= TOLERANCE
+    session = ort.InferenceSession(str(tmp_path / "onnx" / graph["file"]))
+    assert [(i.name, i.shape) for i in session.get_inputs()] == [
+        (name, ["batch", "sequence"]) for name in ("input_ids", "attention_mask", "token_type_ids")]
+    assert [o.name for o in session.get_outputs()] == ["logits"]
     ours = {b: pipeline("fill-mask", model=str(tmp_path / "onnx"), backend=b)("the [MASK] sat on the mat")
             for b in ("torch", "onnx")}
     assert [c["token"] for c in ours["onnx"]] == [c["token"] for c in ours["torch"]]
@@ -171,12 +201,16 @@ def test_without_the_extra_export_names_it(tmp_path, embedder, monkeypatch, caps
                                                       "a"], capsys)
 
 
-def test_the_int8_gate_refuses_a_graph_below_the_torch_model(tmp_path, tok, monkeypatch, capsys):
+def test_the_int8_gate_refuses_a_graph_below_the_torch_model(classifier, exported_classifier, tmp_path, monkeypatch,
+                                                             capsys):
     import bertforge.export as export
 
-    folder = save(BertForSequenceClassification, tmp_path / "clf", tok, id2label={0: "neg", 1: "pos"})
+    folder, _ = classifier
     data = tmp_path / "dev.jsonl"
     data.write_text("".join(json.dumps({"text": t, "label": "pos"}) + "\n" for t in TEXTS))
+    # the graph of this very folder, traced once for the module (tracing is what an export spends its time on)
+    graph = os.path.join(exported_classifier[0], "onnx", "model.onnx")
+    monkeypatch.setattr(export, "trace", lambda model, config, inputs, outputs, path, *a: shutil.copyfile(graph, path))
     monkeypatch.setattr(export, "GATE", -1.0)  # any int8 graph falls "below" a gate under the torch figure
     err = _error(["export", "onnx", "--model", folder, "--out", str(tmp_path / "o"), "--int8", "--check-data",
                   str(data)], capsys)
