@@ -94,7 +94,8 @@ def stages(out: str, data_dir: str, r: Recipe, seed: int) -> list[Stage]:
     windows = ["--max-seq-length", str(r.max_seq_length), "--doc-stride", str(r.doc_stride)]  # (as it trained)
     answers = ["--max-answer-length", str(r.max_answer_length)]
     return [
-        Stage("split", ["split", r.questions, r.squad_text, r.book_bytes], r.split_minutes),
+        Stage("split", ["split", r.questions, r.squad_text, r.book_bytes,
+                        *([r.dev_questions] if r.dev_questions else [])], r.split_minutes),  # (what it writes)
         Stage("prepare", ["prepare", "--data", *text, "--tokenizer", vocabulary(), "--out", d("prepared"),
                           "--no-progress"], r.prepare_minutes, d("prepared")),
         Stage("pretrain", ["pretrain", "--data", d("prepared"), "--out", d("pretrained"), "--preset", r.preset,
@@ -120,7 +121,8 @@ def vocabulary() -> str:
 # ------------------------------------------------------------------------------------------------ the split
 def write_split(data_dir: str, folder: str, r: Recipe) -> dict:
     """train.json (the first ``r.questions`` questions of train-v1.1.json without its last five articles),
-    heldout.json (those five), and the books slice and the contexts as text where the recipe asks for them."""
+    heldout.json (those five), dev.json (dev-v1.1.json's first ``r.dev_questions``, where the recipe asks), and
+    the books slice and the contexts as text where the recipe asks for them."""
     src = read_json(os.path.join(data_dir, "squad", "train-v1.1.json"))
     articles, held = src["data"][:-HELD_OUT_ARTICLES], src["data"][-HELD_OUT_ARTICLES:]
     if r.book_bytes:  # (--dry) one article held out, enough to score

@@ -631,15 +631,20 @@ def _manifest(out: str, files: list[str], tok: Tokenizer, reading: Reading, reco
 def _duplicates(out: str, records: list[dict], reading: Reading, buckets: int = 256,
                 in_memory: int = 1 << 24) -> dict:
     """Exact duplicates beyond each first occurrence (spaces collapsed), over the whole corpus: up to
-    ``in_memory`` hashes (128 MB) counted at once; more are spread into ``buckets`` files by their top byte and
-    each bucket is counted alone, so the memory this takes is a bucket's, not the corpus's."""
+    ``in_memory`` hashes (128 MB, and as much again to sort them) counted at once; more are spread into
+    ``buckets`` files by their top byte and each bucket is counted alone, so the memory this takes is a bucket's,
+    not the corpus's."""
     found = {"dropped": reading.dedup}
     for key, name in (("documents", HASHES[0]), ("paragraphs", HASHES[1])):
         paths = [os.path.join(out, "shards", r["name"], name) for r in records]
         total = sum(os.path.getsize(p) for p in paths) // 8
         if total <= in_memory:  # (a temporary file per bucket costs more than the counting of a small corpus)
-            distinct = len(np.unique(np.concatenate([np.zeros(0, np.uint64)]
-                                                    + [np.fromfile(p, dtype=np.uint64) for p in paths])))
+            hashes, at = np.empty(total, dtype=np.uint64), 0
+            for p in paths:
+                h = np.fromfile(p, dtype=np.uint64)
+                hashes[at : at + len(h)], at = h, at + len(h)
+            hashes.sort()
+            distinct = int(np.count_nonzero(np.diff(hashes))) + 1 if total else 0
         else:
             distinct = _distinct_by_bucket(out, paths, buckets)
         found[key], found[f"{key}_read"] = total - distinct, total
@@ -647,6 +652,7 @@ def _duplicates(out: str, records: list[dict], reading: Reading, buckets: int = 
 
 
 def _distinct_by_bucket(out: str, paths: list[str], buckets: int) -> int:
+    """The distinct hashes of ``paths``, counted bucket by bucket in temporary files under ``out``."""
     with tempfile.TemporaryDirectory(prefix=".duplicates-", dir=out) as tmp:
         files = [open(os.path.join(tmp, str(b)), "wb") for b in range(buckets)]
         for path in paths:

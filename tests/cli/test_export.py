@@ -18,7 +18,6 @@ import torch
 from bertforge import pipeline
 from bertforge.cli import main
 from bertforge.embeddings import EmbeddingSettings, write_settings
-from bertforge.export import TOLERANCE
 from bertforge.models import BertConfig, BertForSequenceClassification, BertModel
 from bertforge.tokenizer import train_vocabulary
 
@@ -106,8 +105,8 @@ def exported_classifier(classifier, tmp_path_factory) -> tuple[str, str]:
     folder, data = classifier
     out, printed = tmp_path_factory.mktemp("clf-onnx") / "onnx", io.StringIO()
     with contextlib.redirect_stdout(printed):
-        assert main(["--quiet", "export", "onnx", "--model", folder, "--out", str(out), "--int8", "--check-data",
-                     data]) == 0
+        code = main(["--quiet", "export", "onnx", "--model", folder, "--out", str(out), "--int8", "--check-data", data])
+    assert code == 0, printed.getvalue()
     return str(out), printed.getvalue()
 
 
@@ -135,14 +134,6 @@ def test_a_pretrained_folder_exports_its_masked_lm_for_fill_mask(tmp_path, tok, 
 
     folder = save(BertForPreTraining, tmp_path / "pretrained", tok)
     assert main(["--quiet", "export", "onnx", "--model", folder, "--out", str(tmp_path / "onnx")]) == 0
-    # BERT's masked-LM graph (tests/models/test_export.py has every other family and head): the export's own check
-    # at lengths 1 to the maximum, the ecosystem's names and dynamic axes
-    graph = json.loads((tmp_path / "onnx" / "onnx" / "export.json").read_text())["graphs"]["onnx"]
-    assert graph["lengths"] == [1, 7, 128, 512] and graph["max_abs_difference"] <= TOLERANCE
-    session = ort.InferenceSession(str(tmp_path / "onnx" / graph["file"]))
-    assert [(i.name, i.shape) for i in session.get_inputs()] == [
-        (name, ["batch", "sequence"]) for name in ("input_ids", "attention_mask", "token_type_ids")]
-    assert [o.name for o in session.get_outputs()] == ["logits"]
     ours = {b: pipeline("fill-mask", model=str(tmp_path / "onnx"), backend=b)("the [MASK] sat on the mat")
             for b in ("torch", "onnx")}
     assert [c["token"] for c in ours["onnx"]] == [c["token"] for c in ours["torch"]]

@@ -2,8 +2,7 @@
 registry, at lengths 1 to the model's maximum, padded, in one batch of mixed lengths.
 
 The heads that the tasks contract trains (``tests/tasks/test_contract.py``: BERT's, one per task) are exported and
-scored there, through each task's own evaluation, and BERT's masked LM by ``tests/cli/test_export.py`` (a pretrained
-folder, for fill-mask); here, every other family-and-head pair."""
+scored there, through each task's own evaluation; here, every other family-and-head pair."""
 
 from __future__ import annotations
 
@@ -21,9 +20,8 @@ pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
 
 CONTRACT = {("bert", t.model_class.role) for t in TASKS.values()}  # (the contract's tiny base is a BERT)
-ELSEWHERE = CONTRACT | {("bert", "masked_lm")}
 CASES = [(f.name, role) for f in FAMILIES.values() for role in f.heads
-         if role != "pretraining" and (f.name, role) not in ELSEWHERE]
+         if role != "pretraining" and (f.name, role) not in CONTRACT]
 LONGEST = 512  # the test models' positions: the export's check runs lengths 1, 7, 128 and this maximum
 
 

@@ -203,7 +203,7 @@ def test_max_time_schedule_ends_on_time_at_zero_lr(small_text_corpus, story_tok_
     took = time.time() - t0
     wall = json.loads((out / "metrics.json").read_text())["wall_seconds"]
     assert wall <= 5 * 1.2  # final evaluation and save in (to a step: test_lifecycle's timed run)
-    assert took - wall < 15  # (besides: the plots, the model card)
+    assert took - wall < 15  # (besides: the model card, and the plots where they are drawn)
     rows = [r for r in _metric_rows(out) if r["type"] == "train"]
     assert len(rows) > 20 and rows[-1]["lr"] < 0.1 * 1e-3
 
