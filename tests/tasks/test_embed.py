@@ -1,6 +1,6 @@
 """Sentence embeddings: the pairs readers, the in-batch-negatives loss, the retrieval figures against a hand
 computation, fine-tuning to a folder that sentence-transformers loads with the same vectors, and the errors of bad input
-(torchrun: tests/train/test_finetune.py)."""
+(torchrun: tests/train/test_lifecycle.py)."""
 
 import json
 import math

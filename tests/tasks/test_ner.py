@@ -193,7 +193,7 @@ def test_accumulation_matches_one_batch(setup, tmp_path, capsys):
     """The loss is the mean over the global batch's labelled tokens: two accumulated micro-batches train as one
     batch (batches of 6 from 22 sentences of different lengths).  The engine normalises a process's micro-batches
     as it does another process's, so this is the task's part of "torchrun x2 = one process"; torchrun itself is
-    tested once per command (test_finetune.py)."""
+    tested once per command (tests/train/test_lifecycle.py)."""
     args = ["--batch-size", "6", "--epochs", "2", "--log-every", "1", "--max-train-examples", "22"]
     one, accum = tmp_path / "one", tmp_path / "accum"
     assert main(_args(setup, one, *args)) == 0

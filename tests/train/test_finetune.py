@@ -16,7 +16,6 @@ from bertforge.checkpoint import list_checkpoints
 from bertforge.cli import main
 from bertforge.tokenizer import train_vocabulary
 
-from ..helpers import torchrun
 
 ROWS = [("good fun day", "pos"), ("bad sad mess", "neg"), ("a fine good show", "pos"), ("a dull bad show", "neg"),
         ("fun and good", "pos"), ("sad and dull", "neg"), ("very good", "pos"), ("very bad mess", "neg")] * 2
@@ -281,27 +280,6 @@ def test_group_by_length_batches_similar_lengths_in_a_random_order(setup, tmp_pa
     m = _run(setup, tmp_path / "g", "--batch-size", "4", "--epochs", "2", "--group-by-length")
     saved = json.loads((tmp_path / "g" / "finetune_config.json").read_text())["finetune"]
     assert saved["data"]["group_by_length"] is True and m["epochs"][-1]["step"] == 8
-    capsys.readouterr()
-
-
-@pytest.mark.slow
-def test_torchrun_killed_in_a_save_and_resumed_ends_as_one_uninterrupted_process(setup, tmp_path, capsys):
-    straight, killed = tmp_path / "straight", tmp_path / "killed"
-    assert main(_args(setup, straight, *RESUMABLE, model="dropout-model")) == 0
-    torchrun_ = [*torchrun(2), "-m", "bertforge"]
-    env = dict(os.environ, BERTFORGE_FAULT="write:step-00000009/optimizer.pt")  # rank 0 (the writer) killed
-    r = subprocess.run([*torchrun_, *_args(setup, killed, *RESUMABLE, model="dropout-model")], env=env, capture_output=True,
-                       text=True, timeout=300)
-    assert r.returncode != 0 and [s for s, _ in list_checkpoints(str(killed))] == [6], r.stderr[-3000:]
-    r = subprocess.run([*torchrun_, *_args(setup, killed, *RESUMABLE, "--resume", model="dropout-model")], capture_output=True,
-                       text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    a, b = _weights(straight), _weights(killed)
-    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-5
-    ra, rb = _rows(straight), _rows(killed)
-    assert [(x["type"], x["step"]) for x in ra] == [(x["type"], x["step"]) for x in rb]
-    assert all(abs(x.get("loss", 0) - y.get("loss", 0)) < 1e-5 for x, y in zip(ra, rb))
-    assert not (killed / "checkpoints").exists()
     capsys.readouterr()
 
 

@@ -4,9 +4,9 @@ stops the run after a whole step with a checkpoint of it, and the run resumed fr
 uninterrupted one; ``save_every`` means the same for every command; a non-finite loss names the last good
 checkpoint.  Then the one end-to-end torchrun test of the commands: pretraining and each fine-tuning task that
 gathers or groups across processes, two processes against one, in one launch of torchrun
-(tests/torchrun_runs.py) so that its start-up is paid once.  What torchrun adds beyond these for a command (a kill
-in a save, the corpus preparation outside any collective) is tested with the command: test_finetune.py,
-tests/data/test_prepared.py."""
+(tests/torchrun_runs.py) so that its start-up is paid once, and in it a fine-tuning run killed under torchrun in a
+save (rank 0, the writer), resumed.  The corpus preparation outside any collective is tested with the command
+(tests/data/test_prepared.py)."""
 
 from __future__ import annotations
 
@@ -283,7 +283,9 @@ def test_every_command_under_torchrun_trains_as_one_process(small_text_corpus, s
     from ..tasks.test_embed import _args as embed_args
     from ..tasks.test_embed import write_setup
     from ..tasks.test_rerank import _base, _squad
+    from .test_finetune import RESUMABLE
     from .test_finetune import _args as classify_args
+    from .test_finetune import _rows as classify_rows
     from .test_finetune import write_setup as classify_setup
     from .test_pretrain import _args as pretrain_args
 
@@ -314,6 +316,17 @@ def test_every_command_under_torchrun_trains_as_one_process(small_text_corpus, s
     assert main(classify_args(ft, cl_one, *cl, model="dropout-model")) == 0
     assert main(classify_args(ft, cl_accum, *cl, "--grad-accum", "2", model="dropout-model")) == 0
     two(classify_args(ft, cl_two, *cl, model="dropout-model"))
+
+    # the same task killed under torchrun in the middle of its third checkpoint (rank 0, the writer, at step 9),
+    # then resumed in the launch: both processes stopped, the half-written checkpoint never published, and the
+    # resumed run ends as one process does
+    kl_one, kl_two = tmp_path / "kl-one", tmp_path / "kl-two"
+    assert main(classify_args(ft, kl_one, *RESUMABLE, model="dropout-model")) == 0
+    r = subprocess.run([*torchrun(2), "-m", "bertforge", *classify_args(ft, kl_two, *RESUMABLE, model="dropout-model")],
+                       env={**os.environ, "BERTFORGE_FAULT": "write:step-00000009/optimizer.pt"}, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode != 0 and [s for s, _ in ckpt.list_checkpoints(str(kl_two))] == [6], r.stderr[-3000:]
+    two(classify_args(ft, kl_two, *RESUMABLE, "--resume", model="dropout-model"))
 
     # embeddings, in-batch negatives across processes: each gathers the others' vectors, so two processes
     # accumulating two micro-batches each train as one (the last batch of each epoch holds one pair)
@@ -356,6 +369,12 @@ def test_every_command_under_torchrun_trains_as_one_process(small_text_corpus, s
     for other in (cl_accum, cl_two):
         _same(cl_one, other, 1e-5, 6)
     assert json.loads((cl_two / "finetune_config.json").read_text())["processes"] == 2
+    a, b = _weights(kl_one), _weights(kl_two)
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-5
+    ra, rb = classify_rows(kl_one), classify_rows(kl_two)
+    assert [(x["type"], x["step"]) for x in ra] == [(x["type"], x["step"]) for x in rb]
+    assert all(abs(x.get("loss", 0) - y.get("loss", 0)) < 1e-5 for x, y in zip(ra, rb))
+    assert not (kl_two / "checkpoints").exists()
     # and dropout is on: the same model without it ends elsewhere
     shutil.copytree(ft / "dropout-model", tmp_path / "m0")
     c = json.loads((tmp_path / "m0" / "config.json").read_text())
