@@ -8,8 +8,10 @@ Each arm is ``NAME=FLAGS``: ``bertforge finetune TASK`` with the case's files, `
 nothing else (``defaults=`` gives only the data, ``--epochs`` being the task's default too), so an arm named after
 a reference tool's defaults is that tool's settings run by bertforge, whose parity with the tool is measured
 apart (RESULTS.md). The score is the task's selection metric in the run's ``metrics.json`` on the case's
-validation file, as the user would read it. Finished runs are read back; a JSON line per run made goes to
-``OUT/CASE/results.jsonl`` and the arms' medians and ranges are printed.
+validation file, as the user would read it. Finished runs are read back; a run cut short (a session that ended:
+fine-tuning checkpoints every 15 minutes by default) goes on from its newest checkpoint (``--resume``), so a screen
+of long runs spans sessions; a JSON line per run made goes to ``OUT/CASE/results.jsonl`` and the arms' medians and
+ranges are printed.
 
 Cases: ``wnut16`` (NER), ``sst2-2k`` (2,000 SST-2 sentences: the training file shuffled by
 ``random.Random(0)``, its first 2,000), ``sst2`` (all of it), ``squad-8k`` (SQuAD train-8k against the dev
@@ -92,10 +94,13 @@ def main() -> int:
             run = os.path.join(out, name, f"s{seed}")
             made = not os.path.exists(os.path.join(run, "metrics.json"))
             if made:
+                ckpts = os.path.join(run, "checkpoints")
+                cut_short = os.path.isdir(ckpts) and bool(os.listdir(ckpts))  # (a session ended it: go on)
                 cmd = ["bertforge", "--quiet", "finetune", task, "--model", a.model, *data_flags, "--out", run,
-                       "--seed", str(seed), "--no-progress", "--overwrite", *shlex.split(flags)]
+                       "--seed", str(seed), "--no-progress", "--resume" if cut_short else "--overwrite",
+                       *shlex.split(flags)]
                 os.makedirs(run, exist_ok=True)
-                with open(run + ".log", "w", encoding="utf-8") as log:
+                with open(run + ".log", "a" if cut_short else "w", encoding="utf-8") as log:
                     if subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode:
                         raise SystemExit(f"failed: {shlex.join(cmd)} (log: {run}.log)")
             with open(os.path.join(run, "metrics.json"), encoding="utf-8") as f:
