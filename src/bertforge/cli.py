@@ -141,8 +141,9 @@ def _add_finetune_parsers(sub) -> None:
         cfg = kind.config()
         by_data = {"batch_size": finetune_batch_rule(kind.batch, kind.min_updates) if cfg.train.batch_size is None
                    else None, "epochs": finetune_epochs_rule(kind.min_updates) if cfg.train.epochs is None else None}
-        flags = add_setting_flags(p, cfg, defaults={"lr": finetune_lr_rule(), "save_every": (
+        flags = add_setting_flags(p, cfg, notes=kind.flag_notes, defaults={"save_every": (
             f"every {SAVE_INTERVAL // 60} minutes of the run"), **{k: v for k, v in by_data.items() if v},
+            **({"lr": finetune_lr_rule()} if cfg.train.lr is None else {}),
             **({"max_seq_length": kind.length_rule} if cfg.data.max_seq_length is None else {})})
         p.add_argument("--config", help="YAML or JSON file with the same settings as the flags, or a run's "
                                         "finetune_config.json (flags override it)")

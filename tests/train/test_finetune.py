@@ -84,8 +84,10 @@ def test_max_steps_and_evaluation_every_n_steps(setup, tmp_path, capsys):
 
 
 def test_few_updates_are_warned_and_a_batch_that_accumulation_cannot_split_refused(setup, tmp_path, capsys):
-    _run(setup, tmp_path / "o", "--batch-size", "8", "--epochs", "1")
+    m = _run(setup, tmp_path / "o", "--batch-size", "8", "--epochs", "1")
     assert "only 2 optimizer updates" in capsys.readouterr().err
+    assert [w for w in m["warnings"] if "only 2 optimizer updates" in w and w.endswith("raise --epochs")]
+    assert m["warnings"][0] in (tmp_path / "o" / "README.md").read_text()  # the card says it too
     args = ["finetune", "classify", "--model", str(setup / "model"), "--train", str(setup / "t.jsonl"), "--validation",
             str(setup / "t.jsonl"), "--out", str(tmp_path / "p"), "--batch-size", "4", "--grad-accum", "8", "--no-progress"]
     assert main(args) == 2
@@ -104,6 +106,42 @@ def test_a_run_whose_model_learnt_nothing_says_so(setup, tmp_path, capsys):
     assert said[0] in (tmp_path / "o" / "README.md").read_text()
     learnt = _run(setup, tmp_path / "p", "--batch-size", "2", "--epochs", "3", "--lr", "1e-3")
     assert learnt["accuracy"] > 0.5 and not any("learnt nothing" in w for w in learnt.get("warnings", []))
+
+
+def test_what_shows_that_a_model_learnt_nothing():
+    """A classifier no better than the training data's most frequent label, a tagger that gives every token one
+    tag (not only O), and a run whose every evaluation after its first shows it (the first, kept, scored a little
+    by near-random predictions) are warned; the advice of a run counted in steps is more steps."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from bertforge.tasks import ClassificationTask, NerTask
+    from bertforge.train.finetune import EpochResult, FineTuning
+
+    c = object.__new__(ClassificationTask)
+    c.labels, c.y_train, c.y_val = ["neg", "pos"], np.array([0, 0, 0, 1]), np.array([0, 0, 0, 1])
+    probs = np.array([[0.9, 0.1], [0.1, 0.9], [0.9, 0.1], [0.1, 0.9]])  # 3 of 4 right: the majority's 0.75
+    assert "no better than the 0.750 of giving every validation example" in c.unlearnt(probs) and "'neg'" in \
+        c.unlearnt(probs)
+    assert c.unlearnt(np.array([[0.9, 0.1]] * 3 + [[0.1, 0.9]])) is None  # all right
+    n = object.__new__(NerTask)
+    n.val = [SimpleNamespace(tags=["O", "B-loc"]), SimpleNamespace(tags=["O"])]
+    assert n.unlearnt([["B-loc", "B-loc"], ["B-loc"]]) == "it tags every token of the 2 validation sentences B-loc"
+    assert "no entity" in n.unlearnt([["O", "O"], ["O"]]) and n.unlearnt([["O", "B-loc"], ["O"]]) is None
+
+    task = SimpleNamespace(select="f1", unlearnt=lambda artifacts: artifacts)
+    first = EpochResult(1, 4, {"f1": 0.019}, None, None)
+    later = [EpochResult(e, 4 * e, {"f1": 0.0}, "it tags no entity", "it tags no entity") for e in (2, 3)]
+    run = SimpleNamespace(cfg=SimpleNamespace(train=SimpleNamespace(max_steps=None, batch_size=8)), task=task,
+                          best=first, history=[first, *later], total=12)
+    said = FineTuning.unlearnt(run)
+    assert said.startswith("the model learnt nothing: after its first evaluation it tags no entity (evaluations "
+                           "2-3); the model kept is the first's (f1 0.019)") and "smaller --batch-size" in said
+    run.history[1] = EpochResult(2, 8, {"f1": 0.4}, None, None)  # it learnt, then lost it: not this warning
+    assert FineTuning.unlearnt(run) is None
+    run.best, run.cfg.train.max_steps = later[0], 12
+    assert "try more --max-steps or another --lr" in FineTuning.unlearnt(run)
 
 
 def test_positions_beyond_the_pretraining_length_are_warned(setup, tmp_path, capsys):
@@ -458,11 +496,20 @@ def test_without_a_batch_size_a_run_of_few_updates_takes_a_smaller_batch(setup, 
     assert [finetune_batch(32, n, 3) for n in (32_000, 6_369, 6_368, 3_185, 3_184, 16)] == [32, 32, 16, 16, 8, 8]
     assert finetune_batch(32, 16, None) == 32
     assert finetune_batch(16, 1_700, 3) == 8 and finetune_batch(16, 9_000, 2) == 16  # (SQuAD's 16: WNUT-16, train-8k)
-    assert main(_args(setup, tmp_path / "run")[1:]) == 0  # (16 rows, 3 epochs: 3 updates at 32)
+    # halved only where it adds updates: 1 example makes 3 at any batch; 10 make 3 at 32 and 16, 6 at 8
+    assert finetune_batch(32, 1, 3) == 32 and finetune_batch(32, 10, 3) == 8 and finetune_batch(32, 8, 3) == 32
+    argv = [a for a in _args(setup, tmp_path / "run") if a not in ("--quiet", "--lr", "1e-3")]
+    assert main(argv) == 0  # (16 rows, 3 epochs: 3 updates at 32)
     err = capsys.readouterr().err
-    assert "batch 8: 16 examples x 3 epoch(s) make 6 updates at 8, 3 at the task's 32" in err, err
+    width = json.loads((setup / "model" / "config.json").read_text())["hidden_size"]
+    for said in ("batch 8: 16 examples x 3 epoch(s) make 6 updates at 8, 3 at the task's 32",
+                 f"fine-tuning at batch 8 (by the data), 3 epoch(s) (the task's), lr 0.0003 (by the model's width: "
+                 f"hidden {width}), warmup 10% of the steps, weight decay 0.01"):
+        assert said in err and said in (tmp_path / "run" / "train.log").read_text(), err  # (the log has it too)
     saved = json.loads((tmp_path / "run" / "finetune_config.json").read_text())
     assert saved["finetune"]["train"]["batch_size"] == 8
+    assert main(_args(setup, tmp_path / "acc", "--grad-accum", "3")[1:]) == 0  # the batch announced is the one used
+    assert "batch 9: 8 rounded up to a multiple of 1 process(es) x --grad-accum 3" in capsys.readouterr().err
     assert main(_args(setup, tmp_path / "steps", "--max-steps", "2")) == 0
     assert json.loads((tmp_path / "steps" / "finetune_config.json").read_text())["finetune"]["train"]["batch_size"] == 32
 

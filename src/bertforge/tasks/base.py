@@ -41,10 +41,14 @@ def finetune_updates(examples: int, epochs: int, batch: int) -> int:
 
 def finetune_batch(start: int, examples: int, epochs: int | None, floor: int = FINETUNE_MIN_UPDATES) -> int:
     """The batch of a run of ``epochs`` over ``examples`` (at least ``floor`` updates where it can); ``start``
-    when the run is counted in steps (``--max-steps``: ``epochs`` None)."""
+    when the run is counted in steps (``--max-steps``: ``epochs`` None).  Of the halved batches that make as many
+    updates, the largest (a batch that holds all the examples is not halved for nothing)."""
     batch = start
     while epochs and batch > FINETUNE_MIN_BATCH and finetune_updates(examples, epochs, batch) < floor:
         batch = max(FINETUNE_MIN_BATCH, batch // 2)
+    while epochs and batch < start and finetune_updates(examples, epochs, batch * 2) == \
+            finetune_updates(examples, epochs, batch):
+        batch *= 2
     return batch
 
 
@@ -172,6 +176,7 @@ class FinetuneTask:
             val = []
         return train, val[: dc.max_eval_examples] if dc.max_eval_examples else val
 
+    flag_notes: ClassVar[dict[str, str]] = {}  # what `finetune NAME --help` adds to a setting's help
     length_rule: ClassVar[str] = ""  # --max-seq-length's default in words, where the task's is None (default_length)
 
     @classmethod

@@ -300,9 +300,17 @@ class ClassificationTask(FinetuneTask):
         return sum(len(f["input_ids"]) for f in self.f_val)
 
     def unlearnt(self, artifacts) -> str | None:
-        predicted = set(np.asarray(artifacts).argmax(-1).tolist())
-        if len(predicted) == 1 and len(set(self.y_val.tolist())) > 1:
+        guesses = np.asarray(artifacts).argmax(-1)
+        predicted = set(guesses.tolist())
+        if len(set(self.y_val.tolist())) < 2:
+            return None
+        if len(predicted) == 1:
             return f"it gives every one of the {len(self.y_val)} validation examples {self.labels[predicted.pop()]!r}"
+        majority = np.bincount(self.y_train).argmax()
+        accuracy, baseline = float(np.mean(guesses == self.y_val)), float(np.mean(self.y_val == majority))
+        if accuracy <= baseline:
+            return (f"its accuracy {accuracy:.3f} is no better than the {baseline:.3f} of giving every validation "
+                    f"example the training data's most frequent label, {self.labels[majority]!r}")
         return None
 
     def write_outputs(self, folder: str, probs) -> dict:

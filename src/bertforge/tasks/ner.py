@@ -392,9 +392,12 @@ class NerTask(FinetuneTask):
         return len(self.val)
 
     def unlearnt(self, artifacts) -> str | None:
-        if any(any(t != "O" for t in s.tags) for s in self.val) and all(t == "O" for p in artifacts for t in p):
+        tagged = {t for p in artifacts for t in p}
+        if len(tagged) != 1 or len({t for s in self.val for t in s.tags}) < 2:
+            return None
+        if tagged == {"O"}:
             return f"it tags no entity in the {len(self.val)} validation sentences (every token O)"
-        return None
+        return f"it tags every token of the {len(self.val)} validation sentences {tagged.pop()}"
 
     def write_outputs(self, folder: str, preds) -> dict:
         with open(os.path.join(folder, "predictions.jsonl"), "w", encoding="utf-8") as f:

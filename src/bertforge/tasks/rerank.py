@@ -333,6 +333,7 @@ class RerankTask(FinetuneTask):
     # not the width rule's rate: at it, and without a positive weight, a small model stayed at the base rate's loss
     # (docs/log/rerank.md has the runs)
     defaults = {"max_seq_length": 256, "batch_size": 8, "lr": 1e-4}
+    flag_notes = {"batch_size": "rerank counts queries, each with its passages"}
 
     help = ("a cross-encoder reranker from queries and their passages (SQuAD JSON, JSONL, TSV), negatives mined by "
             "BM25 or an embeddings model; the output is also a sentence-transformers CrossEncoder folder")

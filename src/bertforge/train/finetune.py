@@ -71,6 +71,7 @@ class EpochResult:
     step: int
     metrics: dict[str, float]
     artifacts: Any = None
+    unlearnt: str | None = None  # what in its predictions shows that the model learnt nothing (the task's)
 
 
 def finetune(task: FinetuneTask, cfg: FinetuneConfig, overwrite: bool = False, resume: bool = False) -> dict:
@@ -90,11 +91,7 @@ def finetune(task: FinetuneTask, cfg: FinetuneConfig, overwrite: bool = False, r
         raise UserError(f"model directory not found: {cfg.model}")  # (the rest: in validate)
     base = base_copy(cfg.out) if own else cfg.model  # the folder the run reads its config and tokenizer from
     config = load_config(base) if base and isinstance(base, str) else None  # (the one read of its config.json)
-    if cfg.train.lr is None and config is not None:  # the default: by the width of the run's model
-        cfg.train.lr = finetune_lr(config.hidden_size)
-    epochs_by_data = cfg.train.epochs is None and task.config().train.epochs is None  # (NER's; others: an error)
-    if epochs_by_data:  # the task's epochs by its data: the recipe's until the data is read (a resumed run: its own)
-        cfg.train.epochs = FINETUNE_EPOCHS
+    why, epochs_by_data = by_model(task, cfg, config)
     cfg.validate()
     validate_fields(task.settings)
     if not resume and not overwrite and (step is not None or (folder.started and not folder.finished)):
@@ -123,7 +120,7 @@ def finetune(task: FinetuneTask, cfg: FinetuneConfig, overwrite: bool = False, r
             log.info("tokenizing the examples (--max-seq-length %d%s)", cfg.data.max_seq_length,
                      f": {task.length_rule}" if length_by_base and task.length_rule else "")
         features, collate = task.encode(tok, reading)
-        by_data(task, cfg, len(features), d, epochs_by_data and not resume)
+        said = by_data(task, cfg, len(features), d, epochs_by_data and not resume)
         warn_untrained_positions(base, max((len(f["input_ids"]) for f in features), default=0), d)
         torch.manual_seed(cfg.train.seed)
         if d.is_main:
@@ -136,6 +133,9 @@ def finetune(task: FinetuneTask, cfg: FinetuneConfig, overwrite: bool = False, r
         torch.manual_seed(cfg.train.seed + d.rank)  # the same new head everywhere; dropout streams differ by rank
         checkpointed = resume or cfg.train.save_every != 0
         with run_folder(output, d, resume, in_place=checkpointed) as out:
+            if d.is_main:  # (here: into train.log too)
+                for line in [settings_said(cfg, why, resume), *said]:
+                    log.info("%s", line)
             if d.is_main and resume:
                 say_schedule_changed(schedule)
             elif d.is_main and checkpointed:  # what a resumed run is checked against, before it reads its data
@@ -154,41 +154,83 @@ def finetune(task: FinetuneTask, cfg: FinetuneConfig, overwrite: bool = False, r
         return metrics
 
 
-def by_data(task: FinetuneTask, cfg: FinetuneConfig, examples: int, d: Dist, epochs: bool) -> None:
+def by_model(task: FinetuneTask, cfg: FinetuneConfig, config) -> tuple[dict[str, str], bool]:
+    """The learning rate of a run without one, by the width of its model; the recipe's epochs until the data
+    decides them, for a task that takes them by its data (NER's; a resumed run: its own). Returns where the run's
+    batch, length and learning rate come from, in words (by the data, by the model, the task's, or given), and
+    whether its epochs are by its data."""
+    t, own = cfg.train, task.config().train
+    width = "by the model's width" + (f": hidden {config.hidden_size}" if config is not None else "")
+
+    def source(value, default) -> str:
+        return "the task's" if value == default else "given"
+
+    epochs_by_data = t.epochs is None and own.epochs is None  # (None elsewhere: an error, in validate)
+    why = {"batch": "by the data" if t.batch_size is None else source(t.batch_size, own.batch_size),
+           "epochs": "given" if t.max_steps else "by the data" if epochs_by_data else source(t.epochs, own.epochs),
+           "lr": width if t.lr is None else source(t.lr, own.lr)}
+    if t.lr is None and config is not None:
+        t.lr = finetune_lr(config.hidden_size)
+    if epochs_by_data:
+        t.epochs = FINETUNE_EPOCHS
+    return why, epochs_by_data
+
+
+def settings_said(cfg: FinetuneConfig, why: dict[str, str], resume: bool) -> str:
+    """The line that says what the run trains with and why (the run's own settings when it is resumed)."""
+    t = cfg.train
+    if resume:
+        why = dict.fromkeys(why, "the run's own")
+    length = f"{t.max_steps} steps" if t.max_steps else f"{t.epochs} epoch(s)"
+    warmup = f"{t.warmup_steps} steps" if t.warmup_steps is not None else f"{t.warmup_ratio:.0%} of the steps"
+    return (f"fine-tuning at batch {t.batch_size} ({why['batch']}), {length} ({why['epochs']}), lr {t.lr:g} "
+            f"({why['lr']}), warmup {warmup}, weight decay {t.weight_decay:g}")
+
+
+def by_data(task: FinetuneTask, cfg: FinetuneConfig, examples: int, d: Dist, epochs: bool) -> list[str]:
     """The batch, and with ``epochs`` the epochs, that a run without them takes by its data (a resumed run has its
-    own: :func:`check_resumed_files`)."""
+    own: :func:`check_resumed_files`); what was decided, in words, for the run's log."""
+    said = []
     if cfg.train.batch_size is None:
-        cfg.train.batch_size = data_batch(task, cfg, examples, d)
+        cfg.train.batch_size = data_batch(task, cfg, examples, d, said)
     if epochs and not cfg.train.max_steps:  # (a timed run ends at its epochs too, where its clock allows)
-        cfg.train.epochs = data_epochs(task, cfg, examples, d)
+        cfg.train.epochs = data_epochs(task, cfg, examples, said)
     if cfg.train.batch_size < d.world * cfg.train.grad_accum:
         raise UserError(f"--batch-size {cfg.train.batch_size} is smaller than processes x --grad-accum")
+    return said
 
 
-def data_batch(task: FinetuneTask, cfg: FinetuneConfig, examples: int, d: Dist) -> int:
+def _examples(n: int) -> str:
+    return f"{n:,} example{'s' * (n != 1)}"
+
+
+def data_batch(task: FinetuneTask, cfg: FinetuneConfig, examples: int, d: Dist, said: list[str]) -> int:
     """The batch of a run without ``--batch-size``: the task's, halved for a run of few updates
     (:func:`~bertforge.tasks.base.finetune_batch`), said when it is; a multiple of processes x accumulation steps."""
     t = cfg.train
     batch = finetune_batch(task.batch, examples, None if t.max_steps else t.epochs, task.min_updates)
-    if batch != task.batch and d.is_main:  # (halved: a run counted in epochs, or timed and ending at them)
-        log.info("batch %d: %s examples x %d epoch(s) make %s updates at %d, %s at the task's %d (%s fine-tunes to %s "
-                 "updates where it can; --batch-size sets it)", batch, f"{examples:,}", t.epochs,
-                 f"{finetune_updates(examples, t.epochs, batch):,}", batch,
-                 f"{finetune_updates(examples, t.epochs, task.batch):,}", task.batch, task.name,
-                 f"{task.min_updates:,}")
     step = d.world * t.grad_accum
-    return max(step, -(-batch // step) * step)
+    used = max(step, -(-batch // step) * step)
+    if batch != task.batch:  # (halved: a run counted in epochs, or timed and ending at them)
+        said.append(f"batch {batch}: {_examples(examples)} x {t.epochs} epoch(s) make "
+                    f"{finetune_updates(examples, t.epochs, batch):,} updates at {batch}, "
+                    f"{finetune_updates(examples, t.epochs, task.batch):,} at the task's {task.batch} ({task.name} "
+                    f"fine-tunes to {task.min_updates:,} updates where it can; --batch-size sets it)")
+    if used != batch:
+        said.append(f"batch {used}: {batch} rounded up to a multiple of {d.world} process(es) x --grad-accum "
+                    f"{t.grad_accum}")
+    return used
 
 
-def data_epochs(task: FinetuneTask, cfg: FinetuneConfig, examples: int, d: Dist) -> int:
+def data_epochs(task: FinetuneTask, cfg: FinetuneConfig, examples: int, said: list[str]) -> int:
     """The epochs of a run whose task takes them by the data (:func:`~bertforge.tasks.base.finetune_epochs`), said
     when they are more than the recipe's."""
     t = cfg.train
     epochs = finetune_epochs(examples, t.batch_size, task.min_updates)
-    if epochs != t.epochs and d.is_main:
-        log.info("%d epochs: %s examples make %s updates an epoch at batch %d; %s fine-tunes to %s updates where it "
-                 "can (--epochs sets it)", epochs, f"{examples:,}", f"{finetune_updates(examples, 1, t.batch_size):,}",
-                 t.batch_size, task.name, f"{task.min_updates:,}")
+    if epochs != t.epochs:
+        said.append(f"{epochs} epochs: {_examples(examples)} make {finetune_updates(examples, 1, t.batch_size):,} "
+                    f"updates an epoch at batch {t.batch_size}; {task.name} fine-tunes to {task.min_updates:,} "
+                    "updates where it can (--epochs sets it)")
     return epochs
 
 
@@ -366,11 +408,14 @@ class FineTuning(TrainingRun):
         self.checkpoints = self.checkpoints or resume  # (a resumed run is in its own folder)
         if resume:
             self.restore()
-        elif self.total < MIN_UPDATES and self.d.is_main:
-            log.warning("this run makes only %d optimizer updates (%d examples, batch %d, %s); fine-tuning usually "
-                        "needs a few hundred: lower --batch-size or raise --epochs (or --max-steps)", self.total,
-                        self.n_examples, t.batch_size, f"--max-steps {t.max_steps}" if t.max_steps else
-                        f"{t.epochs} epoch(s)")
+        if self.total < MIN_UPDATES and self.d.is_main:  # (in the outputs of a resumed run too; said once)
+            few = (f"this run makes only {self.total} optimizer updates ({self.n_examples} examples, batch "
+                   f"{t.batch_size}, {f'--max-steps {t.max_steps}' if t.max_steps else f'{t.epochs} epoch(s)'}); "
+                   "fine-tuning usually needs a few hundred: " +
+                   ("raise --max-steps" if t.max_steps else "lower --batch-size or raise --epochs"))
+            self.warnings.append(few)
+            if not resume:
+                log.warning("%s", few)
         if not self.validating and self.d.is_main:
             log.warning("no --validation file or --validation-split: the run is not evaluated, and the model kept is "
                         "its last step's")
@@ -383,14 +428,28 @@ class FineTuning(TrainingRun):
         self.model.load_state_dict(self.best_weights)
         if self.best.artifacts is None:  # the best evaluation came before a resumption: its predictions again
             self.best.artifacts = self.task.evaluate(self.model, self.engine.device)[1]
-        said = self.task.unlearnt(self.best.artifacts)
+        said = self.unlearnt()
         if said:
-            said = (f"the model learnt nothing: {said} (the best of {len(self.history)} evaluation(s), "
-                    f"{self.total} updates of batch {t.batch_size}); try a smaller --batch-size (more updates), more "
-                    "--epochs or another --lr")
             log.warning(said)
             self.warnings.append(said)
         return self.best, self.history, self.engine.tick()
+
+    def unlearnt(self) -> str | None:
+        """The warning of a run whose best evaluation shows the model learnt nothing, or whose every evaluation
+        after its first does (the first kept: a few updates' near-random predictions can score above none)."""
+        t = self.cfg.train
+        said, later = self.task.unlearnt(self.best.artifacts), [h.unlearnt for h in self.history[1:]]
+        if said:
+            said = f"{said} (the best of {len(self.history)} evaluation(s), {self.total} updates of batch " \
+                   f"{t.batch_size})"
+        elif later and all(later):
+            value = self.best.metrics[self.task.select]
+            said = (f"after its first evaluation {later[-1]} (evaluations 2-{len(self.history)}); the model kept is "
+                    f"the first's ({self.task.select} {value:.4g})")
+        if not said:
+            return None
+        more = "more --max-steps" if t.max_steps else "a smaller --batch-size (more updates), more --epochs"
+        return f"the model learnt nothing: {said}; try {more} or another --lr"
 
     # ---- the loop's hooks
     def next_batches(self) -> list[dict]:
@@ -433,7 +492,7 @@ class FineTuning(TrainingRun):
         res, artifacts = self.task.evaluate(self.model, self.engine.device)
         self.model.train()
         step, epoch = self.engine.state.step, self.batches.epoch
-        self.history.append(EpochResult(epoch, step, res, artifacts))
+        self.history.append(EpochResult(epoch, step, res, artifacts, self.task.unlearnt(artifacts)))
         self.log_eval(res, f"epoch {epoch}, step {step}", epoch=epoch)
         if self.best is None or res[self.task.select] > self.best.metrics[self.task.select]:
             self.best = self.history[-1]
@@ -446,13 +505,13 @@ class FineTuning(TrainingRun):
     def run_state(self) -> tuple[dict, dict | None]:
         b = self.best
         state = {**self.batches.state_dict(),
-                 "history": [[h.epoch, h.step, h.metrics] for h in self.history],
+                 "history": [[h.epoch, h.step, h.metrics, h.unlearnt] for h in self.history],
                  "best": None if b is None else [b.epoch, b.step, b.metrics]}
         return state, None if b is None else {"best": self.best_weights}
 
     def load_run_state(self, state: dict, path: str) -> None:
         self.batches.load_state_dict(state)
-        self.history = [EpochResult(e, s, m) for e, s, m in state["history"]]
+        self.history = [EpochResult(*h[:3], unlearnt=h[3] if len(h) > 3 else None) for h in state["history"]]
         if state.get("best") is not None:
             self.best = EpochResult(*state["best"])
             self.best_weights = load_file(os.path.join(path, "best.safetensors"))
