@@ -110,7 +110,8 @@ def test_a_run_whose_model_learnt_nothing_says_so(setup, tmp_path, capsys):
 
 def test_what_shows_that_a_model_learnt_nothing():
     """A classifier no better than the training data's most frequent label, a tagger that gives every token one
-    tag (not only O), and a run whose every evaluation after its first shows it (the first, kept, scored a little
+    tag (not only O), a reranker that orders worse than its first stage, and a run whose every evaluation after its
+    first shows it (the first, kept, scored a little
     by near-random predictions) are warned; the advice of a run counted in steps is more steps."""
     from types import SimpleNamespace
 
@@ -122,15 +123,15 @@ def test_what_shows_that_a_model_learnt_nothing():
     c = object.__new__(ClassificationTask)
     c.labels, c.y_train, c.y_val = ["neg", "pos"], np.array([0, 0, 0, 1]), np.array([0, 0, 0, 1])
     probs = np.array([[0.9, 0.1], [0.1, 0.9], [0.9, 0.1], [0.1, 0.9]])  # 3 of 4 right: the majority's 0.75
-    assert "no better than the 0.750 of giving every validation example" in c.unlearnt(probs) and "'neg'" in \
-        c.unlearnt(probs)
-    assert c.unlearnt(np.array([[0.9, 0.1]] * 3 + [[0.1, 0.9]])) is None  # all right
+    assert "no better than the 0.750 of giving every validation example" in c.unlearnt({}, probs) and "'neg'" in \
+        c.unlearnt({}, probs)
+    assert c.unlearnt({}, np.array([[0.9, 0.1]] * 3 + [[0.1, 0.9]])) is None  # all right
     n = object.__new__(NerTask)
     n.val = [SimpleNamespace(tags=["O", "B-loc"]), SimpleNamespace(tags=["O"])]
-    assert n.unlearnt([["B-loc", "B-loc"], ["B-loc"]]) == "it tags every token of the 2 validation sentences B-loc"
-    assert "no entity" in n.unlearnt([["O", "O"], ["O"]]) and n.unlearnt([["O", "B-loc"], ["O"]]) is None
+    assert n.unlearnt({}, [["B-loc", "B-loc"], ["B-loc"]]) == "it tags every token of the 2 validation sentences B-loc"
+    assert "no entity" in n.unlearnt({}, [["O", "O"], ["O"]]) and n.unlearnt({}, [["O", "B-loc"], ["O"]]) is None
 
-    task = SimpleNamespace(select="f1", unlearnt=lambda artifacts: artifacts)
+    task = SimpleNamespace(select="f1", unlearnt=lambda metrics, artifacts: artifacts)
     first = EpochResult(1, 4, {"f1": 0.019}, None, None)
     later = [EpochResult(e, 4 * e, {"f1": 0.0}, "it tags no entity", "it tags no entity") for e in (2, 3)]
     run = SimpleNamespace(cfg=SimpleNamespace(train=SimpleNamespace(max_steps=None, batch_size=8)), task=task,
@@ -142,6 +143,14 @@ def test_what_shows_that_a_model_learnt_nothing():
     assert FineTuning.unlearnt(run) is None
     run.best, run.cfg.train.max_steps = later[0], 12
     assert "try more --max-steps or another --lr" in FineTuning.unlearnt(run)
+
+    from bertforge.tasks import RerankTask
+
+    r = object.__new__(RerankTask)  # a reranker worse than the order it was given
+    r.settings, r.val = SimpleNamespace(top_k=20), SimpleNamespace(queries=["q"] * 5)
+    assert r.unlearnt({"mrr@10": 0.39, "first_stage_mrr@10": 0.88}, None) == (
+        "reranking the first stage's top 20 lowers its MRR@10 on the 5 validation queries, from 0.880 to 0.390")
+    assert r.unlearnt({"mrr@10": 0.9, "first_stage_mrr@10": 0.88}, None) is None
 
 
 def test_positions_beyond_the_pretraining_length_are_warned(setup, tmp_path, capsys):

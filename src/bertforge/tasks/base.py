@@ -221,9 +221,10 @@ class FinetuneTask:
         by :meth:`eval_size`'s sequences."""
         return None
 
-    def unlearnt(self, artifacts: Any) -> str | None:
-        """What in an evaluation's predictions (``evaluate``'s second value) shows that the model learnt nothing
-        (one class for every example, no entity at all), for the run's warning; None when nothing does."""
+    def unlearnt(self, metrics: dict, artifacts: Any) -> str | None:
+        """What in an evaluation (``evaluate``'s metrics and predictions) shows that the model learnt nothing (one
+        class for every example, no entity at all, a reranker below its first stage), for the run's warning; None
+        when nothing does."""
         return None
 
     def write_model(self, folder: str, config: BertConfig) -> None:

@@ -299,7 +299,7 @@ class ClassificationTask(FinetuneTask):
     def eval_tokens(self) -> int:
         return sum(len(f["input_ids"]) for f in self.f_val)
 
-    def unlearnt(self, artifacts) -> str | None:
+    def unlearnt(self, metrics, artifacts) -> str | None:
         guesses = np.asarray(artifacts).argmax(-1)
         predicted = set(guesses.tolist())
         if len(set(self.y_val.tolist())) < 2:

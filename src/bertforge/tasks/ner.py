@@ -391,7 +391,7 @@ class NerTask(FinetuneTask):
     def eval_size(self) -> int:
         return len(self.val)
 
-    def unlearnt(self, artifacts) -> str | None:
+    def unlearnt(self, metrics, artifacts) -> str | None:
         tagged = {t for p in artifacts for t in p}
         if len(tagged) != 1 or len({t for s in self.val for t in s.tags}) < 2:
             return None

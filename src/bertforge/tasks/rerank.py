@@ -461,6 +461,13 @@ class RerankTask(FinetuneTask):
                                                             q, p), self.settings.top_k)
         return {**reranked, **{f"first_stage_{k}": v for k, v in first.items()}}, None
 
+    def unlearnt(self, metrics, artifacts) -> str | None:
+        ours, first = metrics[self.select], metrics[f"first_stage_{self.select}"]
+        if ours < first:
+            return (f"reranking the first stage's top {self.settings.top_k} lowers its MRR@10 on the "
+                    f"{len(self.val.queries)} validation queries, from {first:.3f} to {ours:.3f}")
+        return None
+
     def eval_size(self) -> int:
         """The pairs an evaluation scores, counted in training examples (a query with its passages), the unit the
         run's clock estimates an evaluation by."""

@@ -438,7 +438,7 @@ class FineTuning(TrainingRun):
         """The warning of a run whose best evaluation shows the model learnt nothing, or whose every evaluation
         after its first does (the first kept: a few updates' near-random predictions can score above none)."""
         t = self.cfg.train
-        said, later = self.task.unlearnt(self.best.artifacts), [h.unlearnt for h in self.history[1:]]
+        said, later = self.task.unlearnt(self.best.metrics, self.best.artifacts), [h.unlearnt for h in self.history[1:]]
         if said:
             said = f"{said} (the best of {len(self.history)} evaluation(s), {self.total} updates of batch " \
                    f"{t.batch_size})"
@@ -492,7 +492,7 @@ class FineTuning(TrainingRun):
         res, artifacts = self.task.evaluate(self.model, self.engine.device)
         self.model.train()
         step, epoch = self.engine.state.step, self.batches.epoch
-        self.history.append(EpochResult(epoch, step, res, artifacts, self.task.unlearnt(artifacts)))
+        self.history.append(EpochResult(epoch, step, res, artifacts, self.task.unlearnt(res, artifacts)))
         self.log_eval(res, f"epoch {epoch}, step {step}", epoch=epoch)
         if self.best is None or res[self.task.select] > self.best.metrics[self.task.select]:
             self.best = self.history[-1]
