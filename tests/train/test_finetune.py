@@ -121,11 +121,16 @@ def test_what_shows_that_a_model_learnt_nothing():
     from bertforge.train.finetune import EpochResult, FineTuning
 
     c = object.__new__(ClassificationTask)
-    c.labels, c.y_train, c.y_val = ["neg", "pos"], np.array([0, 0, 0, 1]), np.array([0, 0, 0, 1])
-    probs = np.array([[0.9, 0.1], [0.1, 0.9], [0.9, 0.1], [0.1, 0.9]])  # 3 of 4 right: the majority's 0.75
-    assert "no better than the 0.750 of giving every validation example" in c.unlearnt({}, probs) and "'neg'" in \
-        c.unlearnt({}, probs)
-    assert c.unlearnt({}, np.array([[0.9, 0.1]] * 3 + [[0.1, 0.9]])) is None  # all right
+    c.labels, c.y_train, c.y_val = ["neg", "pos"], np.array([0, 0, 0, 1]), np.array([0, 0, 0, 0, 1, 1])
+    probs = np.array([[0.9, 0.1], [0.9, 0.1], [0.1, 0.9], [0.1, 0.9], [0.9, 0.1], [0.9, 0.1]])  # 2 of 6 right
+    said = c.unlearnt({}, probs)
+    assert said.startswith("its accuracy 0.333 and macro-F1 0.250 are no better than the 0.667 and 0.400 of giving "
+                           "every validation example the training data's most frequent label, 'neg'"), said
+    # less accurate than the majority, but it finds the rare class: it learnt
+    c.y_val = np.array([0] * 18 + [1] * 2)
+    guess = np.array([0] * 16 + [1] * 2 + [1] * 2)  # 18 of 20 right, as the majority; both rare ones found
+    assert c.unlearnt({}, np.eye(2)[guess]) is None
+    assert c.unlearnt({}, np.eye(2)[np.array([0] * 15 + [1] * 3 + [0] * 2)]) is not None  # 15 right, none rare
     n = object.__new__(NerTask)
     n.val = [SimpleNamespace(tags=["O", "B-loc"]), SimpleNamespace(tags=["O"])]
     assert n.unlearnt({}, [["B-loc", "B-loc"], ["B-loc"]]) == "it tags every token of the 2 validation sentences B-loc"
@@ -137,7 +142,7 @@ def test_what_shows_that_a_model_learnt_nothing():
     run = SimpleNamespace(cfg=SimpleNamespace(train=SimpleNamespace(max_steps=None, batch_size=8)), task=task,
                           best=first, history=[first, *later], total=12)
     said = FineTuning.unlearnt(run)
-    assert said.startswith("the model learnt nothing: after its first evaluation it tags no entity (evaluations "
+    assert said.startswith("after its first evaluation the model learnt nothing more: it tags no entity (evaluations "
                            "2-3); the model kept is the first's (f1 0.019)") and "smaller --batch-size" in said
     run.history[1] = EpochResult(2, 8, {"f1": 0.4}, None, None)  # it learnt, then lost it: not this warning
     assert FineTuning.unlearnt(run) is None
@@ -146,11 +151,12 @@ def test_what_shows_that_a_model_learnt_nothing():
 
     from bertforge.tasks import RerankTask
 
-    r = object.__new__(RerankTask)  # a reranker worse than the order it was given
-    r.settings, r.val = SimpleNamespace(top_k=20), SimpleNamespace(queries=["q"] * 5)
-    assert r.unlearnt({"mrr@10": 0.39, "first_stage_mrr@10": 0.88}, None) == (
-        "reranking the first stage's top 20 lowers its MRR@10 on the 5 validation queries, from 0.880 to 0.390")
-    assert r.unlearnt({"mrr@10": 0.9, "first_stage_mrr@10": 0.88}, None) is None
+    r = object.__new__(RerankTask)  # a reranker no better than a random order of the passages it was given
+    r.settings, r.val, r.chance = SimpleNamespace(top_k=20), SimpleNamespace(queries=["q"] * 5), 0.15
+    assert r.unlearnt({"mrr@10": 0.11, "first_stage_mrr@10": 0.88}, ()) == (
+        "its MRR@10 on the 5 validation queries, 0.110, is no better than the 0.150 of the first stage's top 20 in "
+        "a random order (the first stage's own order: 0.880)")
+    assert r.unlearnt({"mrr@10": 0.39, "first_stage_mrr@10": 0.88}, ()) is None  # (it learnt: worse than BM25 yet)
 
 
 def test_positions_beyond_the_pretraining_length_are_warned(setup, tmp_path, capsys):
@@ -513,7 +519,7 @@ def test_without_a_batch_size_a_run_of_few_updates_takes_a_smaller_batch(setup, 
     width = json.loads((setup / "model" / "config.json").read_text())["hidden_size"]
     for said in ("batch 8: 16 examples x 3 epoch(s) make 6 updates at 8, 3 at the task's 32",
                  f"fine-tuning at batch 8 (by the data), 3 epoch(s) (the task's), lr 0.0003 (by the model's width: "
-                 f"hidden {width}), warmup 10% of the steps, weight decay 0.01"):
+                 f"hidden {width}), warmup 10% of the run, weight decay 0.01"):
         assert said in err and said in (tmp_path / "run" / "train.log").read_text(), err  # (the log has it too)
     saved = json.loads((tmp_path / "run" / "finetune_config.json").read_text())
     assert saved["finetune"]["train"]["batch_size"] == 8

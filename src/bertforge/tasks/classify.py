@@ -306,11 +306,14 @@ class ClassificationTask(FinetuneTask):
             return None
         if len(predicted) == 1:
             return f"it gives every one of the {len(self.y_val)} validation examples {self.labels[predicted.pop()]!r}"
-        majority = np.bincount(self.y_train).argmax()
-        accuracy, baseline = float(np.mean(guesses == self.y_val)), float(np.mean(self.y_val == majority))
-        if accuracy <= baseline:
-            return (f"its accuracy {accuracy:.3f} is no better than the {baseline:.3f} of giving every validation "
-                    f"example the training data's most frequent label, {self.labels[majority]!r}")
+        # no better than the training data's most frequent label for every example, by accuracy and by macro-F1
+        # (on rare classes a model that learnt can be less accurate than that, never worse by both)
+        majority = np.full_like(self.y_val, np.bincount(self.y_train).argmax())
+        ours, theirs = (classification_metrics(self.y_val, g, len(self.labels)) for g in (guesses, majority))
+        if all(ours[k] <= theirs[k] for k in ours):
+            return (f"its accuracy {ours['accuracy']:.3f} and macro-F1 {ours['macro_f1']:.3f} are no better than "
+                    f"the {theirs['accuracy']:.3f} and {theirs['macro_f1']:.3f} of giving every validation example "
+                    f"the training data's most frequent label, {self.labels[majority[0]]!r}")
         return None
 
     def write_outputs(self, folder: str, probs) -> dict:

@@ -166,7 +166,8 @@ def by_model(task: FinetuneTask, cfg: FinetuneConfig, config) -> tuple[dict[str,
         return "the task's" if value == default else "given"
 
     epochs_by_data = t.epochs is None and own.epochs is None  # (None elsewhere: an error, in validate)
-    why = {"batch": "by the data" if t.batch_size is None else source(t.batch_size, own.batch_size),
+    by_rule = "the task's" if t.max_steps else "by the data"  # (a run counted in steps: the data's size matters not)
+    why = {"batch": by_rule if t.batch_size is None else source(t.batch_size, own.batch_size),
            "epochs": "given" if t.max_steps else "by the data" if epochs_by_data else source(t.epochs, own.epochs),
            "lr": width if t.lr is None else source(t.lr, own.lr)}
     if t.lr is None and config is not None:
@@ -177,14 +178,14 @@ def by_model(task: FinetuneTask, cfg: FinetuneConfig, config) -> tuple[dict[str,
 
 
 def settings_said(cfg: FinetuneConfig, why: dict[str, str], resume: bool) -> str:
-    """The line that says what the run trains with and why (the run's own settings when it is resumed)."""
+    """The line that says what the run trains with and why (a resumed run: its settings, without the why)."""
     t = cfg.train
-    if resume:
-        why = dict.fromkeys(why, "the run's own")
+    said = dict.fromkeys(why, "") if resume else {k: f" ({v})" for k, v in why.items()}
     length = f"{t.max_steps} steps" if t.max_steps else f"{t.epochs} epoch(s)"
-    warmup = f"{t.warmup_steps} steps" if t.warmup_steps is not None else f"{t.warmup_ratio:.0%} of the steps"
-    return (f"fine-tuning at batch {t.batch_size} ({why['batch']}), {length} ({why['epochs']}), lr {t.lr:g} "
-            f"({why['lr']}), warmup {warmup}, weight decay {t.weight_decay:g}")
+    clock = f", or --max-time {t.max_time:g}s" if t.max_time else ""
+    warmup = f"{t.warmup_steps} steps" if t.warmup_steps is not None else f"{100 * t.warmup_ratio:g}% of the run"
+    return (f"fine-tuning at batch {t.batch_size}{said['batch']}, {length}{said['epochs']}{clock}, lr {t.lr:g}"
+            f"{said['lr']}, warmup {warmup}, weight decay {t.weight_decay:g}{' (resumed)' if resume else ''}")
 
 
 def by_data(task: FinetuneTask, cfg: FinetuneConfig, examples: int, d: Dist, epochs: bool) -> list[str]:
@@ -409,12 +410,12 @@ class FineTuning(TrainingRun):
         if resume:
             self.restore()
         if self.total < MIN_UPDATES and self.d.is_main:  # (in the outputs of a resumed run too; said once)
-            few = (f"this run makes only {self.total} optimizer updates ({self.n_examples} examples, batch "
+            few = (f"the run makes only {self.total} optimizer updates ({self.n_examples} examples, batch "
                    f"{t.batch_size}, {f'--max-steps {t.max_steps}' if t.max_steps else f'{t.epochs} epoch(s)'}); "
                    "fine-tuning usually needs a few hundred: " +
                    ("raise --max-steps" if t.max_steps else "lower --batch-size or raise --epochs"))
             self.warnings.append(few)
-            if not resume:
+            if self.engine.state.step == 0:  # (said once: by the run that starts from step 0)
                 log.warning("%s", few)
         if not self.validating and self.d.is_main:
             log.warning("no --validation file or --validation-split: the run is not evaluated, and the model kept is "
@@ -442,14 +443,15 @@ class FineTuning(TrainingRun):
         if said:
             said = f"{said} (the best of {len(self.history)} evaluation(s), {self.total} updates of batch " \
                    f"{t.batch_size})"
-        elif later and all(later):
-            value = self.best.metrics[self.task.select]
-            said = (f"after its first evaluation {later[-1]} (evaluations 2-{len(self.history)}); the model kept is "
-                    f"the first's ({self.task.select} {value:.4g})")
-        if not said:
-            return None
         more = "more --max-steps" if t.max_steps else "a smaller --batch-size (more updates), more --epochs"
-        return f"the model learnt nothing: {said}; try {more} or another --lr"
+        if said:
+            return f"the model learnt nothing: {said}; try {more} or another --lr"
+        if later and all(later):  # (the first evaluation passed: near-random predictions, or a start later lost)
+            value = self.best.metrics[self.task.select]
+            return (f"after its first evaluation the model learnt nothing more: {later[-1]} (evaluations "
+                    f"2-{len(self.history)}); the model kept is the first's ({self.task.select} {value:.4g}): if "
+                    f"that is low, try {more} or another --lr; if it is not, a lower --lr")
+        return None
 
     # ---- the loop's hooks
     def next_batches(self) -> list[dict]:
