@@ -276,7 +276,10 @@ class _RankingLossStep(torch.nn.Module):
 
     def __init__(self, st, scale: float):
         super().__init__()
-        from sentence_transformers.losses import MultipleNegativesRankingLoss
+        try:  # (sentence-transformers 6 moved its losses; the floor, 4, has them here only)
+            from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+        except ImportError:
+            from sentence_transformers.losses import MultipleNegativesRankingLoss
 
         self.mnrl = MultipleNegativesRankingLoss(st, scale=scale)  # (holds the model: its parameters are ours here)
 
