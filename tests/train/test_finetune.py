@@ -110,8 +110,8 @@ def test_a_run_whose_model_learnt_nothing_says_so(setup, tmp_path, capsys):
 
 def test_what_shows_that_a_model_learnt_nothing():
     """A classifier no better than the training data's most frequent label, a tagger that gives every token one
-    tag (not only O), a reranker that orders worse than its first stage, and a run whose every evaluation after its
-    first shows it (the first, kept, scored a little
+    tag (not only O), a reranker no better than a random order of its first stage's passages, a reader no better
+    than the first words of each context, and a run whose every evaluation after its first shows it (the first, kept, scored a little
     by near-random predictions) are warned; the advice of a run counted in steps is more steps."""
     from types import SimpleNamespace
 
@@ -157,6 +157,19 @@ def test_what_shows_that_a_model_learnt_nothing():
         "its MRR@10 on the 5 validation queries, 0.110, is no better than the 0.150 of the first stage's top 20 in "
         "a random order (the first stage's own order: 0.880)")
     assert r.unlearnt({"mrr@10": 0.39, "first_stage_mrr@10": 0.88}, ()) is None  # (it learnt: worse than BM25 yet)
+
+    from bertforge.tasks import SquadTask
+    from bertforge.tasks.squad import Example, squad_from_rows
+
+    q = object.__new__(SquadTask)  # a reader no better than the first words of each context
+    ctx = "Paris is the capital of France and its largest city"
+    q.train_ex = [Example("t", "?", ctx, [{"text": "Paris", "answer_start": 0}])]
+    q.val_ex = [Example("a", "What is the capital?", ctx, [{"text": "Paris", "answer_start": 0}]),
+                Example("b", "Of what?", ctx, [{"text": "France", "answer_start": 24}])]
+    q.val_data = squad_from_rows([vars(e) for e in q.val_ex], "v")["data"]
+    assert q.unlearnt({"f1": 0.0}, {}) == ("its F1 on the 2 validation questions, 0.0, is no better than the 50.0 of "
+                                          "answering each with the first 1 word(s) of its context")
+    assert q.unlearnt({"f1": 100.0}, {}) is None
 
 
 def test_positions_beyond_the_pretraining_length_are_warned(setup, tmp_path, capsys):

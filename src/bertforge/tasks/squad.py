@@ -401,6 +401,19 @@ class SquadTask(FinetuneTask):
         preds, _ = postprocess(self.val_ex, self.val_feats, s, e, self.settings.n_best, self.settings.max_answer_length)
         return squad_evaluate(self.val_data, preds), preds
 
+    def unlearnt(self, metrics, artifacts) -> str | None:
+        if getattr(self, "chance", None) is None:  # each question answered with its context's first words, as
+            # many as the training answers' median: what a reader that learnt nothing of the questions can match
+            lengths = sorted(len(ex.answers[0]["text"].split()) for ex in self.train_ex if ex.answers)
+            self.first_words = max(1, lengths[len(lengths) // 2]) if lengths else 1
+            self.chance = squad_evaluate(self.val_data, {ex.id: " ".join(ex.context.split()[: self.first_words])
+                                                         for ex in self.val_ex})["f1"]
+        if metrics["f1"] <= self.chance:
+            return (f"its F1 on the {len(self.val_ex)} validation questions, {metrics['f1']:.1f}, is no better than "
+                    f"the {self.chance:.1f} of answering each with the first {self.first_words} word(s) of its "
+                    "context")
+        return None
+
     def eval_size(self) -> int:
         return len(self.val_feats)
 
