@@ -71,7 +71,7 @@ class EpochResult:
     step: int
     metrics: dict[str, float]
     artifacts: Any = None
-    unlearnt: str | None = None  # what in its predictions shows that the model learnt nothing (the task's)
+    unlearnt: str | None = None  # what in it shows that the model learnt nothing (the task's unlearnt)
 
 
 def finetune(task: FinetuneTask, cfg: FinetuneConfig, overwrite: bool = False, resume: bool = False) -> dict:
@@ -429,6 +429,7 @@ class FineTuning(TrainingRun):
         self.model.load_state_dict(self.best_weights)
         if self.best.artifacts is None:  # the best evaluation came before a resumption: its predictions again
             self.best.artifacts = self.task.evaluate(self.model, self.engine.device)[1]
+            self.best.unlearnt = self.task.unlearnt(self.best.metrics, self.best.artifacts)
         said = self.unlearnt()
         if said:
             log.warning(said)
@@ -438,14 +439,11 @@ class FineTuning(TrainingRun):
     def unlearnt(self) -> str | None:
         """The warning of a run whose best evaluation shows the model learnt nothing, or whose every evaluation
         after its first does (the first kept: a few updates' near-random predictions can score above none)."""
-        t = self.cfg.train
-        said, later = self.task.unlearnt(self.best.metrics, self.best.artifacts), [h.unlearnt for h in self.history[1:]]
-        if said:
-            said = f"{said} (the best of {len(self.history)} evaluation(s), {self.total} updates of batch " \
-                   f"{t.batch_size})"
+        t, later = self.cfg.train, [h.unlearnt for h in self.history[1:]]
         more = "more --max-steps" if t.max_steps else "a smaller --batch-size (more updates), more --epochs"
-        if said:
-            return f"the model learnt nothing: {said}; try {more} or another --lr"
+        if self.best.unlearnt:  # (judged as it was evaluated; a best from before a resumption, at the run's end)
+            return (f"the model learnt nothing: {self.best.unlearnt} (the best of {len(self.history)} evaluation(s), "
+                    f"{self.total} updates of batch {t.batch_size}); try {more} or another --lr")
         if later and all(later):  # (the first evaluation passed: near-random predictions, or a start later lost)
             value = self.best.metrics[self.task.select]
             return (f"after its first evaluation the model learnt nothing more: {later[-1]} (evaluations "
