@@ -111,7 +111,7 @@ def test_a_run_whose_model_learnt_nothing_says_so(setup, tmp_path, capsys):
 def test_what_shows_that_a_model_learnt_nothing():
     """A classifier no better than the training data's most frequent label, a tagger that gives every token one
     tag (not only O), a reranker no better than a random order of its first stage's passages, a reader no better
-    than the first words of each context, and a run whose every evaluation after its first shows it (the first, kept, scored a little
+    than the first words of each context, embeddings no better than a random order of the passages, and a run whose every evaluation after its first shows it (the first, kept, scored a little
     by near-random predictions) are warned; the advice of a run counted in steps is more steps."""
     from types import SimpleNamespace
 
@@ -170,6 +170,20 @@ def test_what_shows_that_a_model_learnt_nothing():
     assert q.unlearnt({"f1": 0.0}, {}) == ("its F1 on the 2 validation questions, 0.0, is no better than the 50.0 of "
                                           "answering each with the first 1 word(s) of its context")
     assert q.unlearnt({"f1": 100.0}, {}) is None
+
+    from bertforge.tasks import EmbedTask
+    from bertforge.tasks.retrieval import RetrievalSet
+
+    e = object.__new__(EmbedTask)  # embeddings no better than the passages in a random order
+    e.val = RetrievalSet([f"q{i}" for i in range(40)], [f"p{j}" for j in range(40)], [{i: 1} for i in range(40)])
+    same = np.tile(np.arange(10), (40, 1))  # vectors that no longer tell texts apart
+    assert e.unlearnt({"mrr@10": 0.07}, same) == ("it ranks the same 10 passages first for every one of the 40 "
+                                                   "validation queries")
+    shifted = (np.arange(40)[:, None] + np.arange(1, 11)) % 40  # never the query's own passage
+    said = e.unlearnt({"mrr@10": 0.0}, shifted)
+    assert said.startswith("its MRR@10 on the 40 validation queries, 0.000, is no better than the ") and \
+        said.endswith(" of the 40 passages in a random order") and 0.0 < e.chance < 0.3, said
+    assert e.unlearnt({"mrr@10": 1.0}, np.arange(40)[:, None] + np.zeros((1, 10), int)) is None
 
 
 def test_positions_beyond_the_pretraining_length_are_warned(setup, tmp_path, capsys):

@@ -20,7 +20,7 @@ from ..errors import UserError, checked, require_type
 from ..inference import Pipeline
 from ..loading import model_dir
 from ..models import BertConfig, BertModel
-from .retrieval import Pair, RetrievalSet, evaluate, pairs_set, read_pairs
+from .retrieval import Pair, RetrievalSet, evaluate, metrics as retrieval_metrics, pairs_set, ranked, read_pairs
 from ..tokenizer import special_ids
 from .base import FinetuneTask, validating
 from .classify import input_texts
@@ -191,9 +191,26 @@ class EmbedTask(FinetuneTask):
         return encode(model, feats, self.pad, device, self.embedding, self.eval_batch_size)
 
     def evaluate(self, model, device):
-        res = evaluate(self.val, lambda texts: self.vectors(model, device, texts))
-        del res["seconds"]  # (a run's figures do not depend on the machine's speed)
-        return res, None
+        found = ranked(self.val, lambda texts: self.vectors(model, device, texts))  # (Q, 10) passages, best first
+        # (no seconds: a run's figures do not depend on the machine's speed)
+        return {**retrieval_metrics(found, self.val.relevant), "queries": len(self.val.queries),
+                "corpus": len(self.val.corpus)}, found
+
+    def unlearnt(self, metrics, found) -> str | None:
+        q, n, k = len(self.val.queries), len(self.val.corpus), found.shape[1]
+        if q < 2 or n <= k:
+            return None
+        if (found == found[0]).all():  # (vectors that no longer tell texts apart)
+            return f"it ranks the same {k} passages first for every one of the {q} validation queries"
+        if getattr(self, "chance", None) is None:  # the corpus in an order drawn at random for each query, once
+            rng = np.random.default_rng(0)
+            draws = [[j for j in rng.choice(n, k + 1, replace=False) if j != own][:k]
+                     for own in (self.val.itself or [-1] * q)]
+            self.chance = retrieval_metrics(np.asarray(draws), self.val.relevant)["mrr@10"]
+        if metrics["mrr@10"] <= self.chance:
+            return (f"its MRR@10 on the {q} validation queries, {metrics['mrr@10']:.3f}, is no better than the "
+                    f"{self.chance:.3f} of the {n} passages in a random order")
+        return None
 
     def eval_size(self) -> int:
         return len(self.val.queries) + len(self.val.corpus) if self.val else 0
