@@ -40,26 +40,4 @@ def __dir__() -> list[str]:
 __version__ = "0.2.0"
 
 
-__all__ = [
-    "BertConfig",
-    "BertModel",
-    "BertForPreTraining",
-    "BertForMaskedLM",
-    "BertForSequenceClassification",
-    "BertForQuestionAnswering",
-    "UserError",
-    "load_tokenizer",
-    "pipeline",
-    "embed",
-    "evaluate",
-    "evaluate_retrieval",
-    "evaluate_ner",
-    "train_tokenizer",
-    "prepare",
-    "run_pretraining",
-    "run_finetuning",
-    "evaluate_classifier",
-    "evaluate_squad",
-    "evaluate_mlm",
-    "__version__",
-]
+__all__ = [*_WHERE, "__version__"]

@@ -297,12 +297,11 @@ def _engine_state(opt_state: dict, state: dict) -> dict:
             "scaler": state.get("scaler")}
 
 
-def restore_newest(out: str, model, required: tuple[str, ...] = (), check=None) -> tuple[int, str, dict, dict]:
+def restore_newest(out: str, model, required: tuple[str, ...] = ()) -> tuple[int, str, dict, dict]:
     """Load into ``model`` the newest checkpoint in ``out`` that reads whole (its state holding the ``required``
     keys); return (step, folder, the engine's state, the whole trainer state).  Newer ones that do not read
     (a save interrupted by a kill, a truncated file) are moved aside as ``.damaged-*``, with a warning, and
-    never considered again.  ``check(state)`` runs before anything is loaded (a UserError from it leaves every
-    checkpoint as it is), and a checkpoint that reads but does not fit the model is an error, never damage.
+    never considered again.  A checkpoint that reads but does not fit the model is an error, never damage.
     A ``step-N`` that is no checkpoint folder at all (a file, a link, a folder without its state) is moved aside
     too, so that the run's own save of step N later has nothing to replace."""
     set_aside_incomplete(out)
@@ -317,8 +316,6 @@ def restore_newest(out: str, model, required: tuple[str, ...] = (), check=None) 
             log.warning("skipping checkpoint %s, which does not load (%s: %s); moved to %s", path,
                         type(e).__name__, str(e)[:200], aside)
             continue
-        if check is not None:
-            check(state)
         _apply(path, model, weights)
         return step, path, _engine_state(opt_state, state), state
     raise UserError(f"no checkpoint in {os.path.join(out, CHECKPOINTS)} loads; nothing to resume")

@@ -22,6 +22,7 @@ from tokenizers import Tokenizer
 from .errors import UserError, shown
 from .evaluation import by_length
 from .files import json_object_or_none, read_json
+from .tokenizer import copy_of
 
 POOLINGS = ("mean", "cls")
 # what finetune embed writes beside the model (the output rules list them as the run's own)
@@ -143,9 +144,7 @@ def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, settings: Embedding
 def tokenize(tok: Tokenizer, texts: list[str], settings: EmbeddingSettings, max_length: int) -> list[dict]:
     """Token ids of each text, cut at ``max_length`` tokens ([CLS] and [SEP] included) as sentence-transformers
     cuts them."""
-    t = Tokenizer.from_str(tok.to_str())
-    t.enable_truncation(max_length)
-    t.no_padding()
+    t = copy_of(tok, max_length)
     texts = [x.lower() for x in texts] if settings.do_lower_case else list(texts)
     return [{"input_ids": e.ids, "token_type_ids": [0] * len(e.ids)} for e in t.encode_batch(texts)]
 

@@ -6,14 +6,13 @@ from __future__ import annotations
 import logging
 import os
 
-from tokenizers import Tokenizer
 
 from .checkpoint import has_weight
 from .errors import UserError, checked, shown
 from .evaluation import by_length
 from .loading import check_max_seq_length, load_for_inference, model_dir
 from .models import BertConfig, for_folder
-from .tokenizer import special_ids
+from .tokenizer import copy_of, special_ids
 
 log = logging.getLogger("bertforge")
 
@@ -44,8 +43,7 @@ class Pipeline:
         self.batch_size = batch_size
         self.progress = progress
         self.max_length = check_max_seq_length(self.config, max_seq_length, model, self.default_length)
-        self._truncating = Tokenizer.from_str(self.tok.to_str())  # a copy: fill-mask needs the untruncated one
-        self._truncating.enable_truncation(self.max_length, strategy="longest_first")
+        self._truncating = copy_of(self.tok, self.max_length)  # (a copy: fill-mask needs the untruncated one)
 
     def _model_class(self, path: str) -> tuple[type, BertConfig, str]:
         """(model class, config, the weight of the task's head) of directory ``path``: the class of the folder's

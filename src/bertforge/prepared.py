@@ -53,6 +53,7 @@ from .corpus import END, expand_paths, input_signature, line_based, read_part, s
 from .errors import TrainingError, UserError
 from .files import json_object_or_none
 from .outputs import MARKER, Output, register_output, write_marker
+from .tokenizer import copy_of
 from .children import child_pids, stop_children
 from .shards import ARRAYS, VERSION, TokenizedCorpus, _arrays_problem, is_prepared, open_prepared, split_documents
 
@@ -82,10 +83,7 @@ class Reading:
 
 def tokenizer_fingerprint(tok: Tokenizer) -> str:
     """What decides the token ids (padding and truncation settings aside: the saved copy has none)."""
-    t = Tokenizer.from_str(tok.to_str())
-    t.no_padding()
-    t.no_truncation()
-    return hashlib.sha256(t.to_str().encode()).hexdigest()
+    return hashlib.sha256(copy_of(tok).to_str().encode()).hexdigest()
 
 
 # ------------------------------------------------------------------------------------------------ the parts

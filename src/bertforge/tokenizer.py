@@ -203,12 +203,22 @@ def check_vocab_fits(tok: Tokenizer, vocab_size: int, where: str) -> None:
                         "they do not belong together")
 
 
+def copy_of(tok: Tokenizer, truncation: int | None = None) -> Tokenizer:
+    """A copy of ``tok`` that pads nothing and cuts each input (a pair's longest segment first) at ``truncation``
+    tokens, or nowhere (None)."""
+    t = Tokenizer.from_str(tok.to_str())
+    t.no_padding()
+    if truncation is None:
+        t.no_truncation()
+    else:
+        t.enable_truncation(truncation, strategy="longest_first")
+    return t
+
+
 def save_tokenizer(tok: Tokenizer, folder: str, model_max_length: int = 512) -> None:
     """Write the four tokenizer files into ``folder``."""
     os.makedirs(folder, exist_ok=True)
-    tok = Tokenizer.from_str(tok.to_str())  # a copy: never save padding/truncation settings
-    tok.no_padding()
-    tok.no_truncation()
+    tok = copy_of(tok)  # (never save padding or truncation settings)
     write_file(os.path.join(folder, "tokenizer.json"), lambda f: f.write(tok.to_str(pretty=True).encode()))
     with open(os.path.join(folder, "vocab.txt"), "w", encoding="utf-8") as f:
         f.write("\n".join(vocab_tokens(tok)) + "\n")

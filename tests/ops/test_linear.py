@@ -36,9 +36,7 @@ def test_linear_equals_torch(shape, bias):
 def test_bf16_products_take_mkl_where_onednn_has_no_bf16_kernel(monkeypatch):
     """On a CPU without AVX-512 oneDNN refuses bf16 inputs ("could not create a primitive descriptor"):
     ``dnn_matmul_t`` then multiplies through ``F.linear``, and gives its values wherever it runs."""
-    import importlib
-
-    lin = importlib.import_module("bertforge.ops.linear")  # (the package exports the function `linear`)
+    from bertforge.ops import linear as lin
 
     x, w = torch.randn(40, 16, dtype=torch.bfloat16), torch.randn(24, 16, dtype=torch.bfloat16)
     ref = torch.nn.functional.linear(x, w)

@@ -56,23 +56,33 @@ def run_bench(preset: str = "mini", batch_size: int = 32, seq_len: int = 128, st
     batch = {k: v.to(dev) for k, v in batch.items()}
     tokens = int(batch["attention_mask"].sum())  # real tokens, as bertforge pretrain counts them
     rows = _pretraining_rounds(cfg, hf_cfg, transformers, batch, tokens, impl, dev, autocast, steps, rounds, out)
-    ours_tps, theirs_tps, speedup = _medians(rows)
-    fp32 = _fp32_figures(rows, "train") if fp32_arms(dev, impl) else {}
-    res = {
-        "device": str(dev), "preset": preset, "batch_size": batch_size, "seq_len": seq_len, "batch_source": source,
-        "train_padding_fraction": 1 - tokens / batch["attention_mask"].numel(), "vocab_size": vocab_size,
-        "train_tokens_per_second": ours_tps, "transformers_train_tokens_per_second": theirs_tps,
-        "train_speedup_vs_transformers": speedup,
-        "train_mfu": ours_tps * fpt / peak, "transformers_train_mfu": theirs_tps * fpt / peak,
-        "matmul_peak_gflops": peak / 1e9, "matmul_peak_dtype": peak_name, "model_flops_per_token": fpt, **fp32,
-    }
-    out(f"train: bertforge {ours_tps:.0f} tok/s (MFU {res['train_mfu']:.1%}), transformers {theirs_tps:.0f} tok/s "
-        f"(MFU {res['transformers_train_mfu']:.1%}), median speed-up x{res['train_speedup_vs_transformers']:.2f}")
+    res = {"device": str(dev), "preset": preset, "batch_size": batch_size, "seq_len": seq_len, "batch_source": source,
+           "train_padding_fraction": 1 - tokens / batch["attention_mask"].numel(), "vocab_size": vocab_size,
+           **_train_figures(rows, peak, peak_name, fpt, dev, impl, out)}
     if compile:
         res.update(_compile_rounds(cfg, batch, tokens, impl, dev, steps, rounds, out))
     if inference:
         res.update(_inference_bench(cfg, hf_cfg, transformers, dev, autocast, batch_size, vocab_size, data_dir,
                                     rounds, out))
+    return _said(res, out)
+
+
+def _train_figures(rows: list, peak: float, peak_name: str, fpt: float, dev: torch.device, impl: ImplConfig,
+                   out) -> dict:
+    """A pretraining bench's figures of the training step (the medians of its rounds ``rows``, the MFU of each
+    side), said in one line."""
+    ours, theirs, speedup = _medians(rows)
+    res = {"train_tokens_per_second": ours, "transformers_train_tokens_per_second": theirs,
+           "train_speedup_vs_transformers": speedup, "train_mfu": ours * fpt / peak,
+           "transformers_train_mfu": theirs * fpt / peak, "matmul_peak_gflops": peak / 1e9,
+           "matmul_peak_dtype": peak_name, "model_flops_per_token": fpt,
+           **(_fp32_figures(rows, "train") if fp32_arms(dev, impl) else {})}
+    out(f"train: bertforge {ours:.0f} tok/s (MFU {res['train_mfu']:.1%}), transformers {theirs:.0f} tok/s "
+        f"(MFU {res['transformers_train_mfu']:.1%}), median speed-up x{speedup:.2f}")
+    return res
+
+
+def _said(res: dict, out) -> dict:
     out(json.dumps(res))
     out(f"train_speedup_vs_transformers={res['train_speedup_vs_transformers']:.2f}")
     return res
@@ -176,19 +186,10 @@ def _masked_lm_bench(fam, preset: str, batch: dict, vocab_size: int, source: str
     tokens = int(batch["attention_mask"].sum())
     rows = _step_rounds(engine, batch, lambda ac: transformers_step(theirs, opt_theirs, theirs_batch, ac), autocast,
                         impl, dev, steps, tokens, rounds, out)
-    ours_tps, theirs_tps, speedup = _medians(rows)
-    res = {"device": str(dev), "arch": fam.name, "preset": preset, "batch_size": B, "seq_len": T,
-           "batch_source": source, "vocab_size": vocab_size, "parameters": ours.num_parameters(),
-           "loss_difference": abs(a - b) / max(1.0, abs(b)), "train_tokens_per_second": ours_tps,
-           "transformers_train_tokens_per_second": theirs_tps, "train_speedup_vs_transformers": speedup,
-           "train_mfu": ours_tps * fpt / peak, "transformers_train_mfu": theirs_tps * fpt / peak,
-           "matmul_peak_gflops": peak / 1e9, "matmul_peak_dtype": peak_name, "model_flops_per_token": fpt,
-           **(_fp32_figures(rows, "train") if fp32_arms(dev, impl) else {})}
-    out(f"train: bertforge {ours_tps:.0f} tok/s (MFU {res['train_mfu']:.1%}), transformers {theirs_tps:.0f} tok/s "
-        f"(MFU {res['transformers_train_mfu']:.1%}), median speed-up x{speedup:.2f}")
-    out(json.dumps(res))
-    out(f"train_speedup_vs_transformers={speedup:.2f}")
-    return res
+    return _said({"device": str(dev), "arch": fam.name, "preset": preset, "batch_size": B, "seq_len": T,
+                  "batch_source": source, "vocab_size": vocab_size, "parameters": ours.num_parameters(),
+                  "loss_difference": abs(a - b) / max(1.0, abs(b)),
+                  **_train_figures(rows, peak, peak_name, fpt, dev, impl, out)}, out)
 
 
 def _compile_rounds(cfg: BertConfig, batch: dict, tokens: int, impl: ImplConfig, dev: torch.device, steps: int,

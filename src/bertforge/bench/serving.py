@@ -16,10 +16,9 @@ from .finetuning import _random_model
 def _serving_inputs(tok, data_dir: str | None, max_len: int) -> list[tuple[str, str, list[dict]]]:
     """(key, what, features) of the serving bench: single sentences (SST-2 dev, else the demo's) and SQuAD-length
     question-passage pairs (SQuAD dev, else demo paragraphs), cut at ``max_len`` tokens."""
-    from tokenizers import Tokenizer
+    from ..tokenizer import copy_of
 
-    t = Tokenizer.from_str(tok.to_str())
-    t.enable_truncation(max_len, strategy="longest_first")
+    t = copy_of(tok, max_len)
     sentences = _sst2_sentences(data_dir)
     squad = os.path.join(data_dir, "squad", "dev-v1.1.json") if data_dir else ""
     if sentences is not None and os.path.isfile(squad):

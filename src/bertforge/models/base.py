@@ -39,6 +39,8 @@ class ModelConfigJson:
     extra: dict[str, Any]
     id2label: dict[int, str] | None
     label2id: dict[str, int] | None
+    model_type: ClassVar[str]  # config.json's
+    display_name: ClassVar[str]  # the family's, in messages
     dropout_fields: ClassVar[tuple[str, str]]  # the hidden states' dropout, the attention probabilities'
     sizes: ClassVar[tuple[str, ...]] = ()
     fractions: ClassVar[tuple[str, ...]] = ()
@@ -82,6 +84,29 @@ class ModelConfigJson:
         """A new model's config takes its tokenizer's special ids (``ids``: :class:`~bertforge.tokenizer.SpecialIds`)
         where its family records them; BERT's records none but the padding's, which stays at its default."""
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Any:
+        """A config from config.json's keys: the family's own checks and renamings (:meth:`read_fields`), a token id
+        of null left at its default, and every key not ours kept (``extra``)."""
+        d = dict(d)
+        model_type = d.pop("model_type", cls.model_type)
+        if model_type != cls.model_type:
+            raise UserError(f"config model_type is {shown(model_type)}, not {cls.model_type!r}")
+        kw = cls.read_fields(d)
+        for name in [k for k, v in kw.items() if k.endswith("_token_id") and v is None]:
+            kw.pop(name)
+        d.pop("num_labels", None)  # (transformers writes it beside id2label, which implies it)
+        try:
+            return cls(**kw, extra=d)
+        except TypeError as e:  # a field of the wrong type
+            raise UserError(f"invalid {cls.display_name} config: {e}") from None
+
+    @classmethod
+    def read_fields(cls, d: dict[str, Any]) -> dict[str, Any]:
+        """The fields' values, taken out of ``d``; a family checks or renames its keys around this."""
+        names = {f.name for f in dataclasses.fields(cls)} - {"extra"}  # type: ignore[arg-type]
+        return {k: d.pop(k) for k in list(d) if k in names}
+
     def fields_dict(self, skip: tuple[str, ...] = ()) -> dict[str, Any]:
         """The unread keys, then every field but ``extra`` and ``skip`` (the label maps when set, id2label's
         keys as strings, as JSON holds them)."""
@@ -100,10 +125,6 @@ class ModelConfigJson:
         with open(path, "w", encoding="utf-8") as f:
             json.dump(self.to_dict(architectures), f, indent=2, sort_keys=True)
             f.write("\n")
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Any:
-        raise NotImplementedError
 
     @classmethod
     def load(cls, path: str) -> Any:
@@ -171,6 +192,21 @@ class QuestionAnsweringOutput:
     loss: torch.Tensor | None = None
     start_logits: torch.Tensor | None = None  # (B, T)
     end_logits: torch.Tensor | None = None  # (B, T)
+
+
+def span_output(start_logits, end_logits, attention_mask, start_positions, end_positions) -> QuestionAnsweringOutput:
+    """A span head's output from its (B, T) start and end logits: padding is no answer (the dtype's lowest, out of
+    the loss's softmax and of any probability); the loss when both positions are given."""
+    if attention_mask is not None:
+        pad, lowest = ~attention_mask.bool(), torch.finfo(start_logits.dtype).min
+        start_logits, end_logits = start_logits.masked_fill(pad, lowest), end_logits.masked_fill(pad, lowest)
+    loss = None
+    if start_positions is not None and end_positions is not None:
+        T = start_logits.shape[1]  # as transformers: positions outside the input are clamped to T and ignored
+        s, e = start_positions.reshape(-1).clamp(0, T), end_positions.reshape(-1).clamp(0, T)
+        loss = (nn.functional.cross_entropy(start_logits, s, ignore_index=T)
+                + nn.functional.cross_entropy(end_logits, e, ignore_index=T)) / 2
+    return QuestionAnsweringOutput(loss, start_logits.contiguous(), end_logits.contiguous())
 
 
 # ------------------------------------------------------------------------------------------------ models

@@ -43,7 +43,6 @@ Departures of the model from the paper, Google's code and transformers (the data
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,7 +54,7 @@ from ..errors import UserError, require_type, shown
 from ..ops import Dropout, Layout, Linear, self_attention, tracing
 from ..ops.rows import pretraining_losses
 from .base import (BaseModelOutput, MaskedLMOutput, ModelConfigJson, PreTrainedModel, PreTrainingOutput,
-                   QuestionAnsweringOutput, SequenceClassifierOutput, TokenClassifierOutput, check_preset)
+                   QuestionAnsweringOutput, SequenceClassifierOutput, TokenClassifierOutput, check_preset, span_output)
 from .registry import Family, register
 
 ACT2FN = {
@@ -101,6 +100,7 @@ class BertConfig(ModelConfigJson):
     # directory we load and save again loses nothing.
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
+    model_type, display_name = "bert", "BERT"
     dropout_fields = ("hidden_dropout_prob", "attention_probs_dropout_prob")
     sizes = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
              "max_position_embeddings", "type_vocab_size")
@@ -143,25 +143,12 @@ class BertConfig(ModelConfigJson):
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> BertConfig:
-        d = dict(d)
-        model_type = d.pop("model_type", "bert")
-        if model_type != "bert":
-            raise UserError(f"config model_type is {shown(model_type)}, not 'bert'")
+    def read_fields(cls, d: dict[str, Any]) -> dict[str, Any]:
         if d.get("position_embedding_type", "absolute") != "absolute":
             raise UserError(f"position_embedding_type {shown(d['position_embedding_type'])} is not supported")
         if d.get("is_decoder"):
             raise UserError("is_decoder=True (a causal BERT) is not supported")
-        names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
-        kw = {k: d.pop(k) for k in list(d) if k in names}
-        if kw.get("pad_token_id") is None:
-            kw.pop("pad_token_id", None)
-        # transformers writes num_labels implicitly through id2label; keep what is not ours untouched
-        d.pop("num_labels", None)
-        try:
-            return cls(**kw, extra=d)
-        except TypeError as e:  # a field of the wrong type
-            raise UserError(f"invalid BERT config: {e}") from None
+        return super().read_fields(d)
 
 
 # ------------------------------------------------------------------------------------------------ encoder
@@ -565,19 +552,7 @@ class BertForQuestionAnswering(BertPreTrainedModel):
                 end_positions=None, dropout_keys=None) -> QuestionAnsweringOutput:
         seq = self.bert(input_ids, attention_mask, token_type_ids, position_ids, dropout_keys).last_hidden_state
         start_logits, end_logits = self.qa_outputs(seq).unbind(-1)  # 2 x (B, T)
-        if attention_mask is not None:  # padding is no answer: out of the softmax of the loss and of any probability
-            pad = ~attention_mask.bool()
-            lowest = torch.finfo(start_logits.dtype).min
-            start_logits, end_logits = start_logits.masked_fill(pad, lowest), end_logits.masked_fill(pad, lowest)
-        loss = None
-        if start_positions is not None and end_positions is not None:
-            # as transformers: positions outside the input are clamped to T and ignored
-            T = start_logits.shape[1]
-            s = start_positions.reshape(-1).clamp(0, T)
-            e = end_positions.reshape(-1).clamp(0, T)
-            loss = (F.cross_entropy(start_logits, s, ignore_index=T)
-                    + F.cross_entropy(end_logits, e, ignore_index=T)) / 2
-        return QuestionAnsweringOutput(loss, start_logits.contiguous(), end_logits.contiguous())
+        return span_output(start_logits, end_logits, attention_mask, start_positions, end_positions)
 
 
 register(Family(

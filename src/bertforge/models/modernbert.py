@@ -58,7 +58,6 @@ and ``bertforge predict``: fill-mask, classify, ner, qa, embed) take it as they 
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -71,17 +70,11 @@ from ..errors import UserError, shown
 from ..ops import Dropout, Layout, head_buffer, linear_cross_entropy_sum, tracing
 from ..ops.windowed import Band, apply_rotary, attention, banded_attention, rotary_cos_sin, window_masks
 from .base import (BaseModelOutput, MaskedLMOutput, ModelConfigJson, PreTrainedModel, QuestionAnsweringOutput,
-                   SequenceClassifierOutput, TokenClassifierOutput, check_preset)
-from .bert import PRESETS
+                   SequenceClassifierOutput, TokenClassifierOutput, check_preset, span_output)
+from .bert import ACT2FN as BERT_ACT2FN, PRESETS
 from .registry import Family, register
 
-ACT2FN = {
-    "gelu": F.gelu,  # exact erf GELU: transformers' "gelu", ModernBERT's hidden and classifier activation
-    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
-    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
-    "relu": F.relu,
-    "silu": F.silu,
-}
+ACT2FN = {**BERT_ACT2FN, "silu": F.silu}  # (exact erf GELU, transformers' "gelu": ModernBERT's activation)
 
 GLOBAL, LOCAL = "full_attention", "sliding_attention"  # transformers 5.x's layer types
 # every size of BERT's presets (intermediate 1.5 x hidden, its GeGLU input projection twice that), and
@@ -137,6 +130,7 @@ class ModernBertConfig(ModelConfigJson):
     # keys of a config.json we do not interpret (transformers_version, dtype, ...), written back unchanged
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
+    model_type, display_name = "modernbert", "ModernBERT"
     dropout_fields = ("mlp_dropout", "attention_dropout")
     sizes = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
              "max_position_embeddings", "global_attn_every_n_layers", "local_attention")
@@ -209,17 +203,12 @@ class ModernBertConfig(ModelConfigJson):
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> ModernBertConfig:
+    def read_fields(cls, d: dict[str, Any]) -> dict[str, Any]:
         """Either dialect.  Where a 5.x file has both, ``rope_parameters`` wins over the 4.x thetas and
         ``sliding_window`` over ``local_attention`` (as transformers 5.x reads them, we believe)."""
-        d = dict(d)
-        model_type = d.pop("model_type", "modernbert")
-        if model_type != "modernbert":
-            raise UserError(f"config model_type is {shown(model_type)}, not 'modernbert'")
         if d.pop("rope_scaling", None):
             raise UserError("rope_scaling is not supported (only the default rotary embeddings)")
-        names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
-        kw = {k: d.pop(k) for k in list(d) if k in names}
+        kw = super().read_fields(d)
         # 4.x: a local_rope_theta of null meant "the global theta" for local layers too
         if "local_rope_theta" in kw and kw["local_rope_theta"] is None:
             kw["local_rope_theta"] = kw.get("global_rope_theta", cls.global_rope_theta)
@@ -235,14 +224,7 @@ class ModernBertConfig(ModelConfigJson):
         window = d.pop("sliding_window", None)
         if window is not None:
             kw["local_attention"] = 2 * int(window)
-        for name in ("pad_token_id", "eos_token_id", "bos_token_id", "cls_token_id", "sep_token_id"):
-            if name in kw and kw[name] is None:
-                kw.pop(name)
-        d.pop("num_labels", None)  # implied by id2label
-        try:
-            return cls(**kw, extra=d)
-        except TypeError as e:
-            raise UserError(f"invalid ModernBERT config: {e}") from None
+        return kw
 
 
 # ------------------------------------------------------------------------------------------------ encoder
@@ -668,16 +650,7 @@ class ModernBertForQuestionAnswering(_ModernBertClassifier):
                        dropout_keys=dropout_keys).last_hidden_state  # (B, T, C)
         h = self.dropped(self.head(x), attention_mask, dropout_keys)  # (B, T, C)
         start_logits, end_logits = self.classifier(h).unbind(-1)  # 2 x (B, T)
-        if attention_mask is not None:
-            pad, lowest = ~attention_mask.bool(), torch.finfo(start_logits.dtype).min
-            start_logits, end_logits = start_logits.masked_fill(pad, lowest), end_logits.masked_fill(pad, lowest)
-        loss = None
-        if start_positions is not None and end_positions is not None:
-            T = start_logits.shape[1]  # as transformers: positions outside the input are clamped to T and ignored
-            s, e = start_positions.reshape(-1).clamp(0, T), end_positions.reshape(-1).clamp(0, T)
-            loss = (F.cross_entropy(start_logits, s, ignore_index=T)
-                    + F.cross_entropy(end_logits, e, ignore_index=T)) / 2
-        return QuestionAnsweringOutput(loss, start_logits.contiguous(), end_logits.contiguous())
+        return span_output(start_logits, end_logits, attention_mask, start_positions, end_positions)
 
 
 def holds_span_head(config: ModernBertConfig) -> bool:

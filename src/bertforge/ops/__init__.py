@@ -15,26 +15,11 @@ The model reads as the paper's maths; what these change (and do not) is listed i
 top of :mod:`bertforge.models.bert`.
 """
 
-from .attention import attend, row_attention, self_attention
-from .cross_entropy import LogitBuffer, head_buffer, linear_cross_entropy_sum
-from .dropout import Dropout, dropout
-from .layout import Layout, exporting, gather_rows, in_export, tracing
-from .linear import Linear, linear
+from .attention import self_attention
+from .cross_entropy import head_buffer, linear_cross_entropy_sum
+from .dropout import Dropout
+from .layout import Layout, exporting, tracing
+from .linear import Linear
 
-__all__ = [
-    "Dropout",
-    "Layout",
-    "Linear",
-    "LogitBuffer",
-    "attend",
-    "dropout",
-    "gather_rows",
-    "head_buffer",
-    "linear",
-    "linear_cross_entropy_sum",
-    "row_attention",
-    "self_attention",
-    "tracing",
-    "exporting",
-    "in_export",
-]
+__all__ = ["Dropout", "Layout", "Linear", "exporting", "head_buffer", "linear_cross_entropy_sum", "self_attention",
+           "tracing"]

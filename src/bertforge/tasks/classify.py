@@ -25,7 +25,7 @@ from ..files import json_lines, json_object_or_none, lines_of, read_text
 from ..inference import Pipeline, labelled_head, paired
 from ..loading import check_max_seq_length, load_for_inference, model_dir
 from ..models import BertConfig, BertForSequenceClassification, for_folder
-from ..tokenizer import special_ids
+from ..tokenizer import copy_of, special_ids
 from .base import FinetuneTask, given_settings, use_labels, validating
 
 log = logging.getLogger("bertforge")
@@ -157,8 +157,7 @@ def _real_number(label: str) -> bool:
 
 def encode_rows(tok: Tokenizer, rows: list[dict], text: str, pair: str | None, max_len: int) -> tuple[list[dict], int]:
     """Token ids for each row, truncated to ``max_len`` (longest segment first); returns (features, truncated)."""
-    t = Tokenizer.from_str(tok.to_str())
-    t.enable_truncation(max_len, strategy="longest_first")
+    t = copy_of(tok, max_len)
     inputs = [(r[text], r[pair]) if pair else r[text] for r in rows]
     encs = t.encode_batch(inputs)
     truncated = sum(1 for e in encs if e.overflowing)

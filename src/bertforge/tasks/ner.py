@@ -31,7 +31,7 @@ from ..inference import Pipeline, labelled_head
 from ..files import json_lines, lines_of, read_text
 from ..loading import check_max_seq_length, load_for_inference, model_dir
 from ..models import BertConfig, BertForTokenClassification, for_folder
-from ..tokenizer import special_ids
+from ..tokenizer import copy_of, special_ids
 from .base import FinetuneTask, given_settings, use_labels, validating
 from .classify import input_texts
 
@@ -171,9 +171,7 @@ def windows(tok: Tokenizer, sentences: list[Sentence], max_len: int) -> tuple[li
     sentences split): each feature is [CLS] + a window of pieces + [SEP], with ``sentence``, ``start`` (its first
     piece) and ``words`` (the word of each of its pieces)."""
     sp = special_ids(tok)
-    tok = Tokenizer.from_str(tok.to_str())  # a copy without the folder's truncation or padding: windows instead
-    tok.no_truncation()
-    tok.no_padding()
+    tok = copy_of(tok)  # (without the folder's truncation or padding: windows instead)
     encs = tok.encode_batch([s.tokens for s in sentences], is_pretokenized=True, add_special_tokens=False)
     width = max_len - 2
     feats, firsts, split = [], [], 0

@@ -42,9 +42,9 @@ from ..inference import Pipeline
 from ..loading import model_dir
 from ..models import BertConfig, BertForSequenceClassification
 from ..ops.dropout import DropoutKeys
-from ..tokenizer import special_ids
+from ..tokenizer import copy_of, special_ids
 from .base import FinetuneTask, given_settings, use_labels, validating
-from .retrieval import RetrievalSet, is_squad, metrics, ranked
+from .retrieval import RetrievalSet, is_squad, metrics, nonempty_text, ranked
 
 log = logging.getLogger("bertforge")
 
@@ -91,14 +91,6 @@ def _label(value, where: str) -> int:
     raise UserError(f"{where}: label {shown(value)} is not 0 or 1")
 
 
-def _text(value, what: str, where: str) -> str:
-    if not isinstance(value, str):
-        raise UserError(f"{where}: {what!r} must be text, not {shown(value)}")
-    if not value.strip():
-        raise UserError(f"{where}: the {what} is empty")
-    return value
-
-
 def read_groups(path: str) -> tuple[list[Group], list[str]]:
     """(each query's group, in the file's order; the passages a first stage searches: a SQuAD file's paragraphs,
     else every distinct passage of the file)."""
@@ -107,7 +99,7 @@ def read_groups(path: str) -> tuple[list[Group], list[str]]:
         from .squad import read_examples
 
         examples, data = read_examples(path)
-        groups = [Group(_text(ex.question, "question", f"{path}: question {ex.id}"), [ex.context], [1],
+        groups = [Group(nonempty_text(ex.question, "question", f"{path}: question {ex.id}"), [ex.context], [1],
                         tuple(a["text"] for a in ex.answers if a["text"].strip())) for ex in examples]
         corpus = list(dict.fromkeys(p["context"] for a in data for p in a["paragraphs"]))
     else:
@@ -115,20 +107,20 @@ def read_groups(path: str) -> tuple[list[Group], list[str]]:
         labelled: dict[str, Group] = {}
         groups = []
         for where, r in rows:
-            query = _text(r.get("query"), "query", where)
+            query = nonempty_text(r.get("query"), "query", where)
             if "label" in r or "passage" in r:
                 g = labelled.get(query)
                 if g is None:
                     g = labelled[query] = Group(query, [], [])
                     groups.append(g)
-                g.passages.append(_text(r.get("passage"), "passage", where))
+                g.passages.append(nonempty_text(r.get("passage"), "passage", where))
                 g.labels.append(_label(r.get("label"), where))
                 continue
             negatives = r.get("negatives", [] if r.get("negative") is None else [r["negative"]])
             if not isinstance(negatives, list):
                 raise UserError(f"{where}: 'negatives' must be a list of texts, not {shown(negatives)}")
-            passages = [_text(r.get("positive"), "positive", where)]
-            passages += [_text(n, "negative", where) for n in negatives]
+            passages = [nonempty_text(r.get("positive"), "positive", where)]
+            passages += [nonempty_text(n, "negative", where) for n in negatives]
             groups.append(Group(query, passages, [1] + [0] * (len(passages) - 1)))
         corpus = list(dict.fromkeys(p for g in groups for p in g.passages))
     if not groups:
@@ -286,12 +278,6 @@ class RerankLoss(torch.nn.Module):
 
 
 # ------------------------------------------------------------------------------------------------ the task
-def _pairs_tokenizer(tok: Tokenizer, n: int) -> Tokenizer:
-    t = Tokenizer.from_str(tok.to_str())
-    t.enable_truncation(n, strategy="longest_first")  # as transformers' tokenizer truncates a pair
-    return t
-
-
 def encode_pairs(tok: Tokenizer, queries: list[str], passages: list[str]) -> list[dict]:
     """Token ids of (query, passage) pairs: [CLS] query [SEP] passage [SEP], segments 0 and 1."""
     return [{"input_ids": e.ids, "token_type_ids": e.type_ids} for e in tok.encode_batch(list(zip(queries, passages)))]
@@ -434,7 +420,7 @@ class RerankTask(FinetuneTask):
         return s.pos_weight if s.pos_weight is not None else float(s.num_negatives)
 
     def encode(self, tok: Tokenizer, cfg: FinetuneConfig):
-        self.tok = _pairs_tokenizer(tok, cfg.data.max_seq_length)
+        self.tok = copy_of(tok, cfg.data.max_seq_length)
         self.pad, self.eval_batch_size = special_ids(tok).pad, cfg.data.eval_batch_size
         features = []
         for g in self.groups:

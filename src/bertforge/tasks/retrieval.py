@@ -81,19 +81,20 @@ def read_pairs(path: str) -> tuple[list[Pair], list[str] | None]:
             rows.append((n, [*fields, None][:3]))
     else:
         raise UserError(f"{path}: unknown format; expected .jsonl or .tsv pairs, or a SQuAD .json file")
-    pairs = []
-    for n, (q, p, neg) in rows:
-        for name, v in (("query", q), ("positive", p), ("negative", neg)):
-            if v is None and name == "negative":
-                continue
-            if not isinstance(v, str):
-                raise UserError(f"{path}:{n}: {name!r} must be text, not {shown(v)}")
-            if not v.strip():
-                raise UserError(f"{path}:{n}: the {name} is empty")
-        pairs.append(Pair(q, p, neg))
+    pairs = [Pair(nonempty_text(q, "query", f"{path}:{n}"), nonempty_text(p, "positive", f"{path}:{n}"),
+                  None if neg is None else nonempty_text(neg, "negative", f"{path}:{n}")) for n, (q, p, neg) in rows]
     if not pairs:
         raise UserError(f"{path} holds no pairs")
     return pairs, None
+
+
+def nonempty_text(value, what: str, where: str) -> str:
+    """``value``, a text that is not empty; else the error names ``what`` and ``where`` (file:line)."""
+    if not isinstance(value, str):
+        raise UserError(f"{where}: {what!r} must be text, not {shown(value)}")
+    if not value.strip():
+        raise UserError(f"{where}: the {what} is empty")
+    return value
 
 
 def pairs_set(pairs: list[Pair], corpus: list[str] | None) -> RetrievalSet:

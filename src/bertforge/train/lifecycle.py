@@ -324,9 +324,6 @@ class TrainingRun:
     def load_run_state(self, state: dict, path: str) -> None:
         pass
 
-    def check_state(self, state: dict) -> None:
-        """Refuse a checkpoint before anything is loaded (a resumed run must keep its settings)."""
-
     def epoch_ended(self) -> bool:
         return False
 
@@ -526,7 +523,7 @@ class TrainingRun:
             return
         if self.d.is_main:
             try:
-                step, path, engine_state, state = ckpt.restore_newest(self.out, model, self.required, self.check_state)
+                step, path, engine_state, state = ckpt.restore_newest(self.out, model, self.required)
             except UserError as e:  # said by every process, none left waiting for rank 0's choice
                 refused = str(e)
         if self.d.enabled:

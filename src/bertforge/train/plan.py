@@ -38,7 +38,7 @@ from ..errors import UserError, shown
 from ..loading import check_max_seq_length
 from ..models import FAMILIES, family, family_of, load_config
 from ..models.initialization import local_attention_heads_, set_dropout, sinusoidal_positions_
-from ..objectives import objective_class
+from ..objectives import OBJECTIVES
 from ..prepared import prepared_settings, tokenizer_fingerprint
 from ..shards import is_prepared
 from ..tokenizer import check_vocab_fits, load_tokenizer, special_ids, train_vocabulary
@@ -247,7 +247,7 @@ def pretraining_objective(cfg, plan: StartPlan, config, tok):
     mc = cfg.model
     torch.manual_seed(cfg.train.seed)
     built = load_config(mc.init) if plan.grow else config
-    objective = objective_class(mc.objective).build(cfg, built, plan.weights == "init")
+    objective = OBJECTIVES[mc.objective].build(cfg, built, plan.weights == "init")
     if plan.grow:
         vocabulary.extend_model(objective.model, tok)
     fam = family(mc.arch)

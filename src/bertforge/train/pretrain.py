@@ -51,7 +51,7 @@ from ..errors import UserError, shown
 from ..evaluation import fill_mask_samples
 from ..logs import duration
 from ..models import load_config
-from ..objectives import OBJECTIVES, objective_class
+from ..objectives import OBJECTIVES
 from ..outputs import MODEL_FILES, Output, register_output
 from ..plots import plot_pretraining
 from ..prepared import tokenizer_fingerprint
@@ -147,7 +147,7 @@ def check_run(cfg: PretrainConfig, folder: RunFolder, resume: bool, overwrite: b
     cfg.validate(resume)
     take_prepared_reading(cfg)
     plan = pretraining_plan(cfg, resume, folder)
-    objective_class(m.objective).check(cfg, plan.weights == "init")
+    OBJECTIVES[m.objective].check(cfg, plan.weights == "init")
     if plan.weights == "init":  # (a checkpoint holds all a resumed run needs)
         if not os.path.isdir(m.init):
             raise UserError(f"--init directory not found: {m.init}")
