@@ -102,7 +102,7 @@ def main() -> int:
                 os.makedirs(run, exist_ok=True)
                 with open(run + ".log", "a" if cut_short else "w", encoding="utf-8") as log:
                     if subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode:
-                        raise SystemExit(f"failed: {shlex.join(cmd)} (log: {run}.log)")
+                        raise SystemExit(f"failed: {shlex.join(map(str, cmd))} (log: {run}.log)")
             with open(os.path.join(run, "metrics.json"), encoding="utf-8") as f:
                 m = json.load(f)
             with open(os.path.join(run, "finetune_config.json"), encoding="utf-8") as f:

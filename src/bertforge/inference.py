@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import os
 
-
 from .checkpoint import has_weight
 from .errors import UserError, checked, shown
 from .evaluation import by_length

@@ -208,7 +208,8 @@ class FinetuneTask:
         raise NotImplementedError
 
     def evaluate(self, model, device) -> tuple[dict, Any]:
-        """Validation metrics, and what ``write_outputs`` writes of them (predictions)."""
+        """Validation metrics, and the predictions behind them (what ``unlearnt`` reads and ``write_outputs`` writes
+        of the best evaluation)."""
         raise NotImplementedError
 
     def eval_size(self) -> int:

@@ -495,8 +495,12 @@ class FineTuning(TrainingRun):
         self.history.append(EpochResult(epoch, step, res, artifacts, self.task.unlearnt(res, artifacts)))
         self.log_eval(res, f"epoch {epoch}, step {step}", epoch=epoch)
         if self.best is None or res[self.task.select] > self.best.metrics[self.task.select]:
+            if self.best is not None:  # (only the best evaluation's predictions are written: the others' go)
+                self.best.artifacts = None
             self.best = self.history[-1]
             self.best_weights = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+        else:
+            self.history[-1].artifacts = None
 
     def eval_size(self) -> int:
         return self.task.eval_size() if self.validating else 0
