@@ -5,7 +5,6 @@ is also a sentence-transformers folder (:mod:`bertforge.embeddings`)."""
 from __future__ import annotations
 
 import logging
-import math
 import os
 from dataclasses import dataclass
 
@@ -21,7 +20,8 @@ from ..errors import UserError, checked, require_type
 from ..inference import Pipeline
 from ..loading import model_dir
 from ..models import BertConfig, BertModel
-from .retrieval import Pair, RetrievalSet, evaluate, metrics as retrieval_metrics, pairs_set, ranked, read_pairs
+from .retrieval import (Pair, RetrievalSet, evaluate, figures, pairs_set, random_order_mrr, ranked,
+                        read_pairs)
 from ..tokenizer import special_ids
 from .base import FinetuneTask, validating
 from .classify import input_texts
@@ -193,9 +193,7 @@ class EmbedTask(FinetuneTask):
 
     def evaluate(self, model, device):
         found = ranked(self.val, lambda texts: self.vectors(model, device, texts))  # (Q, min(10, N)), best first
-        # (no seconds: a run's figures do not depend on the machine's speed)
-        return {**retrieval_metrics(found, self.val.relevant), "queries": len(self.val.queries),
-                "corpus": len(self.val.corpus)}, found
+        return figures(self.val, found), found  # (no seconds: a run's figures do not depend on the machine's speed)
 
     def unlearnt(self, metrics, found) -> str | None:
         q, n, k = len(self.val.queries), len(self.val.corpus), found.shape[1]
@@ -262,17 +260,6 @@ def evaluate_retrieval(model: str | os.PathLike, data: str | os.PathLike, batch_
 
 
 # ------------------------------------------------------------------------------------------------ pipeline
-def random_order_mrr(rs: RetrievalSet) -> float:
-    """The MRR@10 that ranking each query's passages in a random order has on average: with r relevant among m
-    candidates, the first relevant one is at rank i with probability C(m-i, r-1) / C(m, r)."""
-    total = 0.0
-    for own, rel in zip(rs.itself or [-1] * len(rs.queries), rs.relevant):
-        m, r = len(rs.corpus) - (own >= 0), sum(1 for j, g in rel.items() if g > 0 and j != own)
-        if r:
-            total += sum(math.comb(m - i, r - 1) / math.comb(m, r) / i for i in range(1, min(10, m) + 1))
-    return total / len(rs.queries)
-
-
 class EmbedPipeline(Pipeline):
     task = "embed"
     model_class = BertModel

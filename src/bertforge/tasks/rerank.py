@@ -445,8 +445,7 @@ class RerankTask(FinetuneTask):
         first, reranked = rerank_figures(
             self.val, self.ranked, lambda q, p: pair_logits(model, self.tok, self.pad, device, self.eval_batch_size,
                                                             q, p), self.settings.top_k)
-        # (no predictions to write; not None, which would make the run's end evaluate the best model again)
-        return {**reranked, **{f"first_stage_{k}": v for k, v in first.items()}}, ()
+        return {**reranked, **{f"first_stage_{k}": v for k, v in first.items()}}, None
 
     def unlearnt(self, metrics, artifacts) -> str | None:
         if getattr(self, "chance", None) is None:  # the same candidates in an order drawn at random, once

@@ -184,6 +184,17 @@ def metrics(ranked: np.ndarray, relevant: list[dict[int, int]]) -> dict[str, flo
     return {"mrr@10": mrr / n, "recall@1": r1 / n, "recall@10": r10 / n, "ndcg@10": ndcg / n}
 
 
+def random_order_mrr(rs: RetrievalSet) -> float:
+    """The MRR@10 that ranking each query's passages in a random order has on average: with r relevant among m
+    candidates, the first relevant one is at rank i with probability C(m-i, r-1) / C(m, r)."""
+    total = 0.0
+    for own, rel in zip(rs.itself or [-1] * len(rs.queries), rs.relevant):
+        m, r = len(rs.corpus) - (own >= 0), sum(1 for j, g in rel.items() if g > 0 and j != own)
+        if r:
+            total += sum(math.comb(m - i, r - 1) / math.comb(m, r) / i for i in range(1, min(TOP_K, m) + 1))
+    return total / len(rs.queries)
+
+
 def search(queries: np.ndarray, corpus: np.ndarray, k: int = TOP_K, chunk: int = 1024,
            itself: list[int] | None = None) -> np.ndarray:
     """(Q, min(k, N)) passage indices of each query, by cosine similarity, best first (exact); ``itself[i]``, a
@@ -238,6 +249,9 @@ def ranked(rs: RetrievalSet, embed, k: int = TOP_K) -> np.ndarray:
 def evaluate(rs: RetrievalSet, embed) -> dict:
     """The figures of ``embed`` (texts -> (N, C) vectors; the string ``"bm25"`` for BM25) on ``rs``."""
     t0 = time.perf_counter()
-    found = ranked(rs, embed)
-    return {**metrics(found, rs.relevant), "queries": len(rs.queries), "corpus": len(rs.corpus),
-            "seconds": round(time.perf_counter() - t0, 3)}
+    return {**figures(rs, ranked(rs, embed)), "seconds": round(time.perf_counter() - t0, 3)}
+
+
+def figures(rs: RetrievalSet, found: np.ndarray) -> dict:
+    """The figures of the ranking ``found`` (:func:`ranked`'s) on ``rs``, with its numbers of queries and passages."""
+    return {**metrics(found, rs.relevant), "queries": len(rs.queries), "corpus": len(rs.corpus)}

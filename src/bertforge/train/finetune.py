@@ -72,6 +72,7 @@ class EpochResult:
     metrics: dict[str, float]
     artifacts: Any = None
     unlearnt: str | None = None  # what in it shows that the model learnt nothing (the task's unlearnt)
+    restored: bool = False  # read from a checkpoint: its predictions (artifacts) are not at hand
 
 
 def finetune(task: FinetuneTask, cfg: FinetuneConfig, overwrite: bool = False, resume: bool = False) -> dict:
@@ -427,7 +428,7 @@ class FineTuning(TrainingRun):
         if not self.validating:
             return EpochResult(self.batches.epoch, self.engine.state.step, {}), [], self.engine.tick()
         self.model.load_state_dict(self.best_weights)
-        if self.best.artifacts is None:  # the best evaluation came before a resumption: its predictions again
+        if self.best.restored:  # the best evaluation came before a resumption: its predictions again
             self.best.artifacts = self.task.evaluate(self.model, self.engine.device)[1]
             self.best.unlearnt = self.task.unlearnt(self.best.metrics, self.best.artifacts)
         said = self.unlearnt()
@@ -517,5 +518,5 @@ class FineTuning(TrainingRun):
         self.batches.load_state_dict(state)
         self.history = [EpochResult(*h[:3], unlearnt=h[3] if len(h) > 3 else None) for h in state["history"]]
         if state.get("best") is not None:
-            self.best = EpochResult(*state["best"])
+            self.best = EpochResult(*state["best"], restored=True)
             self.best_weights = load_file(os.path.join(path, "best.safetensors"))
