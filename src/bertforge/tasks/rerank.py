@@ -14,9 +14,11 @@ Negatives are mined by a first stage (``--negatives bm25``, an embeddings folder
 its own) over the training file's passages: the first stage's ranks from ``--range-min`` to ``--range-max``,
 the positives left out, the best ``--num-negatives`` kept (sentence-transformers' ``mine_hard_negatives`` with its
 ``top`` sampling).  Losses: pointwise binary cross-entropy over every pair (sentence-transformers'
-``BinaryCrossEntropyLoss``, the default), or a listwise softmax over each query's passages (the cross-entropy of
-the labels' distribution, ``ListNetLoss``).  A training example is one query with its passages; ``--batch-size``
-counts queries.
+``BinaryCrossEntropyLoss``, the default), or a listwise softmax over each query's passages: the cross-entropy of
+its scores' softmax against its labels scaled to sum to one (with one positive, the localized contrastive
+estimation loss of Gao et al., 2021, arXiv:2101.08751; sentence-transformers' ``ListNetLoss`` takes the labels'
+softmax as its target instead, which gives the one positive among six passages 0.35, not 1).  A training example
+is one query with its passages; ``--batch-size`` counts queries.
 """
 
 from __future__ import annotations
