@@ -10,7 +10,7 @@ fine-tune all-MiniLM-L6-v2 on those pairs, one epoch, binary cross-entropy with 
 negatives per query), batch 8 queries = 48 pairs, lr 1e-4 (``finetune rerank``'s defaults) with 10% warmup then
 linear decay, weight decay 0.01, 256 tokens: sentence-transformers through
 ``CrossEncoderTrainer`` with ``BinaryCrossEntropyLoss`` (the pairs shuffled), bertforge through ``finetune rerank
---negatives none`` (the queries shuffled, each with its pairs). Every model is scored by the same evaluator
+--negatives none --loss bce`` (the queries shuffled, each with its pairs). Every model is scored by the same evaluator
 (``bertforge evaluate rerank``: BM25's top 20 of the dev file reordered). Runs alternate between the two, seed by
 seed; finished ones are read back. Needs ``accelerate`` (the Trainer's). Prints one JSON line per run, then the
 means and spreads.
@@ -112,7 +112,7 @@ def main() -> int:
                 if side == "bertforge":
                     m = bertforge.run_finetuning("rerank", minilm, pairs, out=out, epochs=1, batch_size=a.batch_size,
                                                  lr=a.lr, warmup_ratio=0.1, weight_decay=0.01, negatives="none",
-                                                 pos_weight=float(GROUP - 1),
+                                                 loss="bce", pos_weight=float(GROUP - 1),
                                                  max_seq_length=a.max_seq_length, seed=seed, overwrite=True)
                     seconds = m["train_seconds"]
                 else:

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from bertforge import evaluate, pipeline
 from bertforge.cli import main
 from bertforge.models import family
-from bertforge.tasks.rerank import Group, RerankConfig, RerankLoss, mine, read_groups
+from bertforge.tasks.rerank import Group, RerankConfig, RerankLoss, _ReferenceStep, mine, read_groups
 from bertforge.tokenizer import special_ids, train_vocabulary
 
 PLACES = {"anna": "oslo", "boris": "lima", "carla": "rome", "dmitri": "paris", "elena": "cairo", "femi": "lagos"}
@@ -109,6 +109,10 @@ def test_both_losses_equal_a_hand_computation():
     loss, _ = lw.loss(lw(b, 0), lw.counts(b))
     hand = -(F.log_softmax(logits[:3], 0)[0] + F.log_softmax(logits[3:], 0)[0]) / 2
     assert float(loss) == pytest.approx(float(hand), abs=1e-6)
+    # the bench's reference (sentence-transformers' model) trains the same loss
+    for name, ours in (("bce", bce), ("listwise", lw)):
+        theirs = _ReferenceStep(Fixed(), name, ours.pos_weight)(**b).loss
+        assert float(theirs) == pytest.approx(float(ours.loss(ours(b, 0), ours.counts(b))[0]), abs=1e-6), name
 
 
 # ------------------------------------------------------------------------------------------------ the folder
@@ -116,7 +120,7 @@ def test_cross_encoder_loads_the_folder_and_scores_and_ranks_as_we_do(trained):
     st = pytest.importorskip("sentence_transformers")
     _, _, out = trained
     config = json.loads((out / "config.json").read_text())
-    assert config["sentence_transformers"]["activation_fn"] == "torch.nn.modules.activation.Sigmoid"
+    assert config["sentence_transformers"]["activation_fn"] == "torch.nn.modules.linear.Identity"  # (listwise)
     assert config["id2label"] == {"0": "LABEL_0"}
     ours = pipeline("rerank", model=str(out), device="cpu")
     theirs = st.CrossEncoder(str(out), device="cpu")
@@ -136,7 +140,9 @@ def test_a_modernbert_reranker_loads_in_cross_encoder_with_our_scores(tmp_path):
     squad, out = _squad(tmp_path / "s.json"), tmp_path / "out"
     assert main(["--quiet", "finetune", "rerank", "--model", _base(tmp_path / "base", "modernbert"), "--train", squad,
                  "--out", str(out), "--max-steps", "2", "--batch-size", "2", "--num-negatives", "2",
-                 "--max-seq-length", "48", "--no-progress"]) == 0
+                 "--max-seq-length", "48", "--loss", "bce", "--no-progress"]) == 0
+    config = json.loads((out / "config.json").read_text())  # (BCE: the score is a probability)
+    assert config["sentence_transformers"]["activation_fn"] == "torch.nn.modules.activation.Sigmoid"
     pairs = [("where does boris live", p) for p in PARAGRAPHS]
     theirs = st.CrossEncoder(str(out), device="cpu").predict(pairs)
     assert np.abs(pipeline("rerank", model=str(out), device="cpu").predict(pairs) - theirs).max() < 1e-5

@@ -13,12 +13,16 @@ TSV file whose header is ``query<TAB>passage<TAB>label`` (labels 0 or 1; the row
 Negatives are mined by a first stage (``--negatives bm25``, an embeddings folder, or ``none`` when the file brings
 its own) over the training file's passages: the first stage's ranks from ``--range-min`` to ``--range-max``,
 the positives left out, the best ``--num-negatives`` kept (sentence-transformers' ``mine_hard_negatives`` with its
-``top`` sampling).  Losses: pointwise binary cross-entropy over every pair (sentence-transformers'
-``BinaryCrossEntropyLoss``, the default), or a listwise softmax over each query's passages: the cross-entropy of
-its scores' softmax against its labels scaled to sum to one (with one positive, the localized contrastive
-estimation loss of Gao et al., 2021, arXiv:2101.08751; sentence-transformers' ``ListNetLoss`` takes the labels'
-softmax as its target instead, which gives the one positive among six passages 0.35, not 1).  A training example
-is one query with its passages; ``--batch-size`` counts queries.
+``top`` sampling).
+
+Losses: a listwise softmax over each query's passages (the default): the cross-entropy of its scores' softmax
+against its labels scaled to sum to one (with one positive, the localized contrastive estimation loss of Gao et
+al., 2021, arXiv:2101.08751; sentence-transformers' ``ListNetLoss`` takes the labels' softmax as its target
+instead, which gives the one positive among six passages 0.35, not 1), or pointwise binary cross-entropy over
+every pair (sentence-transformers' ``BinaryCrossEntropyLoss``).  The listwise loss ranked better on the held-out
+articles (docs/log/rerank.md); its folder records the Identity activation, so scores are logits, where a BCE
+folder's are probabilities.  A training example is one query with its passages; ``--batch-size`` counts
+queries.
 """
 
 from __future__ import annotations
@@ -63,9 +67,9 @@ class RerankConfig:
                                 "positives are left out)", check="non-negative")
     range_max: int = setting(30, "mined negatives come from the first stage's best this many passages",
                              check="positive")
-    loss: str = setting("bce", "bce: binary cross-entropy of every pair (the score is the sigmoid of the logit); "
-                               "listwise: the cross-entropy of a softmax over each query's passages",
-                        choices=("bce", "listwise"))
+    loss: str = setting("listwise", "listwise: the cross-entropy of a softmax over each query's passages (the score "
+                                    "is the logit); bce: binary cross-entropy of every pair (the score is the "
+                                    "sigmoid of the logit)", choices=("listwise", "bce"))
     pos_weight: float | None = setting(None, "bce: the weight of a positive pair's loss (sentence-transformers' "
                                             "pos_weight); default: --num-negatives, so that a query's positive and its "
                                             "negatives weigh alike", check="positive")
@@ -263,13 +267,7 @@ class RerankLoss(torch.nn.Module):
             total = F.binary_cross_entropy_with_logits(logits.float(), labels.float(), reduction="sum",
                                                        pos_weight=weight)
         else:
-            G, S = int(b["group"].max()) + 1, int(b["slot"].max()) + 1
-            scores = logits.new_full((G, S), float("-inf")).index_put((b["group"], b["slot"]), logits)  # (G, S)
-            target = labels.new_zeros((G, S)).index_put((b["group"], b["slot"]), labels)
-            mass = target.sum(-1, keepdim=True)
-            has = mass.squeeze(-1) > 0  # (a query without a relevant passage adds nothing)
-            logp = F.log_softmax(scores.float(), -1).masked_fill(target == 0, 0.0)
-            total = -((target / mass.clamp_min(1)) * logp).sum(-1)[has].sum()
+            total = listwise_sum(logits, labels, b["group"], b["slot"])
         w = b.get("weight", 1.0)
         return {"loss": total * w}
 
@@ -277,6 +275,18 @@ class RerankLoss(torch.nn.Module):
         # reported per example (query) by the runner: scaled so that the log shows the mean of the loss's own unit
         unit = totals["examples"] if self.listwise else totals["pairs"]
         return out["loss"] / max(1.0, unit), {"loss": out["loss"].detach() * (totals["examples"] / max(1.0, unit))}
+
+
+def listwise_sum(logits: torch.Tensor, labels: torch.Tensor, group: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
+    """The listwise loss summed over the queries of a flattened batch, whose pair i is passage ``slot[i]`` of query
+    ``group[i]``: the cross-entropy of each query's softmax of scores against its labels scaled to sum to one."""
+    G, S = int(group.max()) + 1, int(slot.max()) + 1
+    scores = logits.new_full((G, S), float("-inf")).index_put((group, slot), logits)  # (G, S)
+    target = labels.new_zeros((G, S)).index_put((group, slot), labels)
+    mass = target.sum(-1, keepdim=True)
+    has = mass.squeeze(-1) > 0  # (a query without a relevant passage adds nothing)
+    logp = F.log_softmax(scores.float(), -1).masked_fill(target == 0, 0.0)
+    return -((target / mass.clamp_min(1)) * logp).sum(-1)[has].sum()
 
 
 # ------------------------------------------------------------------------------------------------ the task
@@ -482,31 +492,37 @@ class RerankTask(FinetuneTask):
         return {"train_queries": len(self.groups), "train_pairs": sum(len(g.passages) for g in self.groups),
                 **self.mined}
 
-    # ---- `bench --task rerank`: our step against sentence-transformers' CrossEncoder model and BCE loss
+    # ---- `bench --task rerank`: our step against sentence-transformers' CrossEncoder model with the same loss
     def bench_reference(self, folder: str, model_class: type, transformers, device):
         from sentence_transformers import CrossEncoder
 
         return CrossEncoder(folder, device=str(device)).model.train()
 
     def bench_step(self, theirs):
-        return _BceStep(theirs, self.pos_weight)
+        return _ReferenceStep(theirs, self.settings.loss, self.pos_weight)
 
 
-class _BceStep(torch.nn.Module):
-    """sentence-transformers' ``BinaryCrossEntropyLoss`` (mean over the batch's pairs) around its CrossEncoder's
-    transformers model, as a model whose output has the loss: what the bench's reference trains."""
+class _ReferenceStep(torch.nn.Module):
+    """The run's loss around sentence-transformers' CrossEncoder's transformers model, as a model whose output has
+    the loss: what the bench's reference trains.  BCE is its ``BinaryCrossEntropyLoss`` (the mean over the batch's
+    pairs); the listwise loss, which it has not, is :func:`listwise_sum` over the batch's queries."""
 
-    def __init__(self, model, pos_weight: float):
+    def __init__(self, model, loss: str, pos_weight: float):
         super().__init__()
-        self.model, self.pos_weight = model, pos_weight
+        self.model, self.listwise, self.pos_weight = model, loss == "listwise", pos_weight
 
     def forward(self, **b):
         import types
 
         logits = self.model(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
                             token_type_ids=b["token_type_ids"]).logits.view(-1)
-        return types.SimpleNamespace(loss=F.binary_cross_entropy_with_logits(
-            logits, b["labels"], pos_weight=logits.new_tensor(self.pos_weight)))
+        if self.listwise:
+            queries = int(b["slot"].eq(0).sum())
+            loss = listwise_sum(logits, b["labels"].to(logits.dtype), b["group"], b["slot"]) / queries
+        else:
+            weight = logits.new_tensor(self.pos_weight)
+            loss = F.binary_cross_entropy_with_logits(logits, b["labels"], pos_weight=weight)
+        return types.SimpleNamespace(loss=loss)
 
 
 # ------------------------------------------------------------------------------------------------ use
