@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file
 
 from bertforge import evaluate, pipeline
 from bertforge.cli import main
@@ -122,6 +123,8 @@ def test_cross_encoder_loads_the_folder_and_scores_and_ranks_as_we_do(trained):
     config = json.loads((out / "config.json").read_text())
     assert config["sentence_transformers"]["activation_fn"] == "torch.nn.modules.linear.Identity"  # (listwise)
     assert config["id2label"] == {"0": "LABEL_0"}
+    # the listwise loss leaves a shift of every score free: the bias stays where the new head put it
+    assert load_file(str(out / "model.safetensors"))["classifier.bias"].abs().max() == 0
     ours = pipeline("rerank", model=str(out), device="cpu")
     theirs = st.CrossEncoder(str(out), device="cpu")
     query = "where does anna live"

@@ -424,6 +424,10 @@ class RerankTask(FinetuneTask):
         return new
 
     def objective(self, model, seed: int | None, world: int):
+        if self.settings.loss == "listwise":
+            # a shift of every score leaves the listwise loss as it is: the bias would get a gradient of rounding
+            # only, which Adam turns into steps of their own (runs of 1 and 2 processes part on it): it stays put
+            model.classifier.bias.requires_grad_(False)
         return RerankLoss(model, seed, self.settings.loss, self.pos_weight)
 
     @property
@@ -517,7 +521,7 @@ class _ReferenceStep(torch.nn.Module):
         logits = self.model(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
                             token_type_ids=b["token_type_ids"]).logits.view(-1)
         if self.listwise:
-            queries = int(b["slot"].eq(0).sum())
+            queries = RerankLoss.counts(b)["examples"]
             loss = listwise_sum(logits, b["labels"].to(logits.dtype), b["group"], b["slot"]) / queries
         else:
             weight = logits.new_tensor(self.pos_weight)
