@@ -124,8 +124,7 @@ def main(argv: list[str]) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     finally:
-        if d.enabled:
-            torch.distributed.destroy_process_group()
+        d.close()
     if d.is_main:
         with open(os.path.join(out, "weights.json"), "w", encoding="utf-8") as f:
             json.dump(weights(run), f)

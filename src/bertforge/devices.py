@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import gc
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -51,6 +52,17 @@ class Dist:
         box = [obj]
         dist.broadcast_object_list(box, src=0)
         return box[0]
+
+    def close(self) -> None:
+        """End the process group, after each engine has let go of its DDP wrapper (``releases``): a reducer that
+        is the group's last holder frees it while holding the GIL, and a gloo group ended then can hang or abort
+        on its worker threads as the process ends (docs/log/test-suite.md)."""
+        if self.enabled and dist.is_initialized():
+            for release in self.releases:
+                release()
+            self.releases.clear()  # (and the engines go with the run)
+            gc.collect()  # (a wrapper in a reference cycle goes now, not after the group)
+            dist.destroy_process_group()
 
 
 def init_distributed(impl: ImplConfig) -> Dist:

@@ -14,7 +14,6 @@ resumed from its newest checkpoint ends, on the CPU, with exactly the weights of
 from __future__ import annotations
 
 import contextlib
-import gc
 import logging
 import os
 import shutil
@@ -101,12 +100,7 @@ def start_run(output: Output, impl: ImplConfig) -> Iterator[tuple[Dist, torch.de
     finally:
         _started = None
         ONE_RUN.release()
-        if d.enabled and dist.is_initialized():
-            for release in d.releases:  # (Engine.release_group: nothing but the group's binding holds it now)
-                release()
-            d.releases.clear()  # (and the engines go with the run)
-            gc.collect()  # (a wrapper in a reference cycle goes now, not after the group)
-            dist.destroy_process_group()
+        d.close()
 
 
 @contextlib.contextmanager
