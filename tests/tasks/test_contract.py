@@ -47,7 +47,8 @@ def _squad(d: pathlib.Path) -> tuple[str, str]:
 
 
 def _embed(d: pathlib.Path) -> tuple[str, str]:
-    rows = [{"query": f"where does {f.split()[0]} work", "positive": f} for f in FACTS]
+    # (words every fact has: a first stage then ranks other people's facts too, negatives to mine)
+    rows = [{"query": f"near which market does {f.split()[0]} work", "positive": f} for f in FACTS]
     return _jsonl(d / "pairs.jsonl", rows), _jsonl(d / "dev-pairs.jsonl", rows[:4])
 
 

@@ -90,7 +90,7 @@ def test_pairs_from_jsonl_tsv_and_squad(tmp_path):
     pairs, corpus = read_pairs(str(tmp_path / "p.tsv"))
     assert [(p.query, p.positive, p.negative) for p in pairs] == [("q1", "p1", "n1"), ("q2", "p1", "n2")]
     rs = pairs_set(pairs, corpus)
-    assert rs.corpus == ["p1"] and rs.relevant == [{0: 1}, {0: 1}]
+    assert rs.corpus == ["p1", "n1", "n2"] and rs.relevant == [{0: 1}, {0: 1}]  # (the negatives are passages too)
     squad = {"data": [{"title": "t", "paragraphs": [
         {"context": "c one", "qas": [{"id": "a", "question": "q a", "answers": []}]},
         {"context": "c two", "qas": []},

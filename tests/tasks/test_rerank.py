@@ -90,6 +90,18 @@ def test_mining_keeps_the_positives_out_and_drops_passages_that_hold_an_answer(t
     assert [g.passages[1] for g in skipped[1:]] == [g.passages[2] for g in firsts[1:]]  # (anna's drops one first)
 
 
+def test_mining_matches_answers_by_words_and_never_mines_a_querys_own_passage():
+    """An answer is in a passage when its words are a run of the passage's ("2" is not in "2012"); a query on two
+    rows of a pairs file gets neither row's positive as a negative."""
+    corpus = ["the war ended in 2012 after 2 days", "the war ended in 2012", "it lasted 2 days", "a war of days"]
+    groups = [Group("how many days did the war last", [corpus[3]], [1], ("2",))]
+    assert mine(groups, corpus, RerankConfig(num_negatives=3, range_max=4))["false_negatives_dropped"] == 2
+    assert groups[0].passages[1:] == [corpus[1]]  # (the two that hold "2" as a word dropped, not "2012")
+    rows = [Group("the war days", [corpus[0]], [1]), Group("the war days", [corpus[1]], [1])]
+    mine(rows, corpus, RerankConfig(num_negatives=2, range_max=4))
+    assert [sorted(g.passages[1:]) for g in rows] == [sorted(corpus[2:])] * 2  # (neither has the other's positive)
+
+
 def test_both_losses_equal_a_hand_computation():
     torch.manual_seed(0)
     logits = torch.randn(5)
@@ -161,9 +173,20 @@ def test_evaluate_and_predict_rerank(trained, capsys):
     assert said["first_stage"]["model"] == "bm25" and said["top_k"] == 5 and said["queries"] == len(PLACES)
     assert said["mrr@10"] == pytest.approx(api["mrr@10"])
     bm25 = evaluate("retrieval", model="bm25", data=squad)
-    assert said["first_stage"]["mrr@10"] == pytest.approx(bm25["mrr@10"])  # (its top 10 within the top 5 kept)
+    figures = ("mrr@10", "recall@1", "recall@10", "ndcg@10")
     assert said["queries"] == bm25["queries"]
     assert said["recall@10"] <= said["first_stage"]["recall@10"] + 1e-9  # reranking reorders; it finds nothing new
+    # the first stage's figures are evaluate retrieval's whatever --top-k, on the same corpus (a pairs file's
+    # negatives in it); below the top k its order stays.  Queries on words every place's paragraph has: BM25 puts
+    # some positives below the first, where a first stage cut at --top-k 1 would lose them
+    (d / "pairs.tsv").write_text("".join(f"question {i} near the old market by the river\t{c}\t{PARAGRAPHS[-2]}\n"
+                                         for i, c in enumerate(PARAGRAPHS[: len(PLACES)])))
+    for data in (squad, str(d / "pairs.tsv")):
+        one, bm25 = evaluate("rerank", model=str(out), data=data, top_k=1), evaluate("retrieval", model="bm25", data=data)
+        assert {k: one["first_stage"][k] for k in figures} == pytest.approx({k: bm25[k] for k in figures}), data
+        assert {k: one[k] for k in figures} == pytest.approx({k: bm25[k] for k in figures}), data  # (one reordered)
+        assert (one["queries"], one["corpus"]) == (bm25["queries"], bm25["corpus"]), data
+    assert bm25["recall@1"] < bm25["recall@10"] and bm25["corpus"] == len(PLACES) + 1
     assert main(["--quiet", "predict", "rerank", "--model", str(out), "--query", "where does anna live", "--json",
                  *PARAGRAPHS[:3]]) == 0
     rows = json.loads(capsys.readouterr().out)
@@ -173,6 +196,11 @@ def test_evaluate_and_predict_rerank(trained, capsys):
     assert main(["--quiet", "predict", "rerank", "--model", str(out), "--query", "where does anna live", "--input",
                  str(d / "passages.txt")]) == 0
     assert len(capsys.readouterr().out.strip().splitlines()) == 3
+    (d / "gap.txt").write_text(f"{PARAGRAPHS[1]}\n\n{PARAGRAPHS[0]}\n")  # a blank line is a passage: ids are lines
+    assert main(["--quiet", "predict", "rerank", "--model", str(out), "--query", "where does anna live", "--json",
+                 "--input", str(d / "gap.txt")]) == 0
+    assert sorted((r["corpus_id"], r["text"]) for r in json.loads(capsys.readouterr().out)) == [
+        (0, PARAGRAPHS[1]), (1, ""), (2, PARAGRAPHS[0])]
 
 
 # ------------------------------------------------------------------------------------------------ bad input

@@ -84,8 +84,8 @@ class EmbedTask(FinetuneTask):
                                                       "English stop words)")
         p.add_argument("--data", required=True, help="a SQuAD JSON file (each question against every paragraph), a "
                                                      "BEIR folder (corpus.jsonl, queries.jsonl, qrels/test.tsv) or a "
-                                                     "JSONL file of {query, positive} (against the distinct "
-                                                     "positives)")
+                                                     "JSONL file of {query, positive[, negative]} (against "
+                                                     "the file's distinct passages)")
         p.add_argument("--batch-size", type=positive_int, default=64)
         embedding_flags(p)
         p.add_argument("--device", default="auto")
@@ -246,8 +246,8 @@ def evaluate_retrieval(model: str | os.PathLike, data: str | os.PathLike, batch_
                        pooling: str | None = None, max_seq_length: int | None = None) -> dict:
     """``bertforge evaluate retrieval``: MRR@10, recall@1, recall@10 and nDCG@10 (fractions) of ``model``'s
     embeddings on ``data`` (a SQuAD JSON file: every question against every paragraph; a BEIR folder; a JSONL
-    file of ``{"query", "positive"}`` pairs against the distinct positives), by exact search; ``model="bm25"``
-    scores BM25 instead (:data:`bertforge.tasks.retrieval.BM25_SETTINGS`)."""
+    file of ``{"query", "positive"[, "negative"]}`` pairs against its distinct passages), by exact search;
+    ``model="bm25"`` scores BM25 instead (:data:`bertforge.tasks.retrieval.BM25_SETTINGS`)."""
     from .retrieval import read_retrieval_set
 
     data = os.fspath(data)

@@ -5,10 +5,11 @@ first stage's top k.  The saved folder is a transformers sequence-classification
 ``sentence_transformers.CrossEncoder(folder)`` loads it and scores as :class:`RerankPipeline` does.
 
 Training files: a SQuAD v1.1 JSON file (each question's own paragraph is its positive, every paragraph of the
-file a candidate negative; a mined paragraph that contains one of the question's answers is no negative and is
-dropped, and counted), JSONL rows of ``{"query", "positive"[, "negative" | "negatives"]}`` or TSV lines of
-``query<TAB>positive[<TAB>negative...]``, or labelled pairs: JSONL rows of ``{"query", "passage", "label"}`` or a
-TSV file whose header is ``query<TAB>passage<TAB>label`` (labels 0 or 1; the rows of one query make one group).
+file a candidate negative; a mined paragraph that contains one of the question's answers, word for word, is no
+negative and is dropped, and counted), JSONL rows of ``{"query", "positive"[, "negative" | "negatives"]}`` or TSV
+lines of ``query<TAB>positive[<TAB>negative...]``, or labelled pairs: JSONL rows of ``{"query", "passage",
+"label"}`` or a TSV file whose header is ``query<TAB>passage<TAB>label`` (labels 0 or 1; the rows of one query
+make one group).
 
 Negatives are mined by a first stage (``--negatives bm25``, an embeddings folder, or ``none`` when the file brings
 its own) over the training file's passages: the first stage's ranks from ``--range-min`` to ``--range-max``,
@@ -31,6 +32,7 @@ import csv
 import io
 import logging
 import os
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -50,7 +52,7 @@ from ..models import BertConfig, BertForSequenceClassification
 from ..ops.dropout import DropoutKeys
 from ..tokenizer import copy_of, special_ids
 from .base import FinetuneTask, given_settings, use_labels, validating
-from .retrieval import RetrievalSet, is_squad, metrics, nonempty_text, ranked
+from .retrieval import TOP_K, RetrievalSet, is_squad, metrics, nonempty_text, ranked
 
 log = logging.getLogger("bertforge")
 
@@ -201,6 +203,12 @@ def check_first_stage(stage: str, flag: str) -> None:
         raise UserError(f"{flag} {stage} holds a {named[0]} (its config.json says), not an embeddings model")
 
 
+def first_stage_depth(top_k: int) -> int:
+    """How many passages the first stage ranks for a reranker that reorders its ``top_k``: at least the 10 that its
+    figures (and :func:`rerank_figures`' of the first stage alone) read, whatever ``--top-k``."""
+    return max(top_k, TOP_K)
+
+
 def first_stage_ranked(rs: RetrievalSet, stage: str, k: int, flag: str, device: str = "auto",
                        batch_size: int = 64) -> np.ndarray:
     """(Q, k) passage indices of each query by ``stage`` (bm25, or an embeddings folder), best first; -1: none."""
@@ -212,23 +220,33 @@ def first_stage_ranked(rs: RetrievalSet, stage: str, k: int, flag: str, device: 
     return ranked(rs, EmbedPipeline(stage, device, batch_size), k)
 
 
+def _words(text: str) -> str:
+    """``text`` lowercased as its words, each between spaces: an answer is in a passage when its words are a run
+    of the passage's (" 2 " is not in " in 2012 ", as "2" is in "in 2012")."""
+    return " " + " ".join(re.findall(r"\w+", text.lower())) + " "
+
+
 def mine(groups: list[Group], corpus: list[str], s: RerankConfig) -> dict:
-    """Add ``s.num_negatives`` mined negatives to each group (in place); what was mined, for metrics.json."""
+    """Add ``s.num_negatives`` mined negatives to each group (in place); what was mined, for metrics.json.  No
+    passage a query already has is mined for it, whichever of its rows (a file of pairs) brings it."""
     rs = RetrievalSet([g.query for g in groups], corpus, [{} for _ in groups])
     rows = first_stage_ranked(rs, s.negatives, s.range_max, "--negatives")
+    known: dict[str, set[str]] = {}
+    for g in groups:
+        known.setdefault(g.query, set()).update(g.passages)
+    words: dict[int, str] = {}
     found = dropped = short = 0
     for g, row in zip(groups, rows):
-        known = set(g.passages)
-        answers = [a.lower() for a in g.answers]
-        candidates = [corpus[i] for i in row if i >= 0 and corpus[i] not in known][s.range_min :]
+        answers = [w for w in map(_words, g.answers) if w.strip()]
+        candidates = [int(i) for i in row if i >= 0 and corpus[i] not in known[g.query]][s.range_min :]
         taken = []
-        for text in candidates:
+        for i in candidates:
             if len(taken) == s.num_negatives:
                 break
-            if answers and any(a in text.lower() for a in answers):
+            if answers and any(a in words.setdefault(i, _words(corpus[i])) for a in answers):
                 dropped += 1  # a passage that answers the question is no negative (a false negative)
                 continue
-            taken.append(text)
+            taken.append(corpus[i])
         g.passages += taken
         g.labels += [0] * len(taken)
         found, short = found + len(taken), short + (len(taken) < s.num_negatives)
@@ -305,15 +323,16 @@ def pair_logits(model, tok: Tokenizer, pad: int, device, batch_size: int, querie
 
 def rerank_figures(rs: RetrievalSet, ranked: np.ndarray, score_pairs, top_k: int) -> tuple[dict, dict]:
     """(the first stage's figures, the reranked ones) of the first stage's ``ranked`` passages on ``rs``, its top
-    ``top_k`` of each query reordered by ``score_pairs(queries, passages) -> scores``."""
+    ``top_k`` of each query reordered by ``score_pairs(queries, passages) -> scores`` and the rest left in its
+    order (``ranked`` holds at least the figures' 10 a query: :func:`first_stage_depth`)."""
     cand = [[int(i) for i in row[:top_k] if i >= 0] for row in ranked]
     qs = [rs.queries[q] for q, row in enumerate(cand) for _ in row]
     scores = score_pairs(qs, [rs.corpus[i] for row in cand for i in row]) if qs else np.zeros(0)
     reranked, at = [], 0
-    for row in cand:
+    for row, first in zip(cand, ranked):
         s = scores[at : at + len(row)]
         at += len(row)
-        reranked.append([row[i] for i in np.argsort(-np.asarray(s), kind="stable")])
+        reranked.append([row[i] for i in np.argsort(-np.asarray(s), kind="stable")] + [int(i) for i in first[top_k:]])
     return metrics([list(r) for r in ranked], rs.relevant), metrics(reranked, rs.relevant)
 
 
@@ -371,8 +390,7 @@ class RerankTask(FinetuneTask):
     def predict(cls, a) -> None:
         if a.input and a.passage:
             raise UserError("give passages or --input, not both")
-        passages = ([t for t in lines_of(read_text(a.input, "input file")) if t.strip()] if a.input
-                    else a.passage)
+        passages = lines_of(read_text(a.input, "input file")) if a.input else a.passage  # (corpus_id: the line's)
         if not passages:
             raise UserError(f"{a.input} holds no passage" if a.input else "give passages (or --input FILE)")
         ranked = RerankPipeline(a.model, a.device, a.batch_size, max_seq_length=a.max_seq_length)(a.query, passages)
@@ -411,7 +429,8 @@ class RerankTask(FinetuneTask):
             v = self.val
             self.val = RetrievalSet(v.queries[: dc.max_eval_examples], v.corpus, v.relevant[: dc.max_eval_examples],
                                     v.itself[: dc.max_eval_examples] if v.itself else None)
-        self.ranked = (first_stage_ranked(self.val, s.first_stage, s.top_k, "--first-stage", cfg.impl.device)
+        self.ranked = (first_stage_ranked(self.val, s.first_stage, first_stage_depth(s.top_k), "--first-stage",
+                                          cfg.impl.device)
                        if self.val is not None else None)
 
     def texts(self) -> list[str]:
@@ -580,7 +599,8 @@ def evaluate_rerank(model: str | os.PathLike, data: str | os.PathLike, first_sta
     t0 = time.perf_counter()
     pipe = RerankPipeline(model_dir(model), device, batch_size, max_seq_length=max_seq_length)
     rs = read_retrieval_data(os.fspath(data))
-    ranked = first_stage_ranked(rs, settings.first_stage, settings.top_k, "--first-stage", device, batch_size)
+    ranked = first_stage_ranked(rs, settings.first_stage, first_stage_depth(settings.top_k), "--first-stage", device,
+                                batch_size)
     first, reranked = rerank_figures(rs, ranked, lambda q, p: pipe.predict(list(zip(q, p))), settings.top_k)
     return {**reranked, "queries": len(rs.queries), "corpus": len(rs.corpus), "top_k": settings.top_k,
             "first_stage": {"model": settings.first_stage, **first}, "seconds": round(time.perf_counter() - t0, 3)}

@@ -2,11 +2,12 @@
 
 Files: a SQuAD v1.1 JSON file (each question with its paragraph; the corpus every paragraph of the file), a
 JSONL file of ``{"query", "positive"[, "negative"]}`` rows or a TSV file of ``query<TAB>positive[<TAB>negative]``
-lines (the corpus the distinct positives), or, for evaluation, a BEIR folder (``corpus.jsonl``,
-``queries.jsonl``, ``qrels/test.tsv``).  Figures as BEIR and pytrec_eval compute them: MRR@10 (the reciprocal
-rank of the first relevant passage in the top ten, else 0), recall@k (the share of a query's relevant passages
-in its top k), nDCG@10 (gain = the relevance grade, discount log2(rank + 1)), averaged over the queries that
-have a relevant passage.  Search is exact: every query against every passage, by cosine similarity.
+lines (the corpus the file's distinct passages, negatives with positives), or, for evaluation, a BEIR folder
+(``corpus.jsonl``, ``queries.jsonl``, ``qrels/test.tsv``).  Figures as BEIR and pytrec_eval compute them:
+MRR@10 (the reciprocal rank of the first relevant passage in the top ten, else 0), recall@k (the share of a
+query's relevant passages in its top k), nDCG@10 (gain = the relevance grade, discount log2(rank + 1)), averaged
+over the queries that have a relevant passage.  Search is exact: every query against every passage, by cosine
+similarity.
 """
 
 from __future__ import annotations
@@ -99,10 +100,12 @@ def nonempty_text(value, what: str, where: str) -> str:
 
 def pairs_set(pairs: list[Pair], corpus: list[str] | None) -> RetrievalSet:
     """Each pair's query against ``corpus``, its positive relevant.  Without a corpus (a file of pairs) the corpus
-    is the distinct positives and a query on several rows is one query with each of its positives relevant; with
-    one (a SQuAD file) every question is its own query, as its id makes it."""
+    is the file's distinct passages, its negatives with its positives, and a query on several rows is one query
+    with each of its positives relevant; with one (a SQuAD file) every question is its own query, as its id makes
+    it."""
     grouped = corpus is None
-    corpus = corpus if corpus is not None else list(dict.fromkeys(p.positive for p in pairs))
+    corpus = corpus if corpus is not None else list(dict.fromkeys(
+        text for p in pairs for text in (p.positive, p.negative) if text is not None))
     where = {text: i for i, text in enumerate(corpus)}
     if not grouped:
         return RetrievalSet([p.query for p in pairs], corpus, [{where[p.positive]: 1} for p in pairs])
