@@ -234,7 +234,13 @@ def mine(groups: list[Group], corpus: list[str], s: RerankConfig) -> dict:
     known: dict[str, set[str]] = {}
     for g in groups:
         known.setdefault(g.query, set()).update(g.passages)
-    words: dict[int, str] = {}
+    words: dict[int, str] = {}  # (each passage's words, made once: passages recur across queries)
+
+    def has_answer(i: int, answers: list[str]) -> bool:
+        if i not in words:
+            words[i] = _words(corpus[i])
+        return any(a in words[i] for a in answers)
+
     found = dropped = short = 0
     for g, row in zip(groups, rows):
         answers = [w for w in map(_words, g.answers) if w.strip()]
@@ -243,7 +249,7 @@ def mine(groups: list[Group], corpus: list[str], s: RerankConfig) -> dict:
         for i in candidates:
             if len(taken) == s.num_negatives:
                 break
-            if answers and any(a in words.setdefault(i, _words(corpus[i])) for a in answers):
+            if answers and has_answer(i, answers):
                 dropped += 1  # a passage that answers the question is no negative (a false negative)
                 continue
             taken.append(corpus[i])
