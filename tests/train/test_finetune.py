@@ -139,8 +139,9 @@ def test_what_shows_that_a_model_learnt_nothing():
     task = SimpleNamespace(select="f1", unlearnt=lambda metrics, artifacts: artifacts)
     first = EpochResult(1, 4, {"f1": 0.019}, None, None)
     later = [EpochResult(e, 4 * e, {"f1": 0.0}, "it tags no entity", "it tags no entity") for e in (2, 3)]
-    run = SimpleNamespace(cfg=SimpleNamespace(train=SimpleNamespace(max_steps=None, batch_size=8)), task=task,
-                          best=first, history=[first, *later], total=12)
+    run = SimpleNamespace(cfg=SimpleNamespace(train=SimpleNamespace(max_steps=None, max_time=None, batch_size=8)),
+                          task=task, best=first, history=[first, *later], total=12,
+                          engine=SimpleNamespace(state=SimpleNamespace(step=12)))
     said = FineTuning.unlearnt(run)
     assert said.startswith("after its first evaluation the model learnt nothing more: it tags no entity (evaluations "
                            "2-3); the model kept is the first's (f1 0.019)") and "smaller --batch-size" in said
@@ -148,6 +149,17 @@ def test_what_shows_that_a_model_learnt_nothing():
     assert FineTuning.unlearnt(run) is None
     run.best, run.cfg.train.max_steps = later[0], 12
     assert "try more --max-steps or another --lr" in FineTuning.unlearnt(run)
+    # stopped by the clock after 5 of its 12 updates: it counts the updates made and asks for more time
+    run.cfg.train.max_time, run.engine.state.step = 60.0, 5
+    assert "(the best of 3 evaluation(s), 5 updates of batch 8); try a longer --max-time (it made 5 of its 12 " \
+        "updates) or another --lr" in FineTuning.unlearnt(run)
+    # a tie: the same figure from a model that learnt beats a best that learnt nothing; not the other way round
+    run.best, run.history = later[0], [later[0]]
+    assert FineTuning.better(run, EpochResult(3, 12, {"f1": 0.0}, None, None))
+    assert not FineTuning.better(run, EpochResult(3, 12, {"f1": 0.0}, None, "it tags no entity"))
+    run.best = first
+    assert not FineTuning.better(run, EpochResult(3, 12, {"f1": 0.019}, None, None))
+    assert FineTuning.better(run, EpochResult(3, 12, {"f1": 0.02}, None, "it tags no entity"))
 
     from bertforge.tasks import RerankTask
 
@@ -157,6 +169,8 @@ def test_what_shows_that_a_model_learnt_nothing():
         "its MRR@10 on the 5 validation queries, 0.110, is no better than the 0.150 of the first stage's top 20 in "
         "a random order (the first stage's own order: 0.880)")
     assert r.unlearnt({"mrr@10": 0.39, "first_stage_mrr@10": 0.88}, ()) is None  # (it learnt: worse than BM25 yet)
+    r.settings.top_k = 1  # one passage a query: any order is the first stage's, no order shows anything
+    assert r.unlearnt({"mrr@10": 0.15, "first_stage_mrr@10": 0.15}, ()) is None
 
     from bertforge.tasks import SquadTask
     from bertforge.tasks.squad import Example, squad_from_rows

@@ -489,6 +489,8 @@ class RerankTask(FinetuneTask):
         return {**reranked, **{f"first_stage_{k}": v for k, v in first.items()}}, None
 
     def unlearnt(self, metrics, artifacts) -> str | None:
+        if self.settings.top_k < 2:  # one passage a query: nothing to reorder, every order is the first stage's
+            return None
         if getattr(self, "chance", None) is None:  # the same candidates in an order drawn at random, once
             rng = np.random.default_rng(0)
             self.chance = rerank_figures(self.val, self.ranked, lambda q, p: rng.random(len(q)),

@@ -440,11 +440,14 @@ class FineTuning(TrainingRun):
     def unlearnt(self) -> str | None:
         """The warning of a run whose best evaluation shows the model learnt nothing, or whose every evaluation
         after its first does (the first kept: a few updates' near-random predictions can score above none)."""
-        t, later = self.cfg.train, [h.unlearnt for h in self.history[1:]]
-        more = "more --max-steps" if t.max_steps else "a smaller --batch-size (more updates), more --epochs"
+        t, later, done = self.cfg.train, [h.unlearnt for h in self.history[1:]], self.engine.state.step
+        if t.max_time and done < self.total:  # stopped by the clock: more time, not a smaller batch
+            more = f"a longer --max-time (it made {done} of its {self.total} updates)"
+        else:
+            more = "more --max-steps" if t.max_steps else "a smaller --batch-size (more updates), more --epochs"
         if self.best.unlearnt:  # (judged as it was evaluated; a best from before a resumption, at the run's end)
             return (f"the model learnt nothing: {self.best.unlearnt} (the best of {len(self.history)} evaluation(s), "
-                    f"{self.total} updates of batch {t.batch_size}); try {more} or another --lr")
+                    f"{done} updates of batch {t.batch_size}); try {more} or another --lr")
         if later and all(later):  # (the first evaluation passed: near-random predictions, or a start later lost)
             value = self.best.metrics[self.task.select]
             return (f"after its first evaluation the model learnt nothing more: {later[-1]} (evaluations "
@@ -495,13 +498,21 @@ class FineTuning(TrainingRun):
         step, epoch = self.engine.state.step, self.batches.epoch
         self.history.append(EpochResult(epoch, step, res, artifacts, self.task.unlearnt(res, artifacts)))
         self.log_eval(res, f"epoch {epoch}, step {step}", epoch=epoch)
-        if self.best is None or res[self.task.select] > self.best.metrics[self.task.select]:
+        if self.better(self.history[-1]):
             if self.best is not None:  # (only the best evaluation's predictions are written: the others' go)
                 self.best.artifacts = None
             self.best = self.history[-1]
             self.best_weights = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
         else:
             self.history[-1].artifacts = None
+
+    def better(self, new: EpochResult) -> bool:
+        """Whether an evaluation beats the best so far: a higher figure, or the same figure from a model that
+        learnt where the best's did not (a classifier that finds the rare class at the majority's accuracy)."""
+        if self.best is None:
+            return True
+        ours, best = new.metrics[self.task.select], self.best.metrics[self.task.select]
+        return ours > best or (ours == best and bool(self.best.unlearnt) and not new.unlearnt)
 
     def eval_size(self) -> int:
         return self.task.eval_size() if self.validating else 0
@@ -511,12 +522,13 @@ class FineTuning(TrainingRun):
         b = self.best
         state = {**self.batches.state_dict(),
                  "history": [[h.epoch, h.step, h.metrics, h.unlearnt] for h in self.history],
-                 "best": None if b is None else [b.epoch, b.step, b.metrics]}
+                 "best": None if b is None else [b.epoch, b.step, b.metrics, b.unlearnt]}
         return state, None if b is None else {"best": self.best_weights}
 
     def load_run_state(self, state: dict, path: str) -> None:
         self.batches.load_state_dict(state)
         self.history = [EpochResult(*h[:3], unlearnt=h[3] if len(h) > 3 else None) for h in state["history"]]
         if state.get("best") is not None:
-            self.best = EpochResult(*state["best"], restored=True)
+            best = state["best"]  # (a checkpoint from before the best kept its unlearnt: 3 fields)
+            self.best = EpochResult(*best[:3], unlearnt=best[3] if len(best) > 3 else None, restored=True)
             self.best_weights = load_file(os.path.join(path, "best.safetensors"))
