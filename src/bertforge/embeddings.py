@@ -56,6 +56,8 @@ def read_settings(path: str) -> EmbeddingSettings | None:
                         "Transformer, a Pooling (mean or CLS) and optionally Normalize, in that order")
     settings = EmbeddingSettings(normalize="Normalize" in types)
     pooling_path = modules[1].get("path") or ""
+    if not isinstance(pooling_path, str):
+        raise UserError(f"{modules_file}: the Pooling module's path is {shown(pooling_path)}, not a folder's name")
     pool = read_json(os.path.join(path, pooling_path, "config.json"), "pooling configuration")
     mode = pool.get("pooling_mode") if isinstance(pool, dict) else None  # 6.x writes one string (or a list)
     if isinstance(mode, list) and len(mode) == 1:

@@ -58,7 +58,38 @@ def world(tmp_path_factory) -> pathlib.Path:
     for name in os.listdir(w / "model"):
         src = w / ("tok" if name in os.listdir(w / "tok") and name != ".bertforge" else "model") / name
         (w / "mismatch" / name).write_bytes(src.read_bytes())
+    _config_files(w)
     return w
+
+
+def _config_files(w: pathlib.Path) -> None:
+    """Model folders whose config.json or modules.json holds a value of the wrong kind, and retrieval files with
+    nothing to score (found by hostile testing)."""
+    config = json.loads((w / "model" / "config.json").read_text())
+    for name, change in {"label2id-text": {"label2id": {"a": "x"}}, "id2label-gap": {"id2label": {"0": "a", "5": "b"}},
+                         "arch-5": {"architectures": 5}}.items():
+        (w / name).mkdir()
+        for f in os.listdir(w / "model"):
+            (w / name / f).write_bytes((w / "model" / f).read_bytes())
+        (w / name / "config.json").write_text(json.dumps({**config, **change}))
+    from tokenizers import Tokenizer
+
+    from bertforge import BertConfig, BertForSequenceClassification
+
+    one = BertConfig.preset("tiny", vocab_size=config["vocab_size"], id2label={0: "LABEL_0"})  # a reranker's one score
+    BertForSequenceClassification(one).save_pretrained(str(w / "st-text"),
+                                                       tokenizer=Tokenizer.from_file(str(w / "model" / "tokenizer.json")))
+    reranker = json.loads((w / "st-text" / "config.json").read_text())
+    (w / "st-text" / "config.json").write_text(json.dumps({**reranker, "sentence_transformers": "abc"}))
+    modules = [{"type": "sentence_transformers.models.Transformer", "path": ""},
+               {"type": "sentence_transformers.models.Pooling", "path": 5}]
+    (w / "arch-5" / "modules.json").write_text(json.dumps(modules))
+    (w / "pairs.jsonl").write_text(json.dumps({"query": "a cat", "positive": "the cat sat", "negative": "a dog"}) + "\n")
+    (w / "blank.txt").write_text("   \n\n")
+    (w / "beir" / "qrels").mkdir(parents=True)
+    (w / "beir" / "corpus.jsonl").write_text(json.dumps({"_id": "d1", "text": "the cat sat"}) + "\n")
+    (w / "beir" / "queries.jsonl").write_text(json.dumps({"_id": "q1", "text": "   "}) + "\n")
+    (w / "beir" / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\n")
 
 
 def snapshot(*roots: pathlib.Path) -> dict[str, tuple[int, int] | str]:
@@ -212,6 +243,22 @@ CASES = [
     ("init-whose-tokenizer-is-smaller", ["pretrain", "--data", "{w}/corpus.jsonl", "--init", "{w}/mismatch", "--max-steps", "1",
                                          "--no-progress", "--out", "{t}/o"],
      "--init '.*mismatch': its tokenizer and its model: the tokenizer has 12 tokens .* do not belong together"),
+    # values of the wrong kind in a model folder's JSON, and nothing to score (found by hostile testing, 3)
+    ("label2id-values-text", ["predict", "embed", "--model", "{w}/label2id-text", "hello"],
+     "label2id's values must be label ids \\(integers\\)"),
+    ("id2label-ids-with-a-gap", ["predict", "classify", "--model", "{w}/id2label-gap", "good"],
+     "id2label's keys must be the ids 0 to 1, not \\[0, 5\\]"),
+    ("rerank-activation-not-an-object", ["predict", "rerank", "--model", "{w}/st-text", "--query", "q", "a cat"],
+     "config.json's sentence_transformers is 'abc', not an object"),
+    ("first-stage-architectures-not-a-list", ["finetune", "rerank", "--model", "{w}/model", "--train",
+                                              "{w}/pairs.jsonl", "--negatives", "{w}/arch-5", "--out", "{t}/o"],
+     "--negatives .*arch-5: its config.json's architectures is 5, not a list"),
+    ("pooling-path-not-text", ["predict", "embed", "--model", "{w}/arch-5", "hello"],
+     "modules.json: the Pooling module's path is 5, not a folder's name"),
+    ("rerank-blank-passages-only", ["predict", "rerank", "--model", "{w}/model", "--query", "q", "--input",
+                                    "{w}/blank.txt"], "blank.txt holds no passage"),
+    ("beir-blank-query", ["evaluate", "retrieval", "--model", "bm25", "--data", "{w}/beir"],
+     "queries.jsonl: query 'q1' is empty"),
     ("init-without-weights", ["pretrain", "--data", "{w}/corpus.jsonl", "--init", "{w}/tok", "--max-steps", "1",
                               "--no-progress", "--out", "{t}/o"], "no model.safetensors in .*tok$"),
 ]

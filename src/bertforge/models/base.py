@@ -66,8 +66,15 @@ class ModelConfigJson:
             raise UserError(f"id2label's keys must be label ids (integers), not {shown(list(self.id2label))}")
         if self.id2label is not None:
             self.id2label = {int(k): str(v) for k, v in self.id2label.items()}
+            if sorted(self.id2label) != list(range(len(self.id2label))):  # (the head's rows: one per id, from 0)
+                raise UserError(f"id2label's keys must be the ids 0 to {len(self.id2label) - 1}, not "
+                                f"{shown(sorted(self.id2label))}")
             if self.label2id is None:
                 self.label2id = {v: k for k, v in self.id2label.items()}
+        require_type(self.label2id, dict | None, "label2id")
+        if self.label2id and not all(isinstance(v, int) or str(v).isdigit() for v in self.label2id.values()):
+            raise UserError(f"label2id's values must be label ids (integers), not "
+                            f"{shown(list(self.label2id.values()))}")
         if self.label2id is not None:
             self.label2id = {str(k): int(v) for k, v in self.label2id.items()}
 

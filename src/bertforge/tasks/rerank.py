@@ -197,7 +197,10 @@ def check_first_stage(stage: str, flag: str) -> None:
     config = json_object_or_none(os.path.join(stage, "config.json")) if os.path.isdir(stage) else None
     if config is None:
         raise UserError(f"{flag} {stage}: not bm25 and not a model folder (no config.json)")
-    named = [str(a) for a in config.get("architectures") or []]
+    named = config.get("architectures") or []
+    if not isinstance(named, list):
+        raise UserError(f"{flag} {stage}: its config.json's architectures is {shown(named)}, not a list")
+    named = [str(a) for a in named]
     if any(a.endswith(("ForSequenceClassification", "ForQuestionAnswering", "ForTokenClassification"))
            for a in named):
         raise UserError(f"{flag} {stage} holds a {named[0]} (its config.json says), not an embeddings model")
@@ -397,7 +400,7 @@ class RerankTask(FinetuneTask):
         if a.input and a.passage:
             raise UserError("give passages or --input, not both")
         passages = lines_of(read_text(a.input, "input file")) if a.input else a.passage  # (corpus_id: the line's)
-        if not passages:
+        if not any(p.strip() for p in passages):  # (blank lines among passages stay: corpus_id is the line's)
             raise UserError(f"{a.input} holds no passage" if a.input else "give passages (or --input FILE)")
         ranked = RerankPipeline(a.model, a.device, a.batch_size, max_seq_length=a.max_seq_length)(a.query, passages)
         emit(a, ranked, lambda rows: (f"{r['score']:8.4f}  {one_line(r['text'])}" for r in rows))
@@ -565,7 +568,10 @@ class RerankPipeline(Pipeline):
     def _check(self, config: BertConfig) -> None:
         if config.num_labels != 1:
             raise UserError(f"{self.dir} scores {config.num_labels} labels, not one relevance score: not a reranker")
-        fn = (config.extra.get("sentence_transformers") or {}).get("activation_fn", SIGMOID)
+        st = config.extra.get("sentence_transformers") or {}
+        if not isinstance(st, dict):
+            raise UserError(f"{self.dir}: config.json's sentence_transformers is {shown(st)}, not an object")
+        fn = st.get("activation_fn", SIGMOID)
         if fn not in (SIGMOID, IDENTITY):
             raise UserError(f"{self.dir}: activation {shown(fn)} is neither {SIGMOID} nor {IDENTITY}")
         self.sigmoid = fn == SIGMOID  # (as CrossEncoder: a one-label model without one is read through a sigmoid)

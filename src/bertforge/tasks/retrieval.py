@@ -157,6 +157,9 @@ def _beir(folder: str) -> RetrievalSet:
     queries = [r for r in query_rows if r["_id"] in qrels]  # BEIR scores the queries its qrels judge
     if not queries:
         raise UserError(f"{qrels_path}: no query of queries.jsonl has a relevant passage")
+    for r in queries:  # (as a file of pairs refuses one; a passage may be empty, as some BEIR corpora have)
+        if not r["text"].strip():
+            raise UserError(f"{os.path.join(folder, 'queries.jsonl')}: query {shown(r['_id'])} is empty")
     # as BEIR's evaluation (ignore_identical_ids): a passage with the query's own id is not retrieved for it
     itself = [doc_at.get(r["_id"], -1) for r in queries]
     return RetrievalSet([r["text"] for r in queries], corpus, [qrels[r["_id"]] for r in queries], itself)
