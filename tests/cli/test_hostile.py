@@ -86,6 +86,7 @@ def _config_files(w: pathlib.Path) -> None:
     (w / "arch-5" / "modules.json").write_text(json.dumps(modules))
     (w / "pairs.jsonl").write_text(json.dumps({"query": "a cat", "positive": "the cat sat", "negative": "a dog"}) + "\n")
     (w / "blank.txt").write_text("   \n\n")
+    (w / "labels-no-header.tsv").write_text("a cat\tthe cat sat\t1\na cat\ta dog\t0\n")
     (w / "beir" / "qrels").mkdir(parents=True)
     (w / "beir" / "corpus.jsonl").write_text(json.dumps({"_id": "d1", "text": "the cat sat"}) + "\n")
     (w / "beir" / "queries.jsonl").write_text(json.dumps({"_id": "q1", "text": "   "}) + "\n")
@@ -257,6 +258,9 @@ CASES = [
      "modules.json: the Pooling module's path is 5, not a folder's name"),
     ("rerank-blank-passages-only", ["predict", "rerank", "--model", "{w}/model", "--query", "q", "--input",
                                     "{w}/blank.txt"], "blank.txt holds no passage"),
+    ("rerank-labels-without-a-header", ["finetune", "rerank", "--model", "{w}/model", "--train",
+                                        "{w}/labels-no-header.tsv", "--negatives", "none", "--out", "{t}/o"],
+     "every row's third field is 0 or 1, .* a labelled file starts with query<TAB>passage<TAB>label"),
     ("beir-blank-query", ["evaluate", "retrieval", "--model", "bm25", "--data", "{w}/beir"],
      "queries.jsonl: query 'q1' is empty"),
     ("init-without-weights", ["pretrain", "--data", "{w}/corpus.jsonl", "--init", "{w}/tok", "--max-steps", "1",

@@ -152,6 +152,9 @@ def _rows(path: str) -> list[tuple[str, dict]]:
                 for n, f in lines[1:]]
     if head[:2] == ["query", "positive"]:
         lines = lines[1:]
+    elif lines and all(len(f) == 3 and f[2].strip() in ("0", "1") for _, f in lines):
+        raise UserError(f"{path}: every row's third field is 0 or 1, labels read as negative passages without a "
+                        "header; a labelled file starts with query<TAB>passage<TAB>label")
     return [(f"{path}:{n}", {"query": f[0], "positive": f[1], "negatives": f[2:]}) if len(f) >= 2
             else _fields(path, n, f, "query<TAB>positive[<TAB>negative...]") for n, f in lines]
 
