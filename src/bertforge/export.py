@@ -175,6 +175,8 @@ def export_onnx(model: str | os.PathLike, out: str | os.PathLike, int8: bool = F
                 overwrite: bool = False) -> dict:
     """``bertforge export onnx``: the folder ``model`` with its ONNX graph(s), written to ``out``; returns what was
     written and measured (also in ``out/onnx/export.json``)."""
+    if task is not None and check_data is None:  # (else it would be taken and do nothing)
+        raise UserError(f"--task {task} names the evaluation that --check-data runs: give --check-data FILE too")
     onnx_modules()
     path, out = model_dir(model), os.fspath(out)
     if opset < MIN_OPSET:

@@ -261,6 +261,8 @@ CASES = [
     ("rerank-labels-without-a-header", ["finetune", "rerank", "--model", "{w}/model", "--train",
                                         "{w}/labels-no-header.tsv", "--negatives", "none", "--out", "{t}/o"],
      "every row's third field is 0 or 1, .* a labelled file starts with query<TAB>passage<TAB>label"),
+    ("export-task-without-check-data", ["export", "onnx", "--model", "{w}/model", "--out", "{t}/o", "--task", "bogus"],
+     "--task bogus names the evaluation that --check-data runs: give --check-data FILE too"),
     ("beir-blank-query", ["evaluate", "retrieval", "--model", "bm25", "--data", "{w}/beir"],
      "queries.jsonl: query 'q1' is empty"),
     ("init-without-weights", ["pretrain", "--data", "{w}/corpus.jsonl", "--init", "{w}/tok", "--max-steps", "1",
