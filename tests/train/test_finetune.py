@@ -9,7 +9,7 @@ import sys
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from bertforge import BertConfig, BertForPreTraining, BertForSequenceClassification
 from bertforge.checkpoint import list_checkpoints
@@ -108,7 +108,7 @@ def test_a_run_whose_model_learnt_nothing_says_so(setup, tmp_path, capsys):
     assert learnt["accuracy"] > 0.5 and not any("learnt nothing" in w for w in learnt.get("warnings", []))
 
 
-def test_what_shows_that_a_model_learnt_nothing():
+def test_what_shows_that_a_model_learnt_nothing(tmp_path):
     """A classifier no better than the training data's most frequent label, a tagger that gives every token one
     tag (not only O), a reranker no better than a random order of its first stage's passages, a reader no better
     than the first words of each context, embeddings no better than a random order of the passages, and a run whose every evaluation after its first shows it (the first, kept, scored a little
@@ -160,6 +160,15 @@ def test_what_shows_that_a_model_learnt_nothing():
     run.best = first
     assert not FineTuning.better(run, EpochResult(3, 12, {"f1": 0.019}, None, None))
     assert FineTuning.better(run, EpochResult(3, 12, {"f1": 0.02}, None, "it tags no entity"))
+    # resumed, the best is its evaluation of record, verdict and all: a tie is judged as without the resumption
+    batches = SimpleNamespace(state_dict=lambda: {}, load_state_dict=lambda state: None)
+    saved = SimpleNamespace(batches=batches, best=later[0], history=[first, *later], best_weights={"w": torch.zeros(1)})
+    state, weights = FineTuning.run_state(saved)
+    save_file(weights["best"], str(tmp_path / "best.safetensors"))
+    resumed = SimpleNamespace(batches=batches, task=task, best=None)
+    FineTuning.load_run_state(resumed, json.loads(json.dumps(state)), str(tmp_path))
+    assert resumed.best.restored and resumed.best.step == 8 and resumed.best.unlearnt == "it tags no entity"
+    assert FineTuning.better(resumed, EpochResult(4, 16, {"f1": 0.0}, None, None))
 
     from bertforge.tasks import RerankTask
 

@@ -522,13 +522,14 @@ class FineTuning(TrainingRun):
         b = self.best
         state = {**self.batches.state_dict(),
                  "history": [[h.epoch, h.step, h.metrics, h.unlearnt] for h in self.history],
-                 "best": None if b is None else [b.epoch, b.step, b.metrics, b.unlearnt]}
+                 "best": None if b is None else [b.epoch, b.step, b.metrics]}
         return state, None if b is None else {"best": self.best_weights}
 
     def load_run_state(self, state: dict, path: str) -> None:
         self.batches.load_state_dict(state)
         self.history = [EpochResult(*h[:3], unlearnt=h[3] if len(h) > 3 else None) for h in state["history"]]
         if state.get("best") is not None:
-            best = state["best"]  # (a checkpoint from before the best kept its unlearnt: 3 fields)
-            self.best = EpochResult(*best[:3], unlearnt=best[3] if len(best) > 3 else None, restored=True)
+            # the best is one of the evaluations, its verdict with it (a tie is judged as without the resumption)
+            self.best = next(h for h in self.history if h.step == state["best"][1])
+            self.best.restored = True
             self.best_weights = load_file(os.path.join(path, "best.safetensors"))
