@@ -72,3 +72,25 @@ def test_under_export_the_fast_paths_step_aside(family, tokenizer, tmp_path):
         assert layout.indices is None and layout.keys is None and layout.lengths is None
         assert layout.counts == []
     assert not tracing()
+
+
+def test_the_local_masks_trace_once_for_every_length():
+    """Under export the local layers take the dense masks at any length, asked before the length is compared:
+    a comparison of the symbolic length would bound it (to three half windows), and the exporter would then
+    trace the whole model a second time without the bound."""
+    from bertforge.ops.windowed import window_masks
+
+    class Masks(torch.nn.Module):
+        def forward(self, attention_mask):
+            return window_masks(attention_mask, attention_mask.shape[1], 64, torch.float32, attention_mask.device)
+
+    mask = torch.ones(2, 9, dtype=torch.long)
+    T = torch.export.Dim("sequence", min=1, max=LONGEST)
+    with torch.no_grad(), exporting():
+        graph = torch.export.export(Masks(), (mask,), dynamic_shapes={"attention_mask": {0: torch.export.Dim("batch"),
+                                                                                          1: T}}, strict=False)
+    long = torch.ones(2, LONGEST, dtype=torch.long)
+    long[1, 300:] = 0
+    with exporting():
+        dense = Masks()(long)  # (eager, this long, would attend by blocks)
+    assert all(torch.equal(a, b) for a, b in zip(graph.module()(long), dense))

@@ -61,8 +61,10 @@ def window_masks(attention_mask: torch.Tensor | None, T: int, window: int, dtype
     :class:`Band` when T > 3 * window or ``banded``).  A key is seen when it is a real token, and by a local layer
     only within ``window`` positions of the query (both ends included)."""
     real = None if attention_mask is None else attention_mask.to(device=device, dtype=torch.bool)  # (B, T)
-    if (T > 3 * window or banded) and not in_export():  # the window is a small part: attend by blocks
-        local = Band(real, window)  # (an exported graph takes the dense masks: one graph for every length)
+    # an exported graph takes the dense masks, one graph for every length: asked first, so that tracing does not
+    # compare the symbolic length (a guard the exporter would then have to drop with a second trace)
+    if not in_export() and (T > 3 * window or banded):  # the window is a small part: attend by blocks
+        local = Band(real, window)
     else:
         pos = torch.arange(T, device=device)
         near = ((pos[:, None] - pos[None, :]).abs() <= window)[None, None]  # (1, 1, T, T), query x key
