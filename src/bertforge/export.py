@@ -9,7 +9,7 @@ folder's graph gives ``last_hidden_state``: pooling and normalisation stay in it
 
 The output is a copy of the model folder (weights, config, tokenizer, sentence-transformers modules, the run's
 settings) with ``onnx/model.onnx`` added, and with ``--int8`` ``onnx/model_qint8_avx512_vnni.onnx`` beside it:
-onnxruntime's dynamic quantization of the matmuls' weights (int8, per tensor, activations quantized per batch
+onnxruntime's dynamic quantization of the matmuls' weights (int8, per output channel, activations quantized per batch
 at run time), what sentence-transformers' ``export_dynamic_quantized_onnx_model`` writes for an AVX-512 VNNI
 CPU.  Each graph is checked against the torch model on a batch of mixed lengths; ``--check-data FILE`` also
 scores both graphs and the torch model with the task's evaluation on FILE, and refuses an int8 graph that falls
@@ -38,7 +38,7 @@ from .embeddings import ST_FILES, read_settings
 from .errors import UserError, shown
 from .loading import model_dir
 from .models import OUTPUTS, family_of_config, load_config, role_of_config
-from .outputs import MODEL_FILES, Output, register_output
+from .outputs import MARKER, MODEL_FILES, Output, register_output
 from .runtime import BACKENDS, EXTRA, ONNX_DIR, OnnxModel
 from .train.runfolder import SETTINGS_FILES, TASK
 from .usage import COMMANDS
@@ -194,8 +194,9 @@ def export_onnx(model: str | os.PathLike, out: str | os.PathLike, int8: bool = F
                               "outputs": list(outputs), "sentence_transformers": st}
     with output, output.atomic() as tmp:
         for name in sorted(os.listdir(path)):
-            src = os.path.join(path, name)
-            if name in COPIED and not os.path.islink(src):
+            # the files themselves where they are links (a hub cache's snapshot); the marker is the export's own
+            if name in COPIED and name != MARKER:
+                src = os.path.join(path, name)
                 (shutil.copytree if os.path.isdir(src) else shutil.copy2)(src, os.path.join(tmp, name))
         os.makedirs(os.path.join(tmp, ONNX_DIR))
         fp32 = os.path.join(tmp, ONNX_DIR, BACKENDS["onnx"])

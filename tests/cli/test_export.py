@@ -129,6 +129,27 @@ def test_predict_and_evaluate_take_the_backend(classifier, exported_classifier, 
     assert figures["onnx"][0]["score"] == pytest.approx(figures["torch"][0]["score"], abs=1e-5)
 
 
+
+def test_a_run_folder_of_links_exports_as_a_copy_of_its_files_and_again_over_it(classifier, tmp_path, capsys):
+    """A folder whose files are links (a hub cache's snapshot) exports with the files themselves, and a run's
+    folder (marked a fine-tuning output) gives an export's folder, which --overwrite replaces."""
+    from bertforge.outputs import marker_kind, write_marker
+
+    folder, _ = classifier
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    for name in os.listdir(folder):
+        (linked / name).symlink_to(pathlib.Path(folder, name))
+    write_marker(str(linked), "finetune")
+    out = tmp_path / "onnx"
+    for extra in ([], ["--overwrite"]):
+        assert main(["--quiet", "export", "onnx", "--model", str(linked), "--out", str(out), *extra]) == 0, \
+            capsys.readouterr().err
+        assert marker_kind(str(out)) == "export"
+        assert (out / "config.json").is_file() and not (out / "config.json").is_symlink()
+    assert sorted(os.listdir(out)) == sorted([*os.listdir(folder), ".bertforge", "onnx"])
+    assert main(["predict", "classify", "--model", str(out), "--backend", "onnx", TEXTS[0]]) == 0
+
 def test_a_pretrained_folder_exports_its_masked_lm_for_fill_mask(tmp_path, tok, capsys):
     from bertforge.models import BertForPreTraining
 

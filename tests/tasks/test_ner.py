@@ -153,6 +153,13 @@ def test_a_validation_tag_unseen_in_training_is_refused(setup, tmp_path, capsys)
     assert "B-org never seen in training" in capsys.readouterr().err
 
 
+
+def test_a_validation_set_without_entities_is_warned_about(setup, tmp_path, capsys):
+    (tmp_path / "v.conll").write_text("anna\tO\nwent\tO\n")
+    assert main(_args(setup, tmp_path / "out", "--validation", str(tmp_path / "v.conll"), "--max-steps", "1")) == 0
+    assert "the validation sentences hold no entity, so entity F1 is 0 whatever the model tags" in \
+        capsys.readouterr().err
+
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["none", "simple", "first", "average", "max"])
 def test_predict_ner_equals_transformers_pipeline(setup, tmp_path_factory, capsys, strategy):

@@ -134,7 +134,13 @@ def test_what_shows_that_a_model_learnt_nothing(tmp_path):
     n = object.__new__(NerTask)
     n.val = [SimpleNamespace(tags=["O", "B-loc"]), SimpleNamespace(tags=["O"])]
     assert n.unlearnt({}, [["B-loc", "B-loc"], ["B-loc"]]) == "it tags every token of the 2 validation sentences B-loc"
-    assert "no entity" in n.unlearnt({}, [["O", "O"], ["O"]]) and n.unlearnt({}, [["O", "B-loc"], ["O"]]) is None
+    assert "no entity" in n.unlearnt({}, [["O", "O"], ["O"]])
+    assert n.unlearnt({"f1": 0.5}, [["O", "B-loc"], ["O"]]) is None
+    # a stray tag, not one entity found
+    assert n.unlearnt({"f1": 0.0}, [["B-loc", "O"], ["O"]]) == ("it finds none of the entities of the 2 validation "
+                                                                "sentences (entity F1 0)")
+    n.val = [SimpleNamespace(tags=["O", "O"]), SimpleNamespace(tags=["O"])]  # no entity to find: it cannot tell
+    assert n.unlearnt({"f1": 0.0}, [["O", "O"], ["O"]]) is None
 
     task = SimpleNamespace(select="f1", unlearnt=lambda metrics, artifacts: artifacts)
     first = EpochResult(1, 4, {"f1": 0.019}, None, None)
@@ -159,7 +165,12 @@ def test_what_shows_that_a_model_learnt_nothing(tmp_path):
     assert not FineTuning.better(run, EpochResult(3, 12, {"f1": 0.0}, None, "it tags no entity"))
     run.best = first
     assert not FineTuning.better(run, EpochResult(3, 12, {"f1": 0.019}, None, None))
-    assert FineTuning.better(run, EpochResult(3, 12, {"f1": 0.02}, None, "it tags no entity"))
+    assert FineTuning.better(run, EpochResult(3, 12, {"f1": 0.02}, None, None))
+    # a model that learnt beats one that learnt nothing whatever their figures: every example given the
+    # validation set's most frequent label can be the more accurate
+    assert not FineTuning.better(run, EpochResult(3, 12, {"f1": 0.02}, None, "it tags no entity"))
+    run.best = EpochResult(2, 8, {"f1": 0.70}, None, "it gives every one of the 100 validation examples 'pos'")
+    assert FineTuning.better(run, EpochResult(3, 12, {"f1": 0.68}, None, None))
     # resumed, the best is its evaluation of record, verdict and all: a tie is judged as without the resumption
     batches = SimpleNamespace(state_dict=lambda: {}, load_state_dict=lambda state: None)
     saved = SimpleNamespace(batches=batches, best=later[0], history=[first, *later], best_weights={"w": torch.zeros(1)})

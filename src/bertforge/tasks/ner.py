@@ -353,6 +353,9 @@ class NerTask(FinetuneTask):
         if unseen:
             where = cfg.data.validation_file or cfg.data.train_file
             raise UserError(f"{where}: tag(s) {', '.join(unseen)} never seen in training")
+        if self.val and all(t == "O" for s in self.val for t in s.tags):
+            log.warning("%s: the validation sentences hold no entity, so entity F1 is 0 whatever the model tags: it "
+                        "cannot tell evaluations apart (the first is kept)", cfg.data.validation_file or "validation")
         self.scheme = scheme_of(self.train, cfg.data.train_file)
         _seqeval()  # (missing: said before any training)
 
@@ -391,11 +394,15 @@ class NerTask(FinetuneTask):
 
     def unlearnt(self, metrics, artifacts) -> str | None:
         tagged = {t for p in artifacts for t in p}
-        if len(tagged) != 1 or len({t for s in self.val for t in s.tags}) < 2:
-            return None
+        if len({t for s in self.val for t in s.tags}) < 2:
+            return None  # (no entity to find: entity F1 cannot tell)
         if tagged == {"O"}:
             return f"it tags no entity in the {len(self.val)} validation sentences (every token O)"
-        return f"it tags every token of the {len(self.val)} validation sentences {tagged.pop()}"
+        if len(tagged) == 1:
+            return f"it tags every token of the {len(self.val)} validation sentences {tagged.pop()}"
+        if metrics["f1"] == 0:  # (a stray tag here and there, not one entity found)
+            return f"it finds none of the entities of the {len(self.val)} validation sentences (entity F1 0)"
+        return None
 
     def write_outputs(self, folder: str, preds) -> dict:
         with open(os.path.join(folder, "predictions.jsonl"), "w", encoding="utf-8") as f:

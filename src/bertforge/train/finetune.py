@@ -507,12 +507,14 @@ class FineTuning(TrainingRun):
             self.history[-1].artifacts = None
 
     def better(self, new: EpochResult) -> bool:
-        """Whether an evaluation beats the best so far: a higher figure, or the same figure from a model that
-        learnt where the best's did not (a classifier that finds the rare class at the majority's accuracy)."""
+        """Whether an evaluation beats the best so far: a model that learnt beats one that learnt nothing whatever
+        their figures (a classifier that gives every example the validation set's most frequent label can be the
+        more accurate), then the higher figure wins."""
         if self.best is None:
             return True
-        ours, best = new.metrics[self.task.select], self.best.metrics[self.task.select]
-        return ours > best or (ours == best and bool(self.best.unlearnt) and not new.unlearnt)
+        if bool(new.unlearnt) != bool(self.best.unlearnt):
+            return not new.unlearnt
+        return new.metrics[self.task.select] > self.best.metrics[self.task.select]
 
     def eval_size(self) -> int:
         return self.task.eval_size() if self.validating else 0
