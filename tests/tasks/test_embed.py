@@ -144,6 +144,30 @@ def test_beir_folder(tmp_path):
         (tmp_path / name).write_text(good)
 
 
+
+def test_bm25_ranks_a_beir_folder_whose_queries_find_few_passages(tmp_path):
+    """Queries that are no passages (the usual BEIR set) and that share words with 2 and 4 passages: every row
+    as wide, the slots without a hit -1; and a query's own passage is no hit in a corpus smaller than k."""
+    pytest.importorskip("bm25s")
+    from bertforge.tasks.retrieval import bm25_ranked
+
+    (tmp_path / "qrels").mkdir()
+    texts = ["apple pie", "apple tree", "sky boat", "train boat", "sky train", "boat sky"] + [f"stone {w}" for w in
+                                                                                           "abcdef"]
+    (tmp_path / "corpus.jsonl").write_text("".join(json.dumps({"_id": f"d{i}", "text": t}) + "\n"
+                                                   for i, t in enumerate(texts)))
+    (tmp_path / "queries.jsonl").write_text('{"_id": "q1", "text": "apple"}\n{"_id": "q2", "text": "sky train boat"}\n')
+    (tmp_path / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\nq2\td4\t1\n")
+    rs = read_retrieval_set(str(tmp_path))
+    assert rs.itself == [-1, -1]
+    ranked = bm25_ranked(rs)
+    assert ranked.shape == (2, 10) and sorted(ranked[0][:2]) == [0, 1] and (ranked[0][2:] == -1).all()
+    assert sorted(ranked[1][:4]) == [2, 3, 4, 5] and (ranked[1][4:] == -1).all()
+    assert metrics(ranked, rs.relevant)["recall@10"] == 1.0
+    q, d = np.eye(3, dtype=np.float32)[:1], np.eye(3, dtype=np.float32)
+    assert search(q, d, itself=[2]).tolist() == [[0, 1, -1]]
+
+
 @pytest.mark.parametrize("name,text,message", [
     ("p.jsonl", '{"query": "q", "positive": ""}\n', "p.jsonl:1: the positive is empty"),
     ("p.jsonl", '{"query": "q"}\n', "p.jsonl:1: no 'positive' field"),

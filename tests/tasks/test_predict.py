@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -106,6 +107,41 @@ def test_qa_equals_finetuning_postprocessing_on_real_minilm(minilm_dir, tmp_path
     three = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert len(three) == 3 and three[0] == got and len({(x["start"], x["end"]) for x in three}) == 3
 
+
+
+def test_predict_qa_input_writes_the_predictions_evaluation_scores(minilm_dir, tmp_path, capsys, monkeypatch):
+    """``predict qa --input`` writes what evaluation would: windows overlapping by the run's --doc-stride and the
+    raw spans, where a question asked on the command line gets its answer widened to whole words."""
+    from bertforge import BertForQuestionAnswering
+    from bertforge.tasks import squad
+    from bertforge.tokenizer import load_tokenizer
+
+    torch.manual_seed(0)
+    tok = load_tokenizer(minilm_dir)
+    BertForQuestionAnswering.from_pretrained(minilm_dir).save_pretrained(str(tmp_path / "qa"), tokenizer=tok)
+    context = "the choir sang. " * 150 + "the zorblaxing choir sang."  # several windows at 384 tokens
+    at = context.index("xing")  # the last piece of a word cut in four: z ##or ##bla ##xing
+
+    def logits(model, feats, pad, device, batch_size):  # every window points at that piece
+        out = [np.where([o is not None and o[0] == at for o in f["offsets"]], 10.0, -10.0) for f in feats]
+        return out, out
+
+    strides, build = [], squad.build_features
+    monkeypatch.setattr(squad, "qa_logits", logits)
+    monkeypatch.setattr(squad, "build_features", lambda *a, **k: strides.append(a[3]) or build(*a, **k))
+    question = "Who sang?"
+    data = {"version": "1.1", "data": [{"title": "t", "paragraphs": [{"context": context, "qas": [
+        {"id": "q", "question": question, "answers": [{"text": "choir", "answer_start": 4}]}]}]}]}
+    (tmp_path / "dev.json").write_text(json.dumps(data))
+    assert main(["predict", "qa", "--model", str(tmp_path / "qa"), "--input", str(tmp_path / "dev.json"),
+                 "--json"]) == 0
+    ref, _ = squad.predict_answers(None, tok, [squad.Example("q", question, context, [])], squad.SquadConfig(), 384,
+                                   torch.device("cpu"))
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == ref == {"q": "xing"}
+    assert strides == [squad.SquadConfig().doc_stride] * 2
+    assert main(["predict", "qa", "--model", str(tmp_path / "qa"), "--question", question, "--context", context,
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["answer"] == "zorblaxing"
 
 def test_refusals(minilm_dir, pretrained_tiny, tmp_path, capsys):
     def err_of(args):

@@ -204,7 +204,7 @@ def random_order_mrr(rs: RetrievalSet) -> float:
 def search(queries: np.ndarray, corpus: np.ndarray, k: int = TOP_K, chunk: int = 1024,
            itself: list[int] | None = None) -> np.ndarray:
     """(Q, min(k, N)) passage indices of each query, by cosine similarity, best first (exact); ``itself[i]``, a
-    passage never to return for query i (-1: none)."""
+    passage never to return for query i (-1: none; -1 in the result: no passage there)."""
     q = torch.nn.functional.normalize(torch.from_numpy(queries), dim=-1)
     d = torch.nn.functional.normalize(torch.from_numpy(corpus), dim=-1)
     k = min(k, d.shape[0])
@@ -215,7 +215,9 @@ def search(queries: np.ndarray, corpus: np.ndarray, k: int = TOP_K, chunk: int =
             rows = [(r, j) for r, j in enumerate(itself[i : i + chunk]) if j >= 0]
             if rows:
                 sims[[r for r, _ in rows], [j for _, j in rows]] = float("-inf")
-        out.append(torch.topk(sims, k, dim=-1).indices)
+        top = torch.topk(sims, k, dim=-1)
+        # a query's own passage comes last where the corpus holds no more than k: it is no hit (-1)
+        out.append(top.indices.masked_fill(top.values == float("-inf"), -1))
     return torch.cat(out).numpy()
 
 
@@ -238,7 +240,9 @@ def bm25_ranked(rs: RetrievalSet, k: int = TOP_K) -> np.ndarray:
     docs = np.where(np.asarray(scores) > 0, np.asarray(docs), -1)
     if rs.itself is None:
         return np.asarray(docs)
-    return np.asarray([[d for d in row if d != own][: k - 1] for row, own in zip(np.asarray(docs), rs.itself)])
+    # (a query that is no passage has no own passage to leave out: -1 there marks a slot without a hit)
+    return np.asarray([[d for d in row if own < 0 or d != own][: k - 1] for row, own in zip(np.asarray(docs),
+                                                                                          rs.itself)])
 
 
 BM25_SETTINGS = {"k1": 1.5, "b": 0.75, "method": "lucene", "stopwords": "en"}

@@ -528,18 +528,22 @@ class QAPipeline(Pipeline):
                 raise UserError("give examples, or questions and contexts, not both")
             for i, ex in enumerate(examples):
                 require_type(ex, Example, f"examples[{i}]")
-            return {k: rows[0]["answer"] for k, rows in self._answer(examples, squad, max_seq_length, 1).items()}
+            answers = self._answer(examples, squad, max_seq_length, 1, whole=False)  # (as evaluation scores them)
+            return {k: rows[0]["answer"] for k, rows in answers.items()}
         pairs, single = _qa_inputs(inputs, question, context)
         examples = [Example(str(i), q, c, []) for i, (q, c) in enumerate(pairs)]
         answers = self._answer(examples, squad, max_seq_length, top_k)
         res = [answers[ex.id] if top_k > 1 else answers[ex.id][0] for ex in examples]
         return res[0] if single else res
 
-    def _answer(self, examples: list, squad: SquadConfig, max_seq_length: int, top_k: int) -> dict[str, list]:
+    def _answer(self, examples: list, squad: SquadConfig, max_seq_length: int, top_k: int,
+                whole: bool = True) -> dict[str, list]:
         """{id: [{"answer", "score", "start", "end"}, ...]}, the ``top_k`` best of each of ``examples``, the
-        answers widened to whole words."""
+        answers widened to whole words where ``whole``.  The windows overlap by ``doc_stride`` as in evaluation
+        where every window has room for it beside the longest question, else by a quarter window."""
         max_len = min(max_seq_length, self.max_length)
-        feats, _ = build_features(self.tok, examples, max_len, min(squad.doc_stride, max_len // 4),
+        fits = squad.doc_stride < max_len - squad.max_query_length - 3
+        feats, _ = build_features(self.tok, examples, max_len, squad.doc_stride if fits else max_len // 4,
                                   squad.max_query_length, training=False)
         s, e = qa_logits(self.model, feats, self.sp.pad, self.device, self.batch_size)
         ranked: dict = {}
@@ -548,7 +552,7 @@ class QAPipeline(Pipeline):
         for ex in examples:  # whole words, as transformers' QA pipeline gives them (SQuAD scoring keeps the spans)
             found[ex.id] = []
             for score, span in ranked[ex.id]:
-                a, b = whole_words(ex.context, *span)
+                a, b = whole_words(ex.context, *span) if whole else span
                 found[ex.id].append({"answer": ex.context[a:b] if a >= 0 else "", "score": score, "start": a,
                                      "end": b})
         return found
