@@ -121,6 +121,7 @@ def test_parquet_and_hf_datasets_train_as_the_same_rows_in_jsonl(tmp_path, capsy
     ("missing_model", "model directory not found"),
     ("empty", "is empty|has no rows"),
     ("real_labels", "the labels are real numbers \\(0.5, 1.7\\.\\.\\.\\), not classes"),  # (no regression)
+    ("carriage_return", "cr.tsv:2: new-line character seen in unquoted field"),
 ])
 def test_bad_input(case, message, tmp_path, capsys):
     import re
@@ -143,6 +144,9 @@ def test_bad_input(case, message, tmp_path, capsys):
     elif case == "empty":
         train = tmp_path / "empty.tsv"
         train.write_text("")
+    elif case == "carriage_return":  # (a lone \r inside a field: csv's own error)
+        train = tmp_path / "cr.tsv"
+        train.write_text("sentence\tlabel\nold mac\rline\tpos\n", newline="")
     elif case == "real_labels":
         train = val = tmp_path / "scores.jsonl"
         train.write_text('{"text": "good movie", "label": 1.7}\n{"text": "bad film", "label": 0.5}\n')
@@ -206,3 +210,33 @@ def test_evaluate_and_predict_read_the_columns_the_model_was_trained_on(tmp_path
     assert main(["--quiet", "predict", "classify", "--model", str(out), "--input", data, "--json",
                  "--text-column", "sentiment"]) == 0  # a flag wins
     assert [r["text"] for r in json.loads(capsys.readouterr().out)] == [y for _, y in rows]
+
+
+def test_glue_pairs_are_read_predicted_and_evaluated_as_pairs(tmp_path, capsys):
+    """A table with sentence1 and sentence2 (MRPC, RTE; QNLI's question and sentence, ...) is a pair task without
+    being told, as run_glue reads it; predict --input gives each pair to the model, as evaluate does."""
+    from bertforge import pipeline
+
+    rows = [("the cat sat", "a cat sits", "1"), ("dogs run fast", "a cat sits", "0"),
+            ("birds fly high", "birds fly", "1"), ("fish swim", "cows moo", "0")] * 5
+    (tmp_path / "mrpc.tsv").write_text("label\tsentence1\tsentence2\n" + "".join(f"{y}\t{a}\t{b}\n" for a, b, y in rows))
+    model = tiny_model_dir(tmp_path / "m", [r[0] for r in rows] + [r[1] for r in rows], vocab_size=100,
+                           kind="wordlevel")
+    out, data = tmp_path / "out", str(tmp_path / "mrpc.tsv")
+    assert main(["--quiet", "finetune", "classify", "--model", model, "--train", data, "--validation", data, "--out",
+                 str(out), "--epochs", "1", "--no-progress"]) == 0
+    assert json.loads((out / "predictions.jsonl").read_text().splitlines()[0])["text_pair"] == "a cat sits"
+    capsys.readouterr()
+    (tmp_path / "DEV.TSV").write_text((tmp_path / "mrpc.tsv").read_text())  # (the suffix in capitals)
+    ours = pipeline("classify", model=str(out))([a for a, _, _ in rows], [b for _, b, _ in rows])
+    for name in (data, str(tmp_path / "DEV.TSV")):
+        assert main(["--quiet", "predict", "classify", "--model", str(out), "--input", name, "--json"]) == 0
+        got = json.loads(capsys.readouterr().out)
+        assert [(r["text"], r["text_pair"]) for r in got] == [(a, b) for a, b, _ in rows]
+        assert [r["score"] for r in got] == pytest.approx([r["score"] for r in ours], abs=1e-6)
+    from bertforge.tasks.classify import ClassifyConfig, read_table, resolve_columns
+
+    (tmp_path / "qnli.tsv").write_text("question\tsentence\tlabel\nwho sat\tthe cat sat\t1\n")
+    assert resolve_columns(read_table(str(tmp_path / "qnli.tsv")), ClassifyConfig(), "q")[:2] == ("question",
+                                                                                                  "sentence")
+    assert resolve_columns(read_table(data), ClassifyConfig(text_column="sentence1"), "m")[:2] == ("sentence1", None)

@@ -39,6 +39,10 @@ class ClassifyConfig:
 
 
 TEXT_COLUMNS = ("sentence", "text", "sentence1", "question", "premise")
+# the sentence pairs of GLUE's pair tasks (MRPC, STS-B, RTE, WNLI; QNLI; MNLI; QQP), read as pairs unless
+# --text-column or --text-pair-column says otherwise, as run_glue reads them
+PAIR_COLUMNS = (("sentence1", "sentence2"), ("question", "sentence"), ("premise", "hypothesis"),
+                ("question1", "question2"))
 
 
 # ------------------------------------------------------------------------------------------------ reading
@@ -66,12 +70,15 @@ def read_table(path: str) -> list[dict[str, str]]:
             header = next(reader)
         except StopIteration:
             raise UserError(f"{path} is empty") from None
-        for n, fields in enumerate(reader, 2):
-            if not fields or all(not f.strip() for f in fields):
-                continue
-            if len(fields) != len(header):
-                raise UserError(f"{path}:{n}: {len(fields)} fields, the header has {len(header)}")
-            rows.append(dict(zip(header, fields)))
+        try:
+            for n, fields in enumerate(reader, 2):
+                if not fields or all(not f.strip() for f in fields):
+                    continue
+                if len(fields) != len(header):
+                    raise UserError(f"{path}:{n}: {len(fields)} fields, the header has {len(header)}")
+                rows.append(dict(zip(header, fields)))
+        except csv.Error as e:  # (a lone carriage return inside a field, an unclosed quote)
+            raise UserError(f"{path}:{reader.line_num}: {e}") from None
     else:
         raise UserError(f"{path}: unknown format; expected .tsv, .csv, .jsonl, .parquet or hf:NAME")
     if not rows:
@@ -79,9 +86,15 @@ def read_table(path: str) -> list[dict[str, str]]:
     return rows
 
 
-def resolve_columns(rows: list[dict], cfg: ClassifyConfig, path: str,
-                    need_label: bool = True) -> tuple[str, str | None, str]:
+def resolve_columns(rows: list[dict], cfg: ClassifyConfig, path: str, need_label: bool = True,
+                    pairs: bool = True) -> tuple[str, str | None, str]:
+    """(the text column, the second sentence's or None, the label column) of ``rows``, each row checked: those
+    ``cfg`` names, else a GLUE pair of the table (where ``pairs``) or its first column of :data:`TEXT_COLUMNS`."""
     cols = list(rows[0])
+    if pairs and cfg.text_column is None and cfg.text_pair_column is None:
+        both = next(((a, b) for a, b in PAIR_COLUMNS if a in cols and b in cols), None)
+        if both is not None:
+            cfg = dataclasses.replace(cfg, text_column=both[0], text_pair_column=both[1])
     text = cfg.text_column or next((c for c in TEXT_COLUMNS if c in cols), None)
     if text is None or text not in cols:
         wanted = cfg.text_column or "/".join(TEXT_COLUMNS)
@@ -117,6 +130,24 @@ def saved_columns(model: str) -> dict[str, str]:
     return {k: task[k] for k in ("text_column", "text_pair_column", "label_column") if isinstance(task.get(k), str)}
 
 
+def is_table(path: str) -> bool:
+    return path.lower().endswith((".tsv", ".csv", ".jsonl", ".json"))
+
+
+def input_columns(a, pairs: bool = True) -> tuple[str, str | None, list[dict]]:
+    """(the text column, the second sentence's column or None, the rows) of a ``predict`` command's ``--input``
+    table: the columns given (``--text-column``, ``--text-pair-column``), else those the model was fine-tuned on,
+    else the table's own (a pair only where ``pairs``)."""
+    rows = read_table(a.input)
+    saved = saved_columns(a.model)
+    text = getattr(a, "text_column", None) or saved.get("text_column")
+    pair = getattr(a, "text_pair_column", None) or (saved.get("text_pair_column") if text == saved.get("text_column")
+                                                     else None)
+    col, pair, _ = resolve_columns(rows, ClassifyConfig(text_column=text, text_pair_column=pair if pairs else None),
+                                   a.input, need_label=False, pairs=pairs)
+    return col, pair, rows
+
+
 def input_texts(a, blank_lines: bool = True) -> list[str]:
     """The texts of a ``predict`` command (``a``, its flags): those given, or ``--input``'s, a line each of a text
     file (a blank line too, unless ``blank_lines`` is False: result i is line i's), or the text column
@@ -124,10 +155,8 @@ def input_texts(a, blank_lines: bool = True) -> list[str]:
     if a.input and a.text:
         raise UserError("give texts or --input, not both")
     if a.input:
-        if a.input.endswith((".tsv", ".csv", ".jsonl", ".json")):
-            rows = read_table(a.input)
-            column = getattr(a, "text_column", None) or saved_columns(a.model).get("text_column")
-            col, _, _ = resolve_columns(rows, ClassifyConfig(text_column=column), a.input, need_label=False)
+        if is_table(a.input):
+            col, _, rows = input_columns(a, pairs=False)
             return [r[col] for r in rows]
         lines = lines_of(read_text(a.input, "input file"))
         if not any(t.strip() for t in lines):
@@ -230,6 +259,8 @@ class ClassificationTask(FinetuneTask):
     @classmethod
     def predict_arguments(cls, p) -> None:
         text_input_flags(p)
+        p.add_argument("--text-pair-column", help="a table's second sentence of each pair (default: the model's, "
+                                                  "or sentence2 beside sentence1 and GLUE's other pairs)")
         p.add_argument("--max-seq-length", type=positive_int, help="tokens read of each text (default: 128, as "
                                                                    "fine-tuning and evaluate classify read it)")
         p.add_argument("--top-k", type=positive_int, default=1, help="the k most probable labels of each text")
@@ -239,21 +270,31 @@ class ClassificationTask(FinetuneTask):
     def predict(cls, a) -> None:
         p = ClassifyPipeline(a.model, device=a.device, batch_size=a.batch_size, progress=progress_shown(None),
                              max_seq_length=a.max_seq_length)
-        texts = input_texts(a)
-        res = p(texts, top_k=a.top_k)
+        pairs = None
+        if a.input and is_table(a.input):
+            col, pair, rows = input_columns(a)
+            texts, pairs = [r[col] for r in rows], [r[pair] for r in rows] if pair else None
+        elif a.text_pair_column:
+            raise UserError("--text-pair-column names a column of an --input table")
+        else:
+            texts = input_texts(a)
+        res = p(texts, pairs, top_k=a.top_k)
+        shown_texts = texts if pairs is None else [f"{t} | {u}" for t, u in zip(texts, pairs)]
 
         def table(rows):
-            for t, r in zip(texts, rows):
+            for t, r in zip(shown_texts, rows):
                 ranked = "  ".join(f"{x['label']} {x['score']:.3f}" for x in r) if a.top_k != 1 else None
                 yield f"{ranked}  {one_line(t)}" if ranked else f"{r['label']:>12}  {r['score']:.3f}  {one_line(t)}"
 
-        emit(a, [{"text": t, **r} if a.top_k == 1 else {"text": t, "labels": r} for t, r in zip(texts, res)]
+        texts_of = [{"text": t} if pairs is None else {"text": t, "text_pair": u}
+                    for t, u in zip(texts, pairs or texts)]
+        emit(a, [{**x, **r} if a.top_k == 1 else {**x, "labels": r} for x, r in zip(texts_of, res)]
              if a.json else res, table)
 
     def read(self, cfg: FinetuneConfig) -> None:
         self.train_rows, self.val_rows = self.split_validation(read_table(cfg.data.train_file), cfg, read_table)
         self.text, self.pair, self.label_col = resolve_columns(self.train_rows, self.settings, cfg.data.train_file)
-        same_text = dataclasses.replace(self.settings, text_column=self.text)
+        same_text = dataclasses.replace(self.settings, text_column=self.text, text_pair_column=self.pair)
         if self.val_rows:  # (none: the run is not evaluated)
             resolve_columns(self.val_rows, same_text, cfg.data.validation_file or cfg.data.train_file)
         if cfg.data.max_train_examples:
