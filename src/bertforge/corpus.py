@@ -24,6 +24,7 @@ as "Mr." or "e.g." and single-letter initials.
 from __future__ import annotations
 
 import glob
+import logging
 import os
 import re
 from collections.abc import Iterator
@@ -32,6 +33,8 @@ from .errors import UserError, require_file, shown
 from .files import json_lines, json_object_or_none, newlines_before, text_lines
 
 from .outputs import MARKER, marker_kind
+
+log = logging.getLogger("bertforge")
 
 TEXT_SUFFIXES = (".txt", ".jsonl", ".txt.gz", ".jsonl.gz", ".parquet")
 
@@ -154,7 +157,16 @@ def expand_paths(paths: list[str]) -> list[str]:
             files.extend(found)
         else:
             raise UserError(f"data path not found: {p}")
-    return files
+    seen: set[str] = set()
+    kept = []
+    for f in files:  # a file named twice (a folder and a file in it, overlapping patterns) is read once
+        key = f if f.startswith("hf:") else os.path.realpath(f)
+        if key in seen:
+            log.warning("%s: named more than once in --data; read once", f)
+        else:
+            seen.add(key)
+            kept.append(f)
+    return kept
 
 
 def parquet_rows(path: str, columns: list[str] | None = None) -> Iterator[dict]:

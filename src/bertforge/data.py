@@ -523,6 +523,10 @@ class PretrainingData:
             self.corpus = self._cut(self.corpus, need)
         if dc.eval_data:
             self.eval_corpus = self._corpus(dc.eval_data, tok)
+            n_sent = len(self.eval_corpus.sent_ends)
+            if dc.nsp and self.eval_corpus.n_documents < 2 and n_sent >= 2:
+                # a single held-out text is cut into parts as training's is: NotNext segments from other text
+                self.eval_corpus = cut_into_documents(self.eval_corpus, min(CUT_PARTS, n_sent))
             self.train_docs = np.arange(self.corpus.n_documents)
             self.eval_docs = np.arange(self.eval_corpus.n_documents)
         else:  # the manifest's held-out documents, the same for every run of the corpus; a cut corpus its own

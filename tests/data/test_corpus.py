@@ -56,6 +56,9 @@ def test_readers(tmp_path):
     # a directory, a glob
     assert len(expand_paths([str(tmp_path)])) == 4
     assert expand_paths([str(tmp_path / "*.txt")]) == [str(tmp_path / "a.txt"), str(tmp_path / "google.txt")]
+    # a file named twice (a folder and a file in it, overlapping patterns) is read once, where first named
+    twice = expand_paths([str(tmp_path / "a.txt"), str(tmp_path), str(tmp_path / "*.txt")])
+    assert twice[0] == str(tmp_path / "a.txt") and len(twice) == 4
 
 
 def test_parquet_and_hf_datasets_local(tmp_path):

@@ -399,3 +399,21 @@ def test_a_folder_of_a_few_documents_holds_out_about_five_percent(small_text_cor
     trained, held = map(int, re.search(r"documents \((\d+) tokens\), \d+ held out for evaluation \((\d+) tokens\)",
                                        err).groups())
     assert 0 < held / (trained + held) <= 0.1
+
+
+def test_a_single_held_out_text_is_cut_into_parts_for_next_sentence_prediction(small_text_corpus, story_tokenizer,
+                                                                               tmp_path):
+    """--eval-data of one document (a .txt file): its NotNext segments come from other parts of it, as
+    training's do, not from the instance's own document."""
+    from bertforge.config import PretrainConfig
+    from bertforge.data import PretrainingData
+    from bertforge.demo.corpus import generate_stories
+    from bertforge.devices import Dist
+
+    (tmp_path / "valid.txt").write_text(" ".join(" ".join(s) for s in generate_stories(20, 9)))
+    cfg = PretrainConfig()
+    cfg.data.data, cfg.data.eval_data = [str(small_text_corpus)], [str(tmp_path / "valid.txt")]
+    cfg.data.cache_dir, cfg.data.max_seq_length, cfg.data.nsp = str(tmp_path / "cache"), 64, True
+    data = PretrainingData(cfg, story_tokenizer, Dist(), False)
+    assert data.eval_corpus.n_documents > 1 and len(data.eval_docs) == data.eval_corpus.n_documents
+    assert data.eval_set()  # (its instances draw their random next segments from the other parts)
