@@ -31,7 +31,7 @@ from safetensors.torch import load_file
 from safetensors.torch import save as safetensors_bytes
 
 from .atomic import atomic_dir, fault_point, follow_umask, fsync, write_file
-from .errors import UserError, require_type
+from .errors import UserError, require_type, shown
 
 log = logging.getLogger("bertforge")
 
@@ -110,12 +110,16 @@ def read_state_dict(path: str) -> dict[str, torch.Tensor]:
             return load_file(single)
         if os.path.isfile(index):
             with open(index, encoding="utf-8") as f:
-                shards = sorted(set(json.load(f)["weight_map"].values()))
+                names = json.load(f)["weight_map"].values()
+            shards = sorted(set(names))
+            if not all(isinstance(n, str) and n and os.path.basename(n) == n for n in shards):
+                raise UserError(f"{index}: its weight_map must name shard files of the folder, not "
+                                f"{shown(shards[:3])}")
             sd: dict[str, torch.Tensor] = {}
             for shard in shards:
                 sd.update(load_file(os.path.join(path, shard)))
             return sd
-    except (SafetensorError, OSError, ValueError, KeyError) as e:
+    except (SafetensorError, OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise UserError(f"cannot read weights in {path}: {e}") from None
     require_weights(path)
     raise UserError(f"no model.safetensors in {path}")

@@ -55,7 +55,8 @@ def test_load_config_reads_config_json_once(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 @pytest.mark.parametrize("key,value", [("num_attention_heads", 0), ("hidden_size", -8), ("intermediate_size", "big"),
-                                       ("num_hidden_layers", 2.5), ("vocab_size", None)])
+                                       ("num_hidden_layers", 2.5), ("vocab_size", None), ("pad_token_id", 5000),
+                                       ("num_labels", 0), ("problem_type", "multi_label_classification")])
 def test_a_bad_size_in_any_familys_config_json_is_one_error_line(name, key, value, tmp_path, capsys):
     fam = family(name)
     fam.heads["masked_lm"](tiny(fam)).save_pretrained(str(tmp_path))
@@ -67,3 +68,24 @@ def test_a_bad_size_in_any_familys_config_json_is_one_error_line(name, key, valu
     assert main(["--quiet", "predict", "fill-mask", "--model", str(tmp_path), "a [MASK] b"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and key in err[0], err
+
+
+def test_what_a_config_json_says_of_labels_and_tying_is_read_or_refused(tmp_path, capsys):
+    """num_labels without names gives transformers' LABEL_i; a BERT masked LM whose decoder is untied (its own
+    weights, which bertforge's tied BERT would drop unread) is refused; so is a shard index of the wrong form."""
+    fam = family("bert")
+    fam.heads["masked_lm"](tiny(fam)).save_pretrained(str(tmp_path))
+    d = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**d, "num_labels": 3}))
+    assert load_config(str(tmp_path)).id2label == {0: "LABEL_0", 1: "LABEL_1", 2: "LABEL_2"}
+    (tmp_path / "config.json").write_text(json.dumps({**d, "tie_word_embeddings": False}))
+    with pytest.raises(UserError, match="tie_word_embeddings: false"):
+        fam.heads["masked_lm"].from_pretrained(str(tmp_path))
+    (tmp_path / "config.json").write_text(json.dumps(d))
+    from bertforge.checkpoint import read_state_dict
+
+    (tmp_path / "model.safetensors").rename(tmp_path / "shard.safetensors")
+    for index in ({"weight_map": ["shard.safetensors"]}, ["x"], {"weight_map": {"w": "../shard.safetensors"}}):
+        (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+        with pytest.raises(UserError, match="index.json|cannot read weights"):
+            read_state_dict(str(tmp_path))

@@ -320,7 +320,12 @@ class BertPreTrainedModel(PreTrainedModel):
 
     def tied_decoder(self) -> nn.Linear | None:
         cls = getattr(self, "cls", None)
-        return cls.predictions.decoder if cls is not None and hasattr(cls, "predictions") else None
+        if cls is None or not hasattr(cls, "predictions"):
+            return None
+        if self.config.extra.get("tie_word_embeddings") is False:  # (its own decoder would be lost, unread)
+            raise UserError("this BERT's config.json unties the masked-LM decoder from the token embeddings "
+                            "(tie_word_embeddings: false), which bertforge's BERT always ties")
+        return cls.predictions.decoder
 
 
 class BertModel(BertPreTrainedModel):
