@@ -47,7 +47,7 @@ log = logging.getLogger("bertforge")
 
 KIND = "export"
 SETTINGS_FILE = SETTINGS_FILES["finetune"]  # (a fine-tuning run's settings: evaluate reads its columns from them)
-COPIED = MODEL_FILES | ST_FILES | {SETTINGS_FILE, "README.md"}
+COPIED = (MODEL_FILES - {MARKER}) | ST_FILES | {SETTINGS_FILE, "README.md"}  # (the marker is the export's own)
 REPORT = "export.json"
 register_output(KIND, COPIED | {ONNX_DIR})
 
@@ -194,8 +194,7 @@ def export_onnx(model: str | os.PathLike, out: str | os.PathLike, int8: bool = F
                               "outputs": list(outputs), "sentence_transformers": st}
     with output, output.atomic() as tmp:
         for name in sorted(os.listdir(path)):
-            # the files themselves where they are links (a hub cache's snapshot); the marker is the export's own
-            if name in COPIED and name != MARKER:
+            if name in COPIED:  # the files themselves where they are links (a hub cache's snapshot)
                 src = os.path.join(path, name)
                 (shutil.copytree if os.path.isdir(src) else shutil.copy2)(src, os.path.join(tmp, name))
         os.makedirs(os.path.join(tmp, ONNX_DIR))

@@ -110,15 +110,14 @@ class ModelConfigJson:
                 kw["id2label"] = {i: f"LABEL_{i}" for i in range(labels)}  # (transformers' names)
             elif kw.get("id2label") is not None and len(kw["id2label"]) != labels:
                 raise UserError(f"num_labels {labels} and the {len(kw['id2label'])} labels of id2label disagree")
-        problem, n = d.get("problem_type"), len(kw["id2label"]) if kw.get("id2label") else 2
-        if problem not in (None, "single_label_classification", "regression") or (problem == "regression") != (
-                n == 1) and problem is not None:
-            raise UserError(f"problem_type {shown(problem)} with {n} label(s) is not supported: bertforge's "
-                            "classifiers give a text one of several labels or, with one label, a score (regression)")
         try:
             config = cls(**kw, extra=d)
         except TypeError as e:  # a field of the wrong type
             raise UserError(f"invalid {cls.display_name} config: {e}") from None
+        problem, n = d.get("problem_type"), config.num_labels
+        if problem is not None and problem != ("regression" if n == 1 else "single_label_classification"):
+            raise UserError(f"problem_type {shown(problem)} with {n} label(s) is not supported: bertforge's "
+                            "classifiers give a text one of several labels or, with one label, a score (regression)")
         # (a new model's default may lie outside a small vocabulary until its tokenizer's ids are adopted)
         if not 0 <= require_type(config.pad_token_id, int, "pad_token_id") < config.vocab_size:
             raise UserError(f"pad_token_id {config.pad_token_id} must be a token id below vocab_size "
