@@ -110,7 +110,7 @@ def main() -> int:
             train = ran["train"]
             row = {"case": a.case, "arm": name, "flags": flags, "seed": seed, metric: m[metric],
                    "batch_size": train["batch_size"], "lr": train["lr"], "epochs": train["epochs"],
-                   "max_seq_length": ran["data"]["max_seq_length"],
+                   "max_seq_length": ran["data"]["max_seq_length"], "precision": ran["impl"]["precision"],
                    "best_epoch": m.get("best_epoch"), "train_seconds": m.get("train_seconds")}
             print(json.dumps(row), flush=True)
             if made:

@@ -30,7 +30,8 @@ def test_a_run_cut_short_resumes_and_a_finished_one_is_read_back(tmp_path, monke
         out = pathlib.Path(cmd[cmd.index("--out") + 1])
         (out / "metrics.json").write_text(json.dumps({"f1": 0.5}))
         (out / "finetune_config.json").write_text(json.dumps({"finetune": {
-            "train": {"batch_size": 8, "lr": 5e-5, "epochs": 10}, "data": {"max_seq_length": 128}}}))
+            "train": {"batch_size": 8, "lr": 5e-5, "epochs": 10}, "data": {"max_seq_length": 128},
+                "impl": {"precision": "bf16"}}}))
         return subprocess.CompletedProcess(cmd, 0)
 
     monkeypatch.setattr(screen.subprocess, "run", run)
@@ -41,7 +42,8 @@ def test_a_run_cut_short_resumes_and_a_finished_one_is_read_back(tmp_path, monke
     assert ["--overwrite" in c for c in commands] == [True, False]
     assert ["--resume" in c for c in commands] == [False, True]
     assert all(c[-2:] == ["--epochs", "10"] for c in commands)
-    assert len((tmp_path / "out" / "wnut16" / "results.jsonl").read_text().splitlines()) == 2
+    rows = [json.loads(r) for r in (tmp_path / "out" / "wnut16" / "results.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 and all(r["precision"] == "bf16" for r in rows)  # what auto resolved to, per run
     commands.clear()
     assert screen.main() == 0 and commands == []  # finished: read back, not run again
     assert "median 0.5000" in capsys.readouterr().out
