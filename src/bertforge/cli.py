@@ -348,7 +348,7 @@ def _unknown(extra: list[str], a: argparse.Namespace) -> str:
 
 
 # the arguments that hold texts to predict on (predict's), as opposed to paths and settings
-TEXTS = ("text", "first", "second", "question", "context", "query")
+TEXTS = ("text", "first", "second", "question", "context", "query", "passage")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -3,6 +3,7 @@ computation, a folder sentence-transformers' CrossEncoder loads with our scores 
 `evaluate rerank` and `predict rerank`, and the errors of bad input (one line, nothing written)."""
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -210,10 +211,14 @@ def test_bad_input_is_one_error_line_and_writes_nothing(trained, tmp_path, capsy
     (tmp_path / "pos.jsonl").write_text(json.dumps({"query": "q", "positive": "a passage"}) + "\n")
     (tmp_path / "label.tsv").write_text("query\tpassage\tlabel\nq\ta passage\t2\n")
     (tmp_path / "empty.jsonl").write_text(json.dumps({"query": " ", "positive": "a", "negative": "b"}) + "\n")
+    (tmp_path / "score.tsv").write_text("query\tpassage\tscore\nq\ta passage\t1\nq\tanother\t0\n")
+    (tmp_path / "nohead.tsv").write_text("q\ta passage\t1\nq\tanother\t2\n")
     cases = [
         (["--train", str(tmp_path / "pos.jsonl"), "--negatives", "none"], "no query has a negative passage"),
         (["--train", str(tmp_path / "label.tsv")], "label '2' is not 0 or 1"),
         (["--train", str(tmp_path / "empty.jsonl")], "the query is empty"),
+        (["--train", str(tmp_path / "score.tsv")], "unknown header 'query\\tpassage\\tscore'"),
+        (["--train", str(tmp_path / "nohead.tsv")], "every row's third field is a number"),
         (["--train", squad, "--negatives", str(out)], "not an embeddings model"),
         (["--train", squad, "--first-stage", str(tmp_path)], "not a model folder"),
         (["--train", squad, "--range-min", "5", "--range-max", "5"], "must be below --range-max"),
@@ -228,13 +233,58 @@ def test_bad_input_is_one_error_line_and_writes_nothing(trained, tmp_path, capsy
     assert "not an embeddings model" in capsys.readouterr().err
     assert main(["predict", "rerank", "--model", base, "--query", "q", "a passage"]) == 2
     assert "no reranking head" in capsys.readouterr().err
+    # a passage of bytes that are not UTF-8 (a shell passes them as surrogates) is read as the query's are
+    assert main(["predict", "rerank", "--model", str(out), "--query", "q", "caf\udce9", "--json"]) == 0
+    assert "U+FFFD" in capsys.readouterr().err
+
+
+def test_an_older_cross_encoder_folders_activation_is_read_as_cross_encoder_reads_it(trained, tmp_path):
+    _, _, out = trained
+    legacy = tmp_path / "legacy"
+    shutil.copytree(out, legacy)
+    config = json.loads((legacy / "config.json").read_text())
+    del config["sentence_transformers"]  # (sentence-transformers before v4 named it at the top level)
+    config["sbert_ce_default_activation_function"] = "torch.nn.modules.linear.Identity"  # (without: a sigmoid)
+    (legacy / "config.json").write_text(json.dumps(config))
+    pairs = [("where does anna live", p) for p in PARAGRAPHS]
+    logits = pipeline("rerank", model=str(out), device="cpu").predict(pairs)  # (listwise: no activation)
+    assert np.array_equal(pipeline("rerank", model=str(legacy), device="cpu").predict(pairs), logits)
+
+
+def test_passages_of_the_same_text_tie_and_keep_the_first_stages_order():
+    from bertforge.tasks.rerank import rerank_figures
+    from bertforge.tasks.retrieval import RetrievalSet
+
+    rs = RetrievalSet(["q"], ["same", "other", "same"], [{2: 1}])
+    noise = iter([0.5, 0.1, 0.5 + 1e-7])  # what scoring the same pair twice, in other batches, can give
+
+    def score(queries, passages):
+        return np.asarray([next(noise) for _ in passages])
+
+    _, reranked = rerank_figures(rs, np.asarray([[0, 1, 2]]), score, 3)
+    assert reranked["mrr@10"] == 0.5  # the twin ranked first by BM25 stays first; scored once, not twice
+
+
+def test_bm25_keeps_every_hit_of_a_corpus_no_larger_than_the_depth(tmp_path):
+    from bertforge.tasks.rerank import read_retrieval_data
+    from bertforge.tasks.retrieval import bm25_ranked
+
+    beir = tmp_path / "beir"
+    (beir / "qrels").mkdir(parents=True)
+    docs = ["museum market tower", "museum market castle", "museum market bridge", "museum garden"]
+    (beir / "corpus.jsonl").write_text("".join(json.dumps({"_id": f"d{i}", "text": t}) + "\n"
+                                               for i, t in enumerate(docs)))
+    (beir / "queries.jsonl").write_text(json.dumps({"_id": "q0", "text": "museum market"}) + "\n")
+    (beir / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq0\td3\t1\n")
+    rs = read_retrieval_data(str(beir))
+    assert sorted(bm25_ranked(rs, 10)[0].tolist()) == [0, 1, 2, 3]
+    assert evaluate("retrieval", model="bm25", data=str(beir))["recall@10"] == 1.0
 
 
 def test_a_resumed_run_compares_its_mining_model_by_content(tmp_path, capsys):
     """Issue 66: --negatives and --first-stage name a model folder the run reads at its start, and --resume
     compares it by what it holds: another model under the same path is refused (it would mine other negatives),
     the same model under another path resumes."""
-    import shutil
 
     from safetensors.torch import load_file, save_file
 

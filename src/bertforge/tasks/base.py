@@ -102,12 +102,13 @@ class FinetuneTask:
 
     evaluate_data_help: ClassVar[str | None] = None  # what `evaluate NAME --data` reads
     evaluate_flags: ClassVar[tuple[str, ...] | None] = None  # the settings `evaluate NAME` takes (None: all)
+    evaluate_length: ClassVar[int | None] = None  # `evaluate NAME`'s tokens per input, where not the task's length
 
     @classmethod
     def evaluate_arguments(cls, p) -> None:
         """``evaluate NAME``'s flags (argparse ``p``): by default ``--model``, ``--data``, ``--max-seq-length`` (the
         task's length by default), ``--batch-size``, ``--device`` and :attr:`evaluate_settings`' flags."""
-        length = cls.defaults.get("max_seq_length", FinetuneConfig().data.max_seq_length)
+        length = cls.evaluate_length or cls.defaults.get("max_seq_length", FinetuneConfig().data.max_seq_length)
         p.add_argument("--model", required=True)
         p.add_argument("--data", required=True, help=cls.evaluate_data_help)
         p.add_argument("--max-seq-length", type=positive_int, help=f"default: {length}, or the model's positions if "

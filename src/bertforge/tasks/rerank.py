@@ -152,8 +152,11 @@ def _rows(path: str) -> list[tuple[str, dict]]:
                 for n, f in lines[1:]]
     if head[:2] == ["query", "positive"]:
         lines = lines[1:]
-    elif lines and all(len(f) == 3 and f[2].strip() in ("0", "1") for _, f in lines):
-        raise UserError(f"{path}: every row's third field is 0 or 1, labels read as negative passages without a "
+    elif head[:1] == ["query"]:  # (a header of other columns would be read as a query with its passages)
+        raise UserError(f"{path}:{lines[0][0]}: unknown header {shown(chr(9).join(lines[0][1]))}; expected "
+                        "query<TAB>passage<TAB>label or query<TAB>positive[<TAB>negative...]")
+    elif lines and all(len(f) == 3 and re.fullmatch(r"\s*[-+]?\d+(\.\d*)?\s*", f[2]) for _, f in lines):
+        raise UserError(f"{path}: every row's third field is a number, labels read as negative passages without a "
                         "header; a labelled file starts with query<TAB>passage<TAB>label")
     return [(f"{path}:{n}", {"query": f[0], "positive": f[1], "negatives": f[2:]}) if len(f) >= 2
             else _fields(path, n, f, "query<TAB>positive[<TAB>negative...]") for n, f in lines]
@@ -232,11 +235,11 @@ def _words(text: str) -> str:
     return " " + " ".join(re.findall(r"\w+", text.lower())) + " "
 
 
-def mine(groups: list[Group], corpus: list[str], s: RerankConfig) -> dict:
+def mine(groups: list[Group], corpus: list[str], s: RerankConfig, device: str = "auto") -> dict:
     """Add ``s.num_negatives`` mined negatives to each group (in place); what was mined, for metrics.json.  No
     passage a query already has is mined for it, whichever of its rows (a file of pairs) brings it."""
     rs = RetrievalSet([g.query for g in groups], corpus, [{} for _ in groups])
-    rows = first_stage_ranked(rs, s.negatives, s.range_max, "--negatives")
+    rows = first_stage_ranked(rs, s.negatives, s.range_max, "--negatives", device)
     known: dict[str, set[str]] = {}
     for g in groups:
         known.setdefault(g.query, set()).update(g.passages)
@@ -338,8 +341,12 @@ def rerank_figures(rs: RetrievalSet, ranked: np.ndarray, score_pairs, top_k: int
     ``top_k`` of each query reordered by ``score_pairs(queries, passages) -> scores`` and the rest left in its
     order (``ranked`` holds at least the figures' 10 a query: :func:`first_stage_depth`)."""
     cand = [[int(i) for i in row[:top_k] if i >= 0] for row in ranked]
-    qs = [rs.queries[q] for q, row in enumerate(cand) for _ in row]
-    scores = score_pairs(qs, [rs.corpus[i] for row in cand for i in row]) if qs else np.zeros(0)
+    pairs = [(rs.queries[q], rs.corpus[i]) for q, row in enumerate(cand) for i in row]
+    # each distinct pair scored once: passages of the same text tie exactly, and keep the first stage's order
+    # (scored apart, in other batches, they would differ in the last bits and be ordered by rounding)
+    once = list(dict.fromkeys(pairs))
+    score_of = dict(zip(once, score_pairs([q for q, _ in once], [p for _, p in once]))) if once else {}
+    scores = np.asarray([score_of[pair] for pair in pairs])
     reranked, at = [], 0
     for row, first in zip(cand, ranked):
         s = scores[at : at + len(row)]
@@ -362,6 +369,7 @@ class RerankTask(FinetuneTask):
     # not the width rule's rate: at it, and without a positive weight, a small model stayed at the base rate's loss
     # (docs/log/rerank.md has the runs)
     defaults = {"max_seq_length": 256, "batch_size": 8, "lr": 1e-4}
+    evaluate_length = Pipeline.default_length  # a pair as predict and CrossEncoder read it (the pipeline's)
     flag_notes = {"batch_size": "for rerank, in queries: each with its passages"}
 
     help = ("a cross-encoder reranker from queries and their passages (SQuAD JSON, JSONL, TSV), negatives mined by "
@@ -428,7 +436,7 @@ class RerankTask(FinetuneTask):
             val.append(retrieval_set(held, corpus, merge=not is_squad(dc.train_file)))
         if dc.max_train_examples:
             groups = groups[: dc.max_train_examples]
-        self.mined = mine(groups, corpus, s) if s.negatives != "none" else {}
+        self.mined = mine(groups, corpus, s, cfg.impl.device) if s.negatives != "none" else {}
         if not any(0 in g.labels for g in groups):
             raise UserError(f"{dc.train_file}: no query has a negative passage; give negatives in the file or mine "
                             "them (--negatives bm25, or an embeddings folder)")
@@ -574,7 +582,8 @@ class RerankPipeline(Pipeline):
         st = config.extra.get("sentence_transformers") or {}
         if not isinstance(st, dict):
             raise UserError(f"{self.dir}: config.json's sentence_transformers is {shown(st)}, not an object")
-        fn = st.get("activation_fn", SIGMOID)
+        # (as CrossEncoder reads it: before sentence-transformers v4 a folder named it at config.json's top level)
+        fn = st.get("activation_fn") or config.extra.get("sbert_ce_default_activation_function") or SIGMOID
         if fn not in (SIGMOID, IDENTITY):
             raise UserError(f"{self.dir}: activation {shown(fn)} is neither {SIGMOID} nor {IDENTITY}")
         self.sigmoid = fn == SIGMOID  # (as CrossEncoder: a one-label model without one is read through a sigmoid)
@@ -590,7 +599,7 @@ class RerankPipeline(Pipeline):
             return np.zeros(0, dtype=np.float32)
         logits = pair_logits(self.model, self._truncating, self.sp.pad, self.device, self.batch_size,
                              [p[0] for p in pairs], [p[1] for p in pairs], self.task if self.progress else None)
-        return 1 / (1 + np.exp(-logits)) if self.sigmoid else logits
+        return torch.sigmoid(torch.from_numpy(logits)).numpy() if self.sigmoid else logits
 
     def __call__(self, query: str, passages: list[str], top_k: int | None = None) -> list[dict]:
         """``[{"corpus_id", "score", "text"}]`` of ``passages`` for ``query``, best first (``CrossEncoder.rank``)."""

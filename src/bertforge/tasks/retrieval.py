@@ -233,16 +233,17 @@ def bm25_ranked(rs: RetrievalSet, k: int = TOP_K) -> np.ndarray:
         index.index(bm25s.tokenize(rs.corpus, stopwords=stop, show_progress=False), show_progress=False)
     except ValueError as e:  # (passages of stop words alone leave nothing to index)
         raise UserError(f"BM25 has nothing to index: the passages hold no word but stop words ({e})") from None
-    k = min(k + (rs.itself is not None), len(rs.corpus))  # (one more, for the query's own passage)
-    docs, scores = index.retrieve(bm25s.tokenize(rs.queries, stopwords=stop, show_progress=False), k=k,
+    depth = min(k + (rs.itself is not None), len(rs.corpus))  # (one more, for the query's own passage)
+    docs, scores = index.retrieve(bm25s.tokenize(rs.queries, stopwords=stop, show_progress=False), k=depth,
                                   show_progress=False)
     # a passage that shares no word with the query scores 0: it was not retrieved, whatever its place (-1: no hit)
     docs = np.where(np.asarray(scores) > 0, np.asarray(docs), -1)
     if rs.itself is None:
         return np.asarray(docs)
     # (a query that is no passage has no own passage to leave out: -1 there marks a slot without a hit)
-    return np.asarray([[d for d in row if own < 0 or d != own][: k - 1] for row, own in zip(np.asarray(docs),
-                                                                                          rs.itself)])
+    rows = [[d for d in row if own < 0 or d != own] for row, own in zip(np.asarray(docs), rs.itself)]
+    width = min(k, depth)  # (a row without its own passage among its hits keeps them all; -1 pads the others)
+    return np.asarray([(row + [-1] * width)[:width] for row in rows])
 
 
 BM25_SETTINGS = {"k1": 1.5, "b": 0.75, "method": "lucene", "stopwords": "en"}
