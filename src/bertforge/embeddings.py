@@ -21,7 +21,7 @@ from tokenizers import Tokenizer
 
 from .errors import UserError, shown
 from .evaluation import by_length
-from .files import json_object_or_none, read_json
+from .files import json_object_or_none, read_json, read_json_object
 from .tokenizer import copy_of
 
 POOLINGS = ("mean", "cls")
@@ -71,8 +71,18 @@ def read_settings(path: str) -> EmbeddingSettings | None:
         raise UserError(f"{path}: pooling {shown(mode)} in {pooling_path or '.'}/config.json; bertforge embeds by the "
                         "mean or the [CLS] token")
     settings.pooling = mode
-    d = json_object_or_none(os.path.join(path, "sentence_bert_config.json")) or {}
+    # (as SentenceTransformer reads these: a file it cannot read is no file to skip)
+    sbc = os.path.join(path, "sentence_bert_config.json")
+    d = read_json_object(sbc, "sentence-transformers settings") if os.path.isfile(sbc) else {}
     settings.do_lower_case = bool(d.get("do_lower_case", False))
+    if d.get("max_seq_length") is not None and not (isinstance(d["max_seq_length"], int) and d["max_seq_length"] > 0):
+        raise UserError(f"{sbc}: max_seq_length {shown(d['max_seq_length'])} is not a positive integer")
+    st = os.path.join(path, "config_sentence_transformers.json")
+    prompt = (read_json_object(st, "sentence-transformers settings") if os.path.isfile(st) else {}) \
+        .get("default_prompt_name")
+    if prompt is not None:
+        raise UserError(f"{st}: a default prompt ({shown(prompt)}) goes before every text in sentence-transformers; "
+                        "bertforge embeds texts as they are given")
     # the classic key; 6.x keeps the length as the tokenizer's model_max_length
     for length in (d.get("max_seq_length"), (json_object_or_none(os.path.join(path, "tokenizer_config.json")) or {})
                    .get("model_max_length")):

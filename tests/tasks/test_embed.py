@@ -230,6 +230,21 @@ def test_sentence_transformers_settings_classic_and_6x(tmp_path):
     with pytest.raises(UserError, match="bertforge embeds by the mean or the"):
         read_settings(str(tmp_path))
     assert read_settings(str(tmp_path / "1_Pooling")) is None  # no modules.json: a plain BERT directory
+    # what sentence-transformers would read otherwise: a file it cannot read, a length, a prompt before every text
+    (tmp_path / "1_Pooling" / "config.json").write_text('{"pooling_mode": "mean"}')
+    for text, message in (("{bad", "malformed JSON"), ('{"max_seq_length": -5}', "-5 is not a positive integer"),
+                          ('{"max_seq_length": "64"}', "'64' is not a positive integer")):
+        (tmp_path / "sentence_bert_config.json").write_text(text)
+        with pytest.raises(UserError, match=message):
+            read_settings(str(tmp_path))
+    (tmp_path / "sentence_bert_config.json").write_text('{"max_seq_length": 64}')
+    (tmp_path / "config_sentence_transformers.json").write_text('{"prompts": {"query": "query: "}, '
+                                                                '"default_prompt_name": null}')
+    assert read_settings(str(tmp_path)).max_seq_length == 64
+    (tmp_path / "config_sentence_transformers.json").write_text('{"prompts": {"query": "query: "}, '
+                                                                '"default_prompt_name": "query"}')
+    with pytest.raises(UserError, match="a default prompt"):
+        read_settings(str(tmp_path))
 
 
 # ------------------------------------------------------------------------------------------------ fine-tuning

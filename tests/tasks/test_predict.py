@@ -78,6 +78,15 @@ def test_classify_pipeline_equals_transformers(tmp_path):
         assert [x["label"] for x in o] == [x["label"] for x in t]
         assert max(abs(x["score"] - y["score"]) for x, y in zip(o, t)) < 1e-5
     assert bertforge.pipeline("classify", model=str(tmp_path / "c"))(texts[0], top_k=1)["label"] == ours[0][0]["label"]
+    # one label: a score, through a sigmoid, and a regression's as it is (not a softmax over one label: 1.0)
+    for problem in (None, "regression"):
+        one = tmp_path / f"one-{problem}"
+        config = BertConfig.preset("tiny", vocab_size=tok.get_vocab_size(), id2label={0: "LABEL_0"})
+        config.extra["problem_type"] = problem
+        BertForSequenceClassification(config).save_pretrained(str(one), tokenizer=tok)
+        theirs = transformers.pipeline("text-classification", model=str(one))(texts[:4])
+        ours = bertforge.pipeline("classify", model=str(one))(texts[:4])
+        assert max(abs(o["score"] - t["score"]) for o, t in zip(ours, theirs)) < 1e-5, problem
 
 
 def test_qa_equals_finetuning_postprocessing_on_real_minilm(minilm_dir, tmp_path, capsys):

@@ -429,9 +429,14 @@ class ClassifyPipeline(Pipeline):
         texts, pairs = paired(texts, pairs, "pairs") if pairs is not None else ([texts] if single else texts, None)
         labels = [self.config.id2label[i] for i in sorted(self.config.id2label)]
 
+        regression = self.config.extra.get("problem_type") == "regression"
+
+        def scored(logits):  # as transformers' pipeline: one label is a score, through a sigmoid but a regression's
+            return logits.softmax(-1) if len(labels) > 1 else logits if regression else logits.sigmoid()
+
         def fn(out, b):
             rows = []
-            for p in out.logits.float().softmax(-1).tolist():
+            for p in scored(out.logits.float()).tolist():
                 if top_k != 1:
                     ranked = sorted(range(len(p)), key=lambda i: -p[i])[:top_k]
                     rows.append([{"label": labels[i], "score": p[i]} for i in ranked])
