@@ -103,7 +103,7 @@ def _walk_texts(top: str) -> list[str]:
             dirs[:] = []
             continue
         dirs[:] = [d for d in dirs if not d.startswith(".")]
-        found += [os.path.join(root, f) for f in names if f.endswith(TEXT_SUFFIXES) and not f.startswith(".")]
+        found += [os.path.join(root, f) for f in names if f.lower().endswith(TEXT_SUFFIXES) and not f.startswith(".")]
     return sorted(found)
 
 
@@ -330,13 +330,14 @@ def sentences_of(doc_separator: str, path: str):
 
 
 def _is_text_file(path: str) -> bool:
-    base = path[:-3] if path.endswith(".gz") else path
-    return not (path.startswith("hf:") or path.endswith(".parquet") or base.endswith((".jsonl", ".json")))
+    low = path.lower()  # (DATA.JSONL is JSON lines as data.jsonl is)
+    base = low[:-3] if low.endswith(".gz") else low
+    return not (path.startswith("hf:") or low.endswith(".parquet") or base.endswith((".jsonl", ".json")))
 
 
 def line_based(path: str, doc_separator: str) -> bool:
     """Whether a file can be cut into parts at line boundaries (a document never spans a line break)."""
-    if path.startswith("hf:") or path.endswith((".parquet", ".gz")):
+    if path.startswith("hf:") or path.lower().endswith((".parquet", ".gz")):
         return False
     return not _is_text_file(path) or doc_separator in ("line", "blank-line")
 
@@ -345,7 +346,7 @@ def read_part(path: str, start: int = 0, end: int | None = None, text_field: str
               doc_separator: str = "file", seen=None) -> Iterator[str | None]:
     """The paragraphs of bytes ``[start, end)`` of ``path`` (the whole input when ``end`` is None), END after
     each document.  ``seen(data)`` is called with every block of bytes read, in order (a checksum, progress)."""
-    if path.startswith("hf:") or path.endswith(".parquet"):
+    if path.startswith("hf:") or path.lower().endswith(".parquet"):
         texts = _hf_texts(path, text_field) if path.startswith("hf:") else _parquet_texts(path, text_field)
         yield from _documents_of(texts)
         return

@@ -37,7 +37,7 @@ def read_text(path: str, what: str = "file") -> str:
     """A whole text file (``.gz`` decompressed) as UTF-8."""
     require_file(path, what)
     try:
-        if path.endswith(".gz"):
+        if path.lower().endswith(".gz"):
             with gzip.open(path, "rb") as f:
                 data = f.read()
         else:
@@ -68,7 +68,14 @@ def _repaired(obj: Any) -> tuple[Any, bool]:
 def _loads(text: str, where: Callable[[], str]) -> Any:
     """``json.loads``, with a lone surrogate escape (``"\\ud83d"``: a text cut inside an emoji) read as U+FFFD and
     warned about naming ``where()``: no string that UTF-8 cannot encode reaches the tokenizer."""
-    obj = json.loads(text)
+    try:
+        obj = json.loads(text)
+    except RecursionError:  # (arrays nested thousands deep)
+        raise json.JSONDecodeError("nested too deeply", text, 0) from None
+    except ValueError as e:  # (an integer of more digits than Python converts)
+        if isinstance(e, json.JSONDecodeError):
+            raise
+        raise json.JSONDecodeError(str(e).split(":")[0], text, 0) from None
     if "\\u" not in text:  # (a surrogate only comes from an escape: the text itself is valid UTF-8)
         return obj
     obj, changed = _repaired(obj)
@@ -106,7 +113,7 @@ def json_lines(lines: Iterable[str], path: str, before: Callable[[], int] = lamb
 def text_lines(path: str, start: int = 0, end: int | None = None, seen=None) -> Iterator[str]:
     """The lines (each with its line feed) of bytes ``[start, end)``, decoded as UTF-8 block by block; a byte-order
     mark at the file's start is dropped; invalid UTF-8 names its byte offset and line in the file."""
-    opener = gzip.open if path.endswith(".gz") else open
+    opener = gzip.open if path.lower().endswith(".gz") else open
     offset, newlines, carry = start, 0, b""
     try:
         with opener(path, "rb") as f:

@@ -384,6 +384,7 @@ def prepare_corpus(data: list[str], tok: Tokenizer, out: str, reading: Reading =
             Output(out, KIND, overwrite=True, flag=flag).check()  # the rule: never files bertforge did not write
             shutil.rmtree(out)
         created = not os.path.lexists(out)
+        was_empty = not created and os.path.isdir(out) and not os.listdir(out)  # (a folder the user made for it)
         t0 = time.monotonic()
         try:
             _start_folder(out, tok)
@@ -396,8 +397,10 @@ def prepare_corpus(data: list[str], tok: Tokenizer, out: str, reading: Reading =
             raise KeyboardInterrupt(f"interrupted; the shards prepared so far are kept in {out}: the same command "
                                     "finishes the preparation") from None
         except Exception as e:  # bad input, a full disk: a folder this call made is removed, none is half-written
-            if created:
+            if created or was_empty:
                 shutil.rmtree(out, ignore_errors=True)
+                if was_empty:  # (as it was)
+                    os.makedirs(out, exist_ok=True)
             code = write_failure(e)
             if code is not None and not getattr(e, "filename", None):  # (a worker's write: the folder named)
                 raise OSError(code, os.strerror(code), out) from None

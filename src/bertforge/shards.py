@@ -108,6 +108,9 @@ class TokenizedCorpus:
                 raise ValueError(f"shard {s['name']}: the boundaries do not end with the arrays")
         if not self.n_documents or not self.n_tokens:
             raise ValueError("the prepared corpus holds no tokens")
+        held = self.held_out()
+        if held is not None and (held.ndim != 1 or not all(0 <= d < self.n_documents for d in held.tolist())):
+            raise ValueError("the held-out documents are not documents of the corpus")
 
     @property
     def n_documents(self) -> int:
@@ -198,7 +201,7 @@ def open_prepared(folder: str) -> TokenizedCorpus:
     try:
         corpus = TokenizedCorpus(folder)
         corpus.check()
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:  # (a manifest of other shapes)
         raise UserError(f"the prepared corpus {folder} is damaged ({' '.join(str(e).split())[:200]}); prepare it "
                         "again") from None
     return corpus

@@ -277,12 +277,26 @@ def load_tokenizer(path: str) -> Tokenizer:
         lower = bool(cfg.get("do_lower_case", True))
         strip = cfg.get("strip_accents")
         kind = cfg.get("bertforge_tokenizer_model", "wordpiece")
-        tok = from_vocab(_read_vocab_txt(vocab_txt), kind, lowercase=lower, strip_accents=strip)
+        tok = from_vocab(_unrepeated(_read_vocab_txt(vocab_txt), vocab_txt), kind, lowercase=lower, strip_accents=strip)
     else:
         raise UserError(f"no tokenizer in {path}: expected tokenizer.json or vocab.txt")
     special_ids(tok)  # fail early on a vocabulary without BERT's special tokens
     _check_ids(tok, tok_json if tok_json and os.path.isfile(tok_json) else vocab_txt)
     return tok
+
+
+def _unrepeated(lines: list[str], path: str) -> list[str]:
+    """vocab.txt's tokens, a repeated line's first place named ``[unused-repeat-ID]``: a token's id is its last
+    line's, as transformers reads it (some published vocabularies repeat a line), and every id keeps a token,
+    so that the tokenizer saved from it (tokenizer.json, vocab.txt) reads back as the same vocabulary."""
+    last = {t: i for i, t in enumerate(lines)}
+    out = list(lines)
+    for i, t in enumerate(lines):
+        if last[t] != i:
+            logging.getLogger("bertforge").warning("%s lists %s twice (lines %d and %d): id %d is read as no token, "
+                                                   "as in transformers", path, shown(t), i + 1, last[t] + 1, i)
+            out[i] = f"[unused-repeat-{i}]"
+    return out
 
 
 def _check_ids(tok: Tokenizer, path: str) -> None:
@@ -291,16 +305,6 @@ def _check_ids(tok: Tokenizer, path: str) -> None:
     ids = sorted(tok.get_vocab(with_added_tokens=True).values())
     if ids == list(range(len(ids))):
         return
-    if path.endswith(".txt"):  # from_vocab kept a repeated line's last id, as transformers' tokenizers do
-        lines = _read_vocab_txt(path)
-        first: dict[str, int] = {}
-        for i, t in enumerate(lines, 1):
-            if t in first:  # (some published vocabularies repeat a line: read as transformers reads them)
-                logging.getLogger("bertforge").warning(
-                    "%s lists %s twice (lines %d and %d): id %d has no token, as in transformers", path, shown(t),
-                    first[t], i, first[t] - 1)
-                return
-            first[t] = i
     gap = next(i for i, j in enumerate(ids) if i != j)
     raise UserError(f"{path}: the vocabulary's ids are not 0 to {len(ids) - 1}, one token each (no token has id {gap}, "
                     f"the largest is {ids[-1]})")

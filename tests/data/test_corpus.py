@@ -83,6 +83,15 @@ def test_bad_input(tmp_path):
     bad.write_text('{"text": "fine"}\n{"text": oops}\n')
     with pytest.raises(UserError, match=r"bad\.jsonl:2: not valid JSON"):
         list(iter_documents([str(bad)]))
+    for text, said in (("[" * 100_000 + "]" * 100_000, "nested too deeply"), ("1" * 5000, "Exceeds the limit")):
+        bad.write_text(text + "\n")  # (json.loads raises other errors than JSONDecodeError on these)
+        with pytest.raises(UserError, match=rf"bad\.jsonl:1: not valid JSON \({said}"):
+            list(iter_documents([str(bad)]))
+    # an upper-case suffix is the same format, read alone or found in a folder
+    (tmp_path / "up").mkdir()
+    (tmp_path / "up" / "UP.JSONL").write_text('{"text": "One doc."}\n{"text": "Two docs."}\n')
+    assert len([d for d in iter_documents([str(tmp_path / "up" / "UP.JSONL")])]) == 2
+    assert len([d for d in iter_documents([str(tmp_path / "up")])]) == 2
     nofield = tmp_path / "nofield.jsonl"
     nofield.write_text('{"body": "x"}\n')
     with pytest.raises(UserError, match="nofield.jsonl:1: no field 'text'"):

@@ -359,6 +359,15 @@ def test_a_damaged_shard_is_prepared_again_and_bad_input_leaves_nothing(small_te
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and said in err, err
         assert not (tmp_path / "new").exists() and not [p for p in os.listdir(tmp_path) if p.startswith(".new")]
+    (tmp_path / "new").mkdir()  # a folder made for it is left as it was: empty
+    _prepare(["--data", str(tmp_path / "bad.jsonl"), "--tokenizer", minilm_dir], tmp_path, name="new", expect=2)
+    assert os.listdir(tmp_path / "new") == [] and "field 'text'" in capsys.readouterr().err
+    # a damaged manifest of another shape is one error line, not a traceback
+    manifest = json.loads((out / "manifest.json").read_text())
+    for damaged in ([1], {**manifest, "held_out": "x"}, {**manifest, "held_out": {"documents": [10**6]}}):
+        (out / "manifest.json").write_text(json.dumps(damaged))
+        with pytest.raises(UserError, match="is damaged"):
+            build_corpus([str(out)], load_tokenizer(minilm_dir))
 
 
 def test_a_prepared_folder_is_recognised_by_every_command_that_takes_a_corpus(small_text_corpus, minilm_dir,
