@@ -495,10 +495,10 @@ class PretrainingLoader:
 
 
 def eval_batches(corpus: TokenizedCorpus, doc_ids: np.ndarray, masker: Masker, batch_size: int, seed: int,
-                 max_instances: int = 2048, random_pool: np.ndarray | None = None) -> list[dict]:
-    """A fixed evaluation set: instances and masks from the held-out documents, the same every time."""
-    pool = doc_ids if random_pool is None or len(doc_ids) > 1 else random_pool
-    loader = PretrainingLoader(corpus, doc_ids, masker, 1, seed + 1_000_003, random_pool=pool)
+                 max_instances: int = 2048) -> list[dict]:
+    """A fixed evaluation set: instances and masks from the held-out documents, the same every time.  Every
+    segment is held-out text, NotNext's too: with one document held out, a random sentence of its own."""
+    loader = PretrainingLoader(corpus, doc_ids, masker, 1, seed + 1_000_003)
     inst, order = loader.instances(0)
     idx = order[:max_instances]
     return [loader.build(0, idx[i : i + batch_size]) for i in range(0, len(idx), batch_size)]
@@ -584,9 +584,8 @@ class PretrainingData:
 
     def eval_set(self) -> list[dict]:
         dc, t = self.cfg.data, self.cfg.train
-        pool = self.train_docs if self.eval_corpus is self.corpus else None
         return eval_batches(self.eval_corpus, self.eval_docs, self.masker, max(self.micro, 32), t.seed,
-                            dc.max_eval_instances, random_pool=pool)
+                            dc.max_eval_instances)
 
     def most_frequent_token(self, sample: int = 20_000_000) -> int:
         """The accuracy of always predicting it is the baseline that evaluation reports."""

@@ -417,3 +417,31 @@ def test_a_single_held_out_text_is_cut_into_parts_for_next_sentence_prediction(s
     data = PretrainingData(cfg, story_tokenizer, Dist(), False)
     assert data.eval_corpus.n_documents > 1 and len(data.eval_docs) == data.eval_corpus.n_documents
     assert data.eval_set()  # (its instances draw their random next segments from the other parts)
+
+
+def test_a_single_held_out_document_scores_none_of_the_training_text(tmp_path):
+    """With one document held out, NotNext segments came from the training documents: text the model trains
+    on was masked and scored as held-out. Every segment is the held-out document's now."""
+    import json
+
+    from bertforge.config import PretrainConfig
+    from bertforge.data import PretrainingData
+    from bertforge.devices import Dist
+    from bertforge.tokenizer import special_ids, train_vocabulary
+
+    docs = [[f"w{d}x{s}a w{d}x{s}b w{d}x{s}c w{d}x{s}d." for s in range(12)] for d in range(20)]  # words of one doc
+    (tmp_path / "c.jsonl").write_text("".join(json.dumps({"text": " ".join(d)}) + "\n" for d in docs))
+    tok = train_vocabulary([" ".join(d) for d in docs], 2000, kind="wordlevel", min_frequency=1)
+    cfg = PretrainConfig()
+    cfg.data.data, cfg.data.cache_dir, cfg.data.max_seq_length, cfg.data.nsp = [str(tmp_path / "c.jsonl")], \
+        str(tmp_path / "cache"), 32, True
+    cfg.train.batch_size = 4
+    data = PretrainingData(cfg, tok, Dist(), False)
+    assert len(data.eval_docs) == 1
+    held = int(data.eval_docs[0])
+    own = {tok.token_to_id(w) for s in docs[held] for w in s.rstrip(".").split()} | {tok.token_to_id(".")}
+    specials = set(special_ids(tok).as_set())
+    for batch in data.eval_set():
+        original = torch.where(batch["labels"] != -100, batch["labels"], batch["input_ids"])
+        seen = set(original[batch["attention_mask"].bool()].tolist()) - specials
+        assert seen <= own, sorted(tok.id_to_token(i) for i in seen - own)[:5]
