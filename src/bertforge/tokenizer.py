@@ -147,8 +147,9 @@ def train_vocabulary(
     length: int | None = None,
     show_progress: bool = False,
 ) -> Tokenizer:
-    """Learn a vocabulary of at most ``vocab_size`` tokens (special tokens included, at ids 0-4), the same one
-    for the same text in every process.
+    """Learn a vocabulary of ``vocab_size`` tokens (special tokens included, at ids 0-4), or of more where the
+    text's characters and their ``##`` continuations are more (warned), the same one for the same text in every
+    process.
 
     ``texts`` is read twice for WordPiece: give a list or a re-iterable (:func:`bertforge.corpus.iter_texts`); a
     one-shot iterator is held in memory.  The ``tokenizers`` WordPiece trainer numbers the ``##`` continuations
@@ -172,6 +173,10 @@ def train_vocabulary(
                      length)
     if len(learned) <= len(SPECIAL_TOKENS):
         raise UserError("no vocabulary could be learned: the training text is empty")
+    if len(learned) > vocab_size:  # (WordPiece keeps every character of the text, and its ## continuation)
+        logging.getLogger("bertforge").warning(
+            "the vocabulary holds %d tokens, more than the %d asked: the text's characters alone (with their ## "
+            "continuations) are that many", len(learned), vocab_size)
     # Rebuild from the learned vocabulary so that a trained and a loaded tokenizer are configured alike: the
     # special tokens first, then the others sorted (the trainers order tokens of equal frequency as a hash map
     # iterates), so that the same text gives the same vocabulary file.

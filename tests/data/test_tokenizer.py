@@ -129,12 +129,18 @@ def test_load_errors(tmp_path):
         load_tokenizer(str(tmp_path / "v"))
 
 
-def test_cli_tokenizer_train(tmp_path, small_text_corpus):
+def test_cli_tokenizer_train(tmp_path, small_text_corpus, capsys):
     from bertforge.cli import main
 
     rc = main(["tokenizer", "train", "--input", str(small_text_corpus), "--vocab-size", "200", "--out", str(tmp_path / "tok"), "--model", "wordlevel"])
     assert rc == 0
     assert load_tokenizer(str(tmp_path / "tok")).get_vocab_size() <= 200
+    assert "more than the" not in capsys.readouterr().err
+    # WordPiece keeps every character (and its ## continuation): a size below that is exceeded, and said
+    assert main(["tokenizer", "train", "--input", str(small_text_corpus), "--vocab-size", "20", "--out",
+                 str(tmp_path / "small")]) == 0
+    n = load_tokenizer(str(tmp_path / "small")).get_vocab_size()
+    assert n > 20 and f"the vocabulary holds {n} tokens, more than the 20 asked" in capsys.readouterr().err
     assert main(["tokenizer", "train", "--input", str(tmp_path / "nope.txt"), "--vocab-size", "200", "--out", str(tmp_path / "x")]) == 2
     assert not (tmp_path / "x").exists()
 
