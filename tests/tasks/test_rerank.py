@@ -223,9 +223,15 @@ def test_bad_input_is_one_error_line_and_writes_nothing(trained, tmp_path, capsy
         (["--train", squad, "--first-stage", str(tmp_path)], "not a model folder"),
         (["--train", squad, "--range-min", "5", "--range-max", "5"], "must be below --range-max"),
     ]
+    mismatched = tmp_path / "mismatched"  # (found before mining, whose line came before the error's)
+    shutil.copytree(base, mismatched)
+    config = json.loads((mismatched / "config.json").read_text())
+    (mismatched / "config.json").write_text(json.dumps({**config, "vocab_size": config["vocab_size"] + 1}))
+    cases.append((["--train", squad, "--model", str(mismatched)], "do not belong together"))
     for flags, message in cases:
         target = tmp_path / "run"
-        assert main(["finetune", "rerank", "--model", base, "--out", str(target), "--no-progress", *flags]) == 2
+        assert main(["finetune", "rerank", "--model", base, "--out", str(target), "--no-progress",
+                     "--max-seq-length", "48", *flags]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], (flags, err)
         assert not target.exists()

@@ -111,11 +111,12 @@ def finetune(task: FinetuneTask, cfg: FinetuneConfig, overwrite: bool = False, r
         if own and d.is_main:
             log.info("resuming from the run's own copy of its base model's config and tokenizer (%s)", base)
         reading = dataclasses.replace(cfg, model=base) if own else cfg
-        task.read(reading)  # (no line before: a file that cannot be read is one error line, and nothing else)
+        # the base model's checks first: reading may take long (rerank mines negatives) and says what it did
         tok = load_tokenizer(base)
         model_class = head_class(config, task.model_class, base)  # the task's head, of the folder's family
         check_vocab_fits(tok, config.vocab_size, base)
         check_max_seq_length(config, cfg.data.max_seq_length, base)
+        task.read(reading)  # (no line before: a file that cannot be read is one error line, and nothing else)
         reinit_head = task.configure(config)
         if d.is_main:  # a line as each long set-up phase starts: a large file takes a while to tokenize
             log.info("tokenizing the examples (--max-seq-length %d%s)", cfg.data.max_seq_length,
