@@ -96,10 +96,11 @@ def split_paragraph(p: str) -> list[str]:
 def _walk_texts(top: str) -> list[str]:
     """The text files under directory ``top``, sorted.  Hidden files and folders are passed over, and so is
     any folder below ``top`` that bertforge wrote (it holds the output marker): a run's own files (a tokenizer's
-    vocab.txt, a pretraining run's metrics.jsonl, a half-written temporary folder) are never its input."""
+    vocab.txt, a pretraining run's metrics.jsonl, a half-written temporary folder) are never its input; nor is a
+    prepared folder copied without its marker (:func:`is_prepared_folder`)."""
     found = []
     for root, dirs, names in os.walk(top):
-        if root != top and MARKER in names:
+        if root != top and (MARKER in names or is_prepared_folder(root)):
             dirs[:] = []
             continue
         dirs[:] = [d for d in dirs if not d.startswith(".")]

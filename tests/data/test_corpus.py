@@ -192,3 +192,9 @@ def test_every_command_that_reads_a_folder_passes_over_bertforge_outputs_inside_
     outputs = [p for p in dt.iterdir() if (p / MARKER).is_file()]
     assert sorted(p.name for p in outputs) == ["chapter2", "notes", "texts"]
     assert read and {os.path.dirname(f) for f in read} == {str(dt), str(clean)}, sorted(set(read))
+    # a prepared folder copied without its marker (cp -r prep/* dst/) is no text either
+    (dt / "copy").mkdir()
+    for p in (dt / "chapter2").iterdir():
+        if p.name != MARKER:
+            (shutil.copytree if p.is_dir() else shutil.copy)(p, dt / "copy" / p.name)
+    assert str(dt / "copy" / "vocab.txt") not in real([str(dt)])
