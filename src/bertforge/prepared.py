@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import hashlib
+import json
 import logging
 import multiprocessing
 import os
@@ -268,7 +269,7 @@ def prepare_part(job: dict) -> dict:
     os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp makes it private: a shared corpus follows the umask
     try:
         record = _fill_shard(tmp, tok, reading, job)
-        record["identity"] = job["identity"]
+        record["identity"], record["drops"] = job["identity"], _drops_digest(job)
         atomic_write_json(os.path.join(tmp, "record.json"), record, faults=False)
         if os.path.lexists(final):  # a shard of another plan (an input changed)
             shutil.rmtree(final)
@@ -483,7 +484,7 @@ def _run_parts(out: str, files: list[str], tok: Tokenizer, reading: Reading, wor
     vocab = tok.get_vocab_size(with_added_tokens=True)
     dtype = "uint16" if vocab <= 65536 else "uint32"
     records: list[dict | None] = []
-    jobs = []
+    jobs, every = [], []
     for k, part in enumerate(parts):
         name, read = f"{k:05d}", segments(part, files)
         identity = [list(signature[p["input"]]) for _, p in read]
@@ -491,13 +492,19 @@ def _run_parts(out: str, files: list[str], tok: Tokenizer, reading: Reading, wor
                "reading": asdict(reading), "dtype": dtype, "folder": os.path.join(out, "shards", name), "name": name}
         done = _finished_record(job["folder"], job)
         records.append(done)
+        every.append(job)
         if done is None:
             jobs.append(job)
     if len(jobs) < len(parts):
         log.info("%d of %d shards already prepared in %s: preparing the others", len(parts) - len(jobs), len(parts),
                  out)
-    if jobs and reading.dedup:
-        _assign_drops(out, parts, records, jobs, tok, workers)
+    if jobs and reading.dedup:  # a part's drops depend on the parts before it: a finished shard may need redoing
+        _assign_drops(out, parts, records, every, tok, workers)
+        for k, job in enumerate(every):
+            if records[k] is not None and records[k].get("drops") != _drops_digest(job):
+                records[k] = None
+                jobs.append(job)
+        jobs.sort(key=lambda j: j["name"])
     sizes = {id(j): _part_size(j) for j in jobs}
     if jobs:  # (the phase's first line: a large corpus takes minutes before the run's next)
         log.info("tokenizing %.1f MB of text in %d shard(s) into %s", sum(sizes.values()) / 1e6, len(jobs), out)
@@ -513,6 +520,13 @@ def _run_parts(out: str, files: list[str], tok: Tokenizer, reading: Reading, wor
     for k, r in enumerate(records):
         r["name"] = f"{k:05d}"
     return records, [records[int(j["name"])] for j in jobs]
+
+
+def _drops_digest(job: dict) -> str | None:
+    """What ``--dedup`` leaves out of a part, which the parts before it decide (None without --dedup)."""
+    if job.get("drop") is None:
+        return None
+    return hashlib.sha256(json.dumps([sorted(d) for d in job["drop"]]).encode()).hexdigest()
 
 
 def _finished_record(folder: str, job: dict) -> dict | None:

@@ -233,6 +233,23 @@ def test_duplicates_are_counted_and_dropped_with_dedup(minilm_dir, tmp_path):
     assert by_bucket == {**m, "dropped": False}
 
 
+def test_dedup_prepares_a_later_shard_again_when_an_earlier_input_changed(minilm_dir, tmp_path, monkeypatch):
+    """What --dedup drops from a part depends on the parts before it: a finished later shard whose drops changed
+    with an earlier input was kept, with the old input's duplicate still left out."""
+    monkeypatch.setattr(prepared_module, "MIN_PART_BYTES", 40)
+    monkeypatch.setattr(prepared_module, "PART_BYTES", 40)
+    tok, reading = load_tokenizer(minilm_dir), Reading(doc_separator="line", dedup=True)
+    a, b = tmp_path / "A.txt", tmp_path / "B.txt"
+    a.write_text("The cat sat on the mat.\nThe dog ran in the park.\n")
+    b.write_text("The bird sang a song.\nThe cat sat on the mat.\n")  # its second line: A's first
+    assert prepare_corpus([str(a), str(b)], tok, str(tmp_path / "out"), reading, workers=1).n_documents == 3
+    a.write_text("The fish swam in the pond.\nThe dog ran in the park.\n")  # no longer
+    os.utime(a, (1, 1))
+    resumed = prepare_corpus([str(a), str(b)], tok, str(tmp_path / "out"), reading, workers=1)
+    fresh = prepare_corpus([str(a), str(b)], tok, str(tmp_path / "fresh"), reading, workers=1)
+    assert resumed.n_documents == fresh.n_documents == 4 and resumed.identity() == fresh.identity()
+
+
 def test_bad_input_is_one_error_naming_the_line(minilm_dir, tmp_path, monkeypatch, capsys):
     """A malformed line in a later part of a file names its line in the whole file."""
     monkeypatch.setattr(prepared_module, "MIN_PART_BYTES", 500)
