@@ -348,3 +348,13 @@ def test_a_squad_question_is_its_own_query_as_evaluate_retrieval_counts_it(tmp_p
     (tmp_path / "p.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     rs = read_retrieval_data(str(tmp_path / "p.jsonl"))
     assert rs.queries == ["who lives near the old market"] and rs.relevant == [{0: 1, 1: 1}]
+
+
+def test_bce_weighs_positives_by_the_files_own_negatives_when_none_are_mined():
+    from bertforge.tasks.rerank import RerankTask
+
+    task = RerankTask(RerankConfig(negatives="none", loss="bce"))  # (--num-negatives 5 has nothing to do here)
+    task.groups = [Group("q1", ["a", "b", "c"], [1, 0, 0]), Group("q2", ["d", "e", "f", "g"], [1, 1, 0, 0])]
+    assert task.pos_weight == 4 / 3
+    assert RerankTask(RerankConfig(loss="bce")).pos_weight == 5.0  # mined: --num-negatives per positive
+    assert RerankTask(RerankConfig(negatives="none", loss="bce", pos_weight=2.0)).pos_weight == 2.0

@@ -73,8 +73,9 @@ class RerankConfig:
                                     "is the logit); bce: binary cross-entropy of every pair (the score is the "
                                     "sigmoid of the logit)", choices=("listwise", "bce"))
     pos_weight: float | None = setting(None, "bce: the weight of a positive pair's loss (sentence-transformers' "
-                                            "pos_weight); default: --num-negatives, so that a query's positive and its "
-                                            "negatives weigh alike", check="positive")
+                                            "pos_weight); default: --num-negatives (with --negatives none, the file's "
+                                            "negatives per positive), so that positives and negatives weigh alike",
+                                 check="positive")
     first_stage: str = setting("bm25", "the first stage whose top k the reranker reorders when it is scored: bm25 or "
                                        "an embeddings model folder", by_content=True)
     top_k: int = setting(20, "passages of the first stage the reranker reorders", check="positive")
@@ -472,7 +473,12 @@ class RerankTask(FinetuneTask):
     @property
     def pos_weight(self) -> float:
         s = self.settings
-        return s.pos_weight if s.pos_weight is not None else float(s.num_negatives)
+        if s.pos_weight is not None:
+            return s.pos_weight
+        if s.negatives != "none":
+            return float(s.num_negatives)
+        labels = [label for g in self.groups for label in g.labels]  # (the file's own: none are mined)
+        return labels.count(0) / max(labels.count(1), 1)
 
     def encode(self, tok: Tokenizer, cfg: FinetuneConfig):
         self.tok = copy_of(tok, cfg.data.max_seq_length)
