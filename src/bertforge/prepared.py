@@ -49,7 +49,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from . import logs
-from .atomic import atomic_write_json, current_umask, fault_point, write_failure
+from .atomic import atomic_write_json, current_umask, fault_point, remove_path, write_failure
 from .corpus import END, expand_paths, input_signature, line_based, read_part, sentences_of
 from .errors import TrainingError, UserError
 from .files import json_object_or_none
@@ -398,10 +398,11 @@ def prepare_corpus(data: list[str], tok: Tokenizer, out: str, reading: Reading =
             raise KeyboardInterrupt(f"interrupted; the shards prepared so far are kept in {out}: the same command "
                                     "finishes the preparation") from None
         except Exception as e:  # bad input, a full disk: a folder this call made is removed, none is half-written
-            if created or was_empty:
+            if created:
                 shutil.rmtree(out, ignore_errors=True)
-                if was_empty:  # (as it was)
-                    os.makedirs(out, exist_ok=True)
+            elif was_empty:  # (the folder itself is the user's: emptied again, kept with its owner and mode)
+                for name in os.listdir(out):
+                    remove_path(os.path.join(out, name))
             code = write_failure(e)
             if code is not None and not getattr(e, "filename", None):  # (a worker's write: the folder named)
                 raise OSError(code, os.strerror(code), out) from None
