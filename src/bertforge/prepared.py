@@ -400,9 +400,8 @@ def prepare_corpus(data: list[str], tok: Tokenizer, out: str, reading: Reading =
         except Exception as e:  # bad input, a full disk: a folder this call made is removed, none is half-written
             if created:
                 shutil.rmtree(out, ignore_errors=True)
-            elif was_empty:  # (the folder itself is the user's: emptied again, kept with its owner and mode)
-                for name in os.listdir(out):
-                    remove_path(os.path.join(out, name))
+            for name in os.listdir(out) if was_empty else []:  # (the user's own folder: emptied, kept as it is)
+                remove_path(os.path.join(out, name))
             code = write_failure(e)
             if code is not None and not getattr(e, "filename", None):  # (a worker's write: the folder named)
                 raise OSError(code, os.strerror(code), out) from None
